@@ -1,0 +1,66 @@
+"""Global and personalized metrics for ALL clients at once (SPEC section 3).
+
+For each served model ("global": the server model; "pers": the per-client personalized models):
+  <m>_acc             pooled accuracy over all clients' test rows (total correct / total rows)
+  <m>_acc_mean/std/min/max   over clients, each client's accuracy counting once (unweighted)
+  <m>_loss            pooled mean test loss; <m>_loss_mean: unweighted mean of client losses
+  train_loss          the global model's mean loss over all clients' training rows (pooled), or over
+                      the personalization minibatches when `personalize_batch` is set
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .algorithms.base import Algorithm, ServerState
+from .data.federated import FederatedData
+from .functional import Engine
+
+
+@dataclass
+class Evaluation:
+    row: dict  # the metrics.csv row (without round bookkeeping)
+    per_client: dict[str, Tensor]  # name -> [C] values for clients.csv
+
+
+def _summaries(prefix: str, loss_sum: Tensor, correct: Tensor, n: Tensor) -> dict:
+    acc = correct / n
+    loss = loss_sum / n
+    return {
+        f"{prefix}_acc": float(correct.sum() / n.sum()),
+        f"{prefix}_acc_mean": float(acc.mean()),
+        f"{prefix}_acc_std": float(acc.std(unbiased=False)),
+        f"{prefix}_acc_min": float(acc.min()),
+        f"{prefix}_acc_max": float(acc.max()),
+        f"{prefix}_loss": float(loss_sum.sum() / n.sum()),
+        f"{prefix}_loss_mean": float(loss.mean()),
+    }
+
+
+@torch.no_grad()
+def _eval(engine: Engine, params, split, shared: bool):
+    return engine.evaluate(params, split, shared)
+
+
+def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, batch=None) -> Evaluation:
+    """Evaluates the global and personalized models on every client's test rows.
+
+    `batch`: optional per-client minibatch of training rows for the personalization step (see
+    `Algorithm.personalize`); `train_loss` is then the global model's loss on those rows.
+    """
+    n_test = data.test.sizes.to(torch.float32)
+    n_train = data.train.sizes.to(torch.float32)
+    g_loss, g_correct = _eval(engine, state.params, data.test, True)
+    per_client = {"global_acc": g_correct / n_test, "global_loss": g_loss / n_test}
+    row = _summaries("global", g_loss, g_correct, n_test)
+    pers, train_loss = algo.personalize(engine, state.params, data.train, batch)
+    if pers is not None:
+        p_loss, p_correct = _eval(engine, {k: v.detach() for k, v in pers.items()}, data.test, False)
+        row.update(_summaries("pers", p_loss, p_correct, n_test))
+        per_client.update(pers_acc=p_correct / n_test, pers_loss=p_loss / n_test)
+    train_loss = train_loss.detach()
+    row = {"train_loss": float((train_loss * n_train).sum() / n_train.sum()), **row}
+    per_client["train_loss"] = train_loss
+    return Evaluation(row=row, per_client={k: v.detach().cpu() for k, v in per_client.items()})
