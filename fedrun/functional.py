@@ -61,19 +61,20 @@ class Engine:
 
     name = "base"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 4096):
+    def __init__(self, model: nn.Module, max_chunks: int = 4096, criterion: Callable = F.cross_entropy):
         self.model = model
         self.max_chunks = max_chunks  # chunks of rows per vmapped call in full passes (memory bound)
+        self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
 
     def logits(self, p: Params, x: Tensor) -> Tensor:
         return functional_call(self.model, p, (x,))
 
     def loss(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(self.logits(p, x), y)
+        return self.criterion(self.logits(p, x), y)
 
     def _masked(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.logits(p, x)
-        loss = (F.cross_entropy(logits, y, reduction="none") * mask).sum()
+        loss = (self.criterion(logits, y, reduction="none") * mask).sum()
         correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
         return loss, correct
 
@@ -81,8 +82,8 @@ class Engine:
 class VmapEngine(Engine):
     name = "vmap"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 4096):
-        super().__init__(model, max_chunks)
+    def __init__(self, model: nn.Module, max_chunks: int = 4096, criterion: Callable = F.cross_entropy):
+        super().__init__(model, max_chunks, criterion)
         self._grad = vmap(grad_and_value(self.loss))
         self._hvp = vmap(lambda p, v, x, y: jvp(lambda q: grad(self.loss)(q, x, y), (p,), (v,))[1])
         masked_loss = lambda p, x, y, m: self._masked(p, x, y, m)[0]
@@ -189,7 +190,7 @@ class LoopEngine(Engine):
                 rows = split.client_rows(c)
                 p = params if shared else self._client(params, c)
                 logits = self.logits(p, split.x[rows])
-                losses.append(F.cross_entropy(logits, split.y[rows], reduction="sum"))
+                losses.append(self.criterion(logits, split.y[rows], reduction="sum"))
                 correct.append((logits.argmax(-1) == split.y[rows]).sum().to(logits.dtype))
         return torch.stack(losses), torch.stack(correct)
 

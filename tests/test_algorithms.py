@@ -1,0 +1,197 @@
+"""Algorithms and engines against hand-computed numbers on toy problems."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedrun.algorithms import FedAvg, PerFedAvg
+from fedrun.algorithms.base import ConfigError, ServerState
+from fedrun.data import FederatedData, synthetic
+from fedrun.data.federated import ClientSplit
+from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.models import MLP, MLR
+from fedrun.simulate import Schedule, simulate
+
+ENGINES = [VmapEngine, LoopEngine]
+
+
+def half_squared(out, y, reduction="mean"):
+    """0.5 (x.w - y)^2: a quadratic in w with Hessian X^T X / B."""
+    per = 0.5 * (out.squeeze(-1) - y) ** 2
+    return per.mean() if reduction == "mean" else per.sum() if reduction == "sum" else per
+
+
+def quadratic_setup(m=3, B=6, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = nn.Linear(d, 1, bias=False).double()
+    w = torch.randn(m, 1, d, generator=g, dtype=torch.float64)
+    xs = [torch.randn(m, B, d, generator=g, dtype=torch.float64) for _ in range(3)]
+    ys = [torch.randn(m, B, generator=g, dtype=torch.float64) for _ in range(3)]
+    return model, {"weight": w}, list(zip(xs, ys))
+
+
+def quad_grad(w, x, y):  # w [d], x [B, d], y [B]
+    return x.T @ (x @ w - y) / len(y)
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_perfedavg_exact_on_quadratic_is_I_minus_alpha_H_times_g(E):
+    model, params, batches = quadratic_setup()
+    alpha, beta = 0.3, 0.1
+    engine = E(model, criterion=half_squared)
+    out = PerFedAvg(alpha=alpha, beta=beta, variant="exact").client_step(engine, params, batches)
+    (x1, y1), (x2, y2), (x3, y3) = batches
+    for i in range(len(x1)):
+        w = params["weight"][i, 0]
+        w_tilde = w - alpha * quad_grad(w, x1[i], y1[i])
+        g = quad_grad(w_tilde, x2[i], y2[i])
+        H = x3[i].T @ x3[i] / len(y3[i])
+        expected = w - beta * (torch.eye(len(w), dtype=w.dtype) - alpha * H) @ g
+        torch.testing.assert_close(out["weight"][i, 0], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_perfedavg_hf_approaches_exact_as_delta_shrinks(E):
+    torch.manual_seed(0)
+    model = MLP(5, 3, hidden=[7], activation="tanh").double()  # smooth: O(delta^2) holds
+    m, B = 4, 9
+    params = stack(params_of(model), m)
+    params = {k: v + 0.1 * torch.randn_like(v) for k, v in params.items()}
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(m, B, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (m, B), generator=g)) for _ in range(3)]
+    engine = E(model)
+    exact = PerFedAvg(alpha=0.5, beta=1.0, variant="exact").client_step(engine, params, batches)
+    errors = []
+    for delta in (1e-1, 1e-2, 1e-3):
+        hf = PerFedAvg(alpha=0.5, beta=1.0, variant="hf", delta=delta).client_step(engine, params, batches)
+        errors.append(max(float((hf[k] - exact[k]).abs().max()) for k in exact))
+    # Central differences: error O(delta^2), so each 10x smaller delta cuts it by far more than 10x.
+    assert errors[0] > 0
+    assert errors[1] < errors[0] / 30 and errors[2] < errors[1] / 30, errors
+    assert errors[2] < 1e-7
+
+
+@pytest.mark.parametrize("variant", PerFedAvg.VARIANTS)
+@pytest.mark.parametrize("E", ENGINES)
+def test_perfedavg_with_alpha_zero_is_fedavg(E, variant):
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    m, B = 3, 8
+    params = stack(params_of(model), m)
+    x, y = torch.randn(m, B, 6), torch.randint(0, 4, (m, B))
+    engine = E(model)
+    fed = FedAvg(beta=0.1).client_step(engine, params, [(x, y)])
+    per = PerFedAvg(alpha=0.0, beta=0.1, variant=variant).client_step(engine, params, [(x, y)] * 3)
+    for k in params:
+        torch.testing.assert_close(per[k], fed[k])
+        assert not torch.equal(fed[k], params[k])
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_fedavg_one_full_batch_step_is_one_centralized_gd_step(E):
+    torch.manual_seed(0)
+    C, n, d, K = 5, 12, 6, 3
+    model = MLR(d, K)
+    x, y = torch.randn(C, n, d), torch.randint(0, K, (C, n))
+    beta = 0.5
+    algo = FedAvg(beta=beta)
+    w0 = params_of(model)
+    local = algo.client_step(E(model), stack(w0, C), [(x, y)])
+    server = algo.server_update(ServerState(w0), local, None).params
+    # centralized: one GD step on the pooled data (equal client sizes, so the means coincide)
+    p = {k: v.clone().requires_grad_(True) for k, v in w0.items()}
+    loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x.reshape(-1, d),)), y.reshape(-1))
+    grads = torch.autograd.grad(loss, list(p.values()))
+    for (k, v), gk in zip(w0.items(), grads):
+        torch.testing.assert_close(server[k], v - beta * gk)
+
+
+def test_weighted_server_update_uses_normalized_weights():
+    w = {"a": torch.tensor([[1.0], [3.0]])}
+    out = FedAvg().server_update(ServerState({"a": torch.zeros(1)}), w, torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(out.params["a"], torch.tensor([2.5]))
+
+
+def test_bad_hyperparameters_raise_config_errors():
+    with pytest.raises(ConfigError, match="algo.variant='second'.*fo, hf, exact"):
+        PerFedAvg(variant="second")
+    with pytest.raises(ConfigError, match="algo.beta"):
+        FedAvg(beta=-1)
+
+
+# ---------------------------------------------------------------- engines agree end to end
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    return synthetic(num_clients=8, seed=3, cache_dir=str(tmp_path_factory.mktemp("cache")), chunk_len=64)
+
+
+def _run(E, algo, data, personalize_batch=None, rounds=3, seed=0):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[20])
+    rows = []
+    sched = Schedule(rounds=rounds, tau=4, clients_per_round=4, batch_size=10, personalize_batch=personalize_batch)
+    state, last = simulate(algo, E(model), data, params_of(model), sched, seed, on_eval=lambda r, t, ev: rows.append(ev.row))
+    return state, last, rows
+
+
+ALGOS = {
+    "fedavg": lambda: FedAvg(beta=0.05, alpha=0.05),
+    "perfedavg-fo": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="fo"),
+    "perfedavg-hf": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="hf"),
+    "perfedavg-exact": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="exact"),
+}
+
+
+@pytest.mark.parametrize("personalize_batch", [None, 16])
+@pytest.mark.parametrize("name", sorted(ALGOS))
+def test_vmap_and_loop_engines_give_the_same_numbers(small_data, name, personalize_batch):
+    sv, ev_v, rows_v = _run(VmapEngine, ALGOS[name](), small_data, personalize_batch)
+    sl, ev_l, rows_l = _run(LoopEngine, ALGOS[name](), small_data, personalize_batch)
+    for k in sv.params:
+        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=1e-4, atol=1e-5)
+    assert len(rows_v) == len(rows_l) == 3
+    for rv, rl in zip(rows_v, rows_l):
+        assert rv.keys() == rl.keys()
+        for k in rv:
+            assert rv[k] == pytest.approx(rl[k], rel=1e-4, abs=1e-5), k
+    for k in ev_v.per_client:
+        torch.testing.assert_close(ev_v.per_client[k], ev_l.per_client[k], rtol=1e-4, atol=1e-5)
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers(small_data):
+    _, _, a = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
+    _, _, b = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
+    _, _, c = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data, seed=1)
+    assert a == b
+    assert a != c
+
+
+def test_evaluation_metrics_match_a_direct_computation(small_data):
+    torch.manual_seed(0)
+    model = MLR(small_data.in_features, small_data.num_classes)
+    algo = PerFedAvg(alpha=0.1, beta=0.1)
+    from fedrun.evaluate import evaluate
+
+    ev = evaluate(algo, VmapEngine(model), ServerState(params_of(model)), small_data)
+    te, tr = small_data.test, small_data.train
+    accs, pers_accs, correct = [], [], 0
+    for c in range(small_data.num_clients):
+        xt, yt = te.x[te.client_rows(c)], te.y[te.client_rows(c)]
+        acc = float((model(xt).argmax(1) == yt).float().mean())
+        accs.append(acc)
+        correct += acc * len(yt)
+        # one gradient step of lr alpha on this client's TRAINING rows only
+        m2 = MLR(small_data.in_features, small_data.num_classes)
+        m2.load_state_dict(model.state_dict())
+        loss = nn.functional.cross_entropy(m2(tr.x[tr.client_rows(c)]), tr.y[tr.client_rows(c)])
+        loss.backward()
+        with torch.no_grad():
+            for p in m2.parameters():
+                p -= 0.1 * p.grad
+        pers_accs.append(float((m2(xt).argmax(1) == yt).float().mean()))
+    assert ev.row["global_acc"] == pytest.approx(correct / len(te.y), abs=1e-6)
+    assert ev.row["global_acc_mean"] == pytest.approx(np.mean(accs), abs=1e-6)
+    assert ev.row["global_acc_min"] == pytest.approx(min(accs), abs=1e-6)
+    assert ev.row["pers_acc_mean"] == pytest.approx(np.mean(pers_accs), abs=1e-6)
+    torch.testing.assert_close(ev.per_client["pers_acc"].double(), torch.tensor(pers_accs, dtype=torch.float64), atol=1e-6, rtol=0)

@@ -1,0 +1,118 @@
+"""The command line as a user runs it: configs compose, a short run writes what it promises, bad
+input gets one line naming the option and what is allowed."""
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from fedrun.cli import CONF_DIR, precheck
+
+SMALL = ["data.num_clients=6", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]
+
+
+def options(group):
+    return sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
+
+
+def fedrun(args, tmp_path, env_extra=None):
+    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "fedrun.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("algo", options("algo"))
+@pytest.mark.parametrize("model", options("model"))
+def test_every_config_composes_and_instantiates(algo, model):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"algo={algo}", f"model={model}"])
+    assert instantiate(cfg.algo).name == algo
+    net = instantiate(cfg.model, in_features=60, num_classes=10)
+    assert sum(p.numel() for p in net.parameters()) > 0
+
+
+@pytest.mark.parametrize("data", options("data"))
+def test_every_data_config_composes(data):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"data={data}"])
+    assert cfg.data._target_.startswith("fedrun.data.")
+
+
+def test_two_round_run_writes_its_files_and_repeats_exactly(tmp_path):
+    outs = []
+    for i in range(2):
+        run_dir = tmp_path / f"run{i}"
+        r = fedrun([*SMALL, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "outputs in" in r.stdout
+        outs.append(run_dir)
+    a = outs[0]
+    metrics = pd.read_csv(a / "metrics.csv")
+    assert list(metrics["round"]) == [1, 2]
+    for col in ("models_transmitted", "train_loss", "global_acc", "global_acc_min", "pers_acc", "pers_acc_max", "pers_loss"):
+        assert col in metrics
+    assert list(metrics["models_transmitted"]) == [3, 6]
+    clients = pd.read_csv(a / "clients.csv")
+    assert len(clients) == 6 and {"global_acc", "pers_acc", "n_train", "n_test"} <= set(clients)
+    part = pd.read_csv(a / "partition.csv")
+    assert (part[[f"train_label_{j}" for j in range(10)]].sum(axis=1) == part["n_train"]).all()
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["pers_acc_last_round"] == pytest.approx(metrics["pers_acc"].iloc[-1], abs=1e-6)
+    assert summary["pers_acc_best_round"] == pytest.approx(metrics["pers_acc"].max(), abs=1e-6)
+    assert (a / "metrics.png").stat().st_size > 1000
+    for f in ("metrics.csv", "clients.csv", "partition.csv"):
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+
+
+def test_overrides_reach_the_run(tmp_path):
+    r = fedrun([*SMALL, "algo=fedavg", "algo.beta=0.05", "engine=loop", "batch_size=5", "frac=0.5", "device=cpu",
+                f"hydra.run.dir={tmp_path / 'o'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    metrics = pd.read_csv(tmp_path / "o" / "metrics.csv")
+    assert list(metrics["models_transmitted"]) == [3, 6]  # frac 0.5 of 6 clients
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["algo=nope"], "algo='nope' is not a known algo; choose one of: fedavg, perfedavg"),
+    (["data=cifar5"], "data='cifar5' is not a known data; choose one of:"),
+    (["tau=-1"], "tau=-1 must be an integer >= 1"),
+    (["rounds=0"], "rounds=0 must be an integer >= 1"),
+    (["frac=1.5"], "frac=1.5 must be a fraction in (0, 1]"),
+    (["frac=0"], "frac=0 must be a fraction in (0, 1]"),
+    (["algo.variant=second"], "algo.variant='second' is not allowed; choose one of: fo, hf, exact"),
+    (["engine=jit"], "engine='jit' is not allowed; choose one of: loop, vmap"),
+    (["device=tpu"], "device='tpu' is not allowed; choose one of: auto, cpu, cuda, cuda:N"),
+    (["clients_per_round=7"], "clients_per_round=7 exceeds the 6 clients of the data; allowed: 1..6"),
+    (["taux=3"], "unknown option 'taux'; top-level options:"),
+    (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
+])
+def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
+    r = fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    assert r.returncode == 2
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("fedrun: error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_precheck_accepts_good_overrides():
+    assert precheck(["algo=fedavg,perfedavg", "seed=0,1", "algo.beta=0.1", "hydra.run.dir=x", "-m"]) is None
+
+
+def test_missing_mnist_offline_is_one_clear_line(tmp_path):
+    r = fedrun([*SMALL[1:], "data=mnist_perfedavg", f"data.root={tmp_path / 'nodata'}", "data.download=false",
+                f"hydra.run.dir={tmp_path / 'm'}"], tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MNIST not found" in lines[0] and "train-images-idx3-ubyte" in lines[0], r.stderr
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    r = fedrun(["--help"], tmp_path)
+    assert r.returncode == 0
+    for group in ("algo:", "data:", "model:"):
+        assert group in r.stdout
