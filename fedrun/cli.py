@@ -1,6 +1,7 @@
 """`fedrun`: compose (Hydra) -> instantiate data, model, algorithm -> simulate -> write outputs."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -16,7 +17,8 @@ from . import outputs
 from .algorithms.base import ConfigError, check_choice
 from .data import DataMissingError, FederatedData
 from .functional import ENGINES, params_of
-from .simulate import Diverged, Schedule, simulate
+from .algorithms.base import ServerState
+from .simulate import Diverged, Progress, Schedule, simulate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 GROUPS = ("algo", "data", "model")
@@ -59,26 +61,136 @@ def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
     )
 
 
+def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
+    if cfg[key] is not None:
+        _int_option(cfg, key, low)
+
+
+DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed")
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Every problem with the options that can be checked before any work starts, one line each."""
+    problems: list[str] = []
+
+    def check(fn, *args) -> None:
+        try:
+            fn(*args)
+        except ConfigError as e:
+            problems.append(str(e))
+
+    for key, low in (("rounds", 1), ("tau", 1), ("clients_per_round", 1), ("batch_size", 1), ("eval_every", 1),
+                     ("checkpoint_every", 0), ("max_chunks", 1), ("seed", 0)):
+        check(_int_option, cfg, key, low)
+    for key in ("personalize_batch", "client_chunk"):
+        check(_optional_int, cfg, key, 1)
+    if cfg.frac is not None:
+        check(schedule, cfg, 10**9)
+    check(check_choice, "engine", cfg.engine, sorted(ENGINES))
+    check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    check(resolve_device, str(cfg.device))
+    for key in DATA_INTS:
+        v = cfg.data.get(key)
+        if key in cfg.data and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "seed" else 1)):
+            problems.append(f"data.{key}={v!r} must be an integer >= {0 if key == 'seed' else 1}")
+    if "train_frac" in cfg.data and not (isinstance(cfg.data.train_frac, (int, float)) and 0 < cfg.data.train_frac < 1):
+        problems.append(f"data.train_frac={cfg.data.train_frac!r} must be a fraction in (0, 1)")
+    for key in ("alpha", "beta"):
+        v = cfg.data.get(key)
+        if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            problems.append(f"data.{key}={v!r} must be a number >= 0")
+    check(_instantiate, cfg.algo)
+    check(lambda: _instantiate(cfg.model, in_features=4, num_classes=2))
+    return problems
+
+
 def _instantiate(node: DictConfig, **kwargs):
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as e:
         cause = e.__cause__ or e
-        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError)):
+        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError)):  # bad option values
             raise ConfigError(str(cause).splitlines()[0]) from cause
         raise
+
+
+# Options that may change between a run and its resumption without changing its numbers.
+RESUMABLE_CHANGES = ("resume", "progress", "plot", "rounds", "checkpoint_every", "device", "engine", "max_chunks",
+                     "client_chunk", "on_diverge", "cache_dir")
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_CHANGES:
+        c.pop(k, None)
+    c.get("data", {}).pop("cache_dir", None)
+    return c
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def _checkpoint_folder(path: str) -> str:
+    if os.path.isfile(path):
+        return os.path.dirname(path)
+    sub = os.path.join(path, "checkpoints")
+    return sub if os.path.isdir(sub) else path
+
+
+def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
+    """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
+    mode = cfg.resume
+    if mode is False or mode in ("false", "False"):
+        return None
+    explicit = mode not in (True, "auto", "true", "True")
+    folder = _checkpoint_folder(str(mode)) if explicit else os.path.join(out_dir, "checkpoints")
+    if explicit and not os.path.exists(str(mode)):
+        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / checkpoint path")
+    warn = lambda msg: print(msg, file=sys.stderr)
+    try:
+        ck = outputs.load_checkpoint(folder, warn=warn)
+    except outputs.CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if ck is None:
+        if explicit or mode in (True, "true", "True"):
+            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
+        return None
+    diff = _diff(ck["config"], fingerprint(cfg))
+    if diff:
+        raise ConfigError(
+            f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
+            f"run elsewhere (hydra.run.dir=...) or start over with resume=false"
+        )
+    return ck
 
 
 def run(cfg: DictConfig, out_dir: str) -> dict:
     """One experiment; writes its files into `out_dir` and returns the summary it writes."""
     t0 = time.time()
-    check_choice("engine", cfg.engine, sorted(ENGINES))
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
     device = resolve_device(str(cfg.device))
-    # Check the cheap options before loading data, then those that need the data's size.
-    schedule(cfg, num_clients=10**9)
     algo = _instantiate(cfg.algo)
     data: FederatedData = _instantiate(cfg.data)
     sched = schedule(cfg, data.num_clients)
+    ck = find_resume_point(cfg, out_dir)
+    summary_path = os.path.join(out_dir, "summary.json")
+    if ck is not None and ck["round"] >= sched.rounds and os.path.exists(summary_path):
+        with open(summary_path) as f:
+            done = json.load(f)
+        if done.get("status") == "finished" and done.get("rounds") == ck["round"] == sched.rounds:
+            print(f"fedrun: already finished ({sched.rounds} rounds) in {out_dir}; resume=false starts over")
+            return done
     data = data.to(device)
     torch.manual_seed(cfg.seed)
     model = _instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes).to(device)
@@ -87,10 +199,28 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     _write_partition(data, os.path.join(out_dir, "partition.csv"))
     metrics_path = os.path.join(out_dir, "metrics.csv")
-    if os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
+    history: list[dict] = []
+    start = None
+    if ck is not None:
+        history = list(ck["history"])
+        st = ck["state"]
+        state = ServerState(
+            params={k: v.to(device) for k, v in st["params"].items()},
+            round=st["round"],
+            extra=_to_device(st["extra"], device),
+        )
+        start = Progress(state, ck["round"], ck["transmitted"])
+        # metrics.csv becomes exactly the rows the checkpoint saw; later rows (if a kill left any)
+        # are recomputed identically.
+        if history:
+            outputs.write_csv(metrics_path, history)
+        elif os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
+    elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
         os.replace(metrics_path, metrics_path + ".previous")
     log: outputs.CsvLog | None = None
-    history: list[dict] = []
+    fp = fingerprint(cfg)
 
     def on_eval(rnd: int, transmitted: int, ev) -> None:
         nonlocal log
@@ -100,14 +230,33 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
         log.write(row)
         history.append(row)
 
+    def on_checkpoint(at: Progress) -> None:
+        outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
+            "config": fp,
+            "state": {"params": at.state.params, "round": at.state.round, "extra": at.state.extra},
+            "transmitted": at.transmitted,
+            "history": history,
+            "torch_rng": torch.get_rng_state(),
+        })
+
     try:
-        _, last = simulate(algo, engine, data, params_of(model), sched, cfg.seed, on_eval=on_eval, progress=cfg.progress)
+        _, last = simulate(algo, engine, data, params_of(model), sched, cfg.seed, on_eval=on_eval,
+                           progress=cfg.progress, start=start, on_checkpoint=on_checkpoint,
+                           checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
+    except Diverged as e:
+        summary = {"status": "diverged", "error": str(e), **(_summary(history, time.time() - t0, cfg, device) if history else {})}
+        outputs.write_json(summary_path, summary)
+        if cfg.on_diverge == "record":
+            print(f"fedrun: diverged (recorded, on_diverge=record): {e}", file=sys.stderr)
+            return summary
+        raise
     finally:
         if log is not None:
             log.close()
-    _write_clients(data, last, os.path.join(out_dir, "clients.csv"))
-    summary = _summary(history, time.time() - t0, cfg, device)
-    outputs.write_json(os.path.join(out_dir, "summary.json"), summary)
+    if last is not None:
+        _write_clients(data, last, os.path.join(out_dir, "clients.csv"))
+    summary = {"status": "finished", **_summary(history, time.time() - t0, cfg, device)}
+    outputs.write_json(summary_path, summary)
     if cfg.plot:
         from .plots import plot_run
 
@@ -115,6 +264,14 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
                  title=f"{HydraConfig.get().runtime.choices.get('algo', '') if HydraConfig.initialized() else ''}"
                        f" on {data.name}, seed {cfg.seed}")
     return summary
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
 
 
 def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
@@ -163,10 +320,13 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except (ConfigError, DataMissingError, Diverged) as e:
         if os.environ.get("FEDRUN_DEBUG"):
             raise
-        print(f"fedrun: error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():
+            print(f"fedrun: error: {line}", file=sys.stderr)
         sys.exit(3 if isinstance(e, Diverged) else 2)
-    msg = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
-    print(f"fedrun: done in {summary['seconds']:.1f}s: {msg}\nfedrun: outputs in {out_dir}")
+    if summary.get("status") == "finished":
+        msg = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
+        print(f"fedrun: done in {summary['seconds']:.1f}s: {msg}")
+    print(f"fedrun: outputs in {out_dir}")
     return summary.get("pers_acc_last_round", summary.get("global_acc_last_round"))
 
 

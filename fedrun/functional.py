@@ -14,6 +14,7 @@ check that both return the same numbers.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -24,6 +25,9 @@ from torch.func import functional_call, grad, grad_and_value, jvp, vmap
 from .data.federated import ClientSplit
 
 Params = dict[str, Tensor]
+
+# torch.func's jvp path calls a deprecated torch.jit helper internally; the warning is not ours.
+warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)
 
 
 def tree_map(f: Callable, *trees: Params) -> Params:

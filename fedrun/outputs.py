@@ -54,3 +54,60 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 def write_json(path: str, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was required."""
+
+
+def checkpoint_paths(folder: str) -> list[str]:
+    """Checkpoint files in `folder`, newest round first."""
+    if not os.path.isdir(folder):
+        return []
+    names = [f for f in os.listdir(folder) if f.startswith("round_") and f.endswith(".pt")]
+    return [os.path.join(folder, f) for f in sorted(names, reverse=True)]
+
+
+def save_checkpoint(folder: str, rnd: int, payload: dict, keep: int = 2) -> str:
+    """Writes round `rnd`'s checkpoint atomically (temp file, fsync, rename), keeping the newest `keep`."""
+    import torch
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"round_{rnd:07d}.pt")
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save({"version": CHECKPOINT_VERSION, "round": rnd, **payload}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in checkpoint_paths(folder)[keep:]:
+        os.remove(old)
+    return path
+
+
+def load_checkpoint(folder: str, warn=print) -> dict | None:
+    """The newest readable checkpoint in `folder` (None if there is none).
+
+    A corrupt or truncated file is reported through `warn` in one line and the previous one is
+    tried; if every file is unreadable, raises CheckpointError.
+    """
+    import torch
+
+    paths = checkpoint_paths(folder)
+    for path in paths:
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=False)
+            if not isinstance(ck, dict) or ck.get("version") != CHECKPOINT_VERSION or "round" not in ck:
+                raise ValueError("not a fedrun checkpoint of this version")
+            ck["path"] = path
+            return ck
+        except Exception as e:  # noqa: BLE001 - any unreadable file falls back to the previous one
+            warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:100]}); trying the previous one")
+    if paths:
+        raise CheckpointError(f"no readable checkpoint in {folder} (tried {len(paths)}); run with resume=false to start over")
+    return None

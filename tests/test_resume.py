@@ -1,0 +1,247 @@
+"""Runs that survive: exact resume after SIGKILL, corrupt checkpoints, NaN guard, validation, chunking."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fedrun import outputs
+from fedrun.algorithms import PerFedAvg
+from fedrun.data import synthetic
+from fedrun.functional import VmapEngine, params_of
+from fedrun.models import MLP
+from fedrun.simulate import Diverged, Schedule, simulate
+import fedrun.simulate as sim
+
+RUN = ["data.num_clients=10", "rounds=300", "tau=10", "clients_per_round=5", "checkpoint_every=10",
+       "progress=false", "plot=false"]
+
+
+def start(args, cwd):
+    env = {**os.environ, "FEDRUN_CACHE": str(cwd / "cache"), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "fedrun.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(args, cwd):
+    p = start(args, cwd)
+    out, err = p.communicate(timeout=600)
+    return p.returncode, out, err
+
+
+def rows(path):
+    try:
+        with open(path) as f:
+            return max(0, sum(1 for _ in f) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run to compare against."""
+    cwd = tmp_path_factory.mktemp("ref")
+    code, _, err = finish([*RUN, f"hydra.run.dir={cwd / 'run'}"], cwd)
+    assert code == 0, err
+    return (cwd / "run" / "metrics.csv").read_bytes()
+
+
+def kill_midway(args, run_dir, cwd, min_rows=25):
+    p = start(args, cwd)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if rows(run_dir / "metrics.csv") >= min_rows and outputs.checkpoint_paths(str(run_dir / "checkpoints")):
+            break
+        time.sleep(0.005)
+    assert p.poll() is None, "the run ended before it could be killed; make it longer"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    n = rows(run_dir / "metrics.csv")
+    assert 0 < n < 300
+    return n
+
+
+def test_sigkill_then_rerun_resumes_to_identical_metrics(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = [*RUN, f"hydra.run.dir={run_dir}"]
+    n = kill_midway(args, run_dir, tmp_path)
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    assert all(l.count(",") == lines[0].count(",") for l in lines)  # no torn row
+    code, out, err = finish(args, tmp_path)
+    assert code == 0, err
+    assert "resuming from" in err
+    assert (run_dir / "metrics.csv").read_bytes() == reference
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
+    # the same command once more: finished, so skipped, nothing rewritten
+    before = (run_dir / "metrics.csv").stat().st_mtime_ns
+    code, out, err = finish(args, tmp_path)
+    assert code == 0 and "already finished" in out
+    assert (run_dir / "metrics.csv").stat().st_mtime_ns == before
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = [*RUN, f"hydra.run.dir={run_dir}"]
+    kill_midway(args, run_dir, tmp_path, min_rows=35)
+    paths = outputs.checkpoint_paths(str(run_dir / "checkpoints"))
+    assert len(paths) == 2
+    with open(paths[0], "r+b") as f:  # truncate the newest checkpoint to half its size
+        f.truncate(os.path.getsize(paths[0]) // 2)
+    code, _, err = finish(args, tmp_path)
+    assert code == 0, err
+    assert f"checkpoint {paths[0]} is unreadable" in err and "resuming from " + paths[1] in err
+    assert (run_dir / "metrics.csv").read_bytes() == reference
+
+
+def test_all_checkpoints_corrupt_is_a_clear_error(tmp_path):
+    ck = tmp_path / "run" / "checkpoints"
+    ck.mkdir(parents=True)
+    (ck / "round_0000010.pt").write_bytes(b"garbage")
+    code, _, err = finish([*RUN, "rounds=20", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert code == 2
+    assert "no readable checkpoint" in err and "resume=false" in err and "Traceback" not in err
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    code, _, err = finish([*RUN, "rounds=10", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0, err
+    code, _, err = finish([*RUN, "rounds=20", "tau=3", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 2 and "different configuration" in err and "tau: 10 -> 3" in err
+    # more rounds with the same settings continue the run
+    code, _, err = finish([*RUN, "rounds=20", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0 and "resuming from" in err
+    assert rows(run_dir / "metrics.csv") == 20
+
+
+def test_resume_from_an_explicit_path_and_resume_false(tmp_path):
+    first = tmp_path / "first"
+    code, _, err = finish([*RUN, "rounds=10", f"hydra.run.dir={first}"], tmp_path)
+    assert code == 0, err
+    code, _, err = finish([*RUN, "rounds=20", f"resume={first}", f"hydra.run.dir={tmp_path / 'second'}"], tmp_path)
+    assert code == 0 and "resuming from" in err and rows(tmp_path / "second" / "metrics.csv") == 20
+    code, _, err = finish([*RUN, "rounds=20", "resume=false", f"hydra.run.dir={first}"], tmp_path)
+    assert code == 0 and "resuming" not in err and (first / "metrics.csv.previous").exists()
+
+
+# ------------------------------------------------------------------- divergence guard
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synthetic(num_clients=8, seed=1, cache_dir=str(tmp_path_factory.mktemp("c")), chunk_len=64)
+
+
+class NaNOnRound3(PerFedAvg):
+    """Per-FedAvg that corrupts the update of the third client of round 3."""
+
+    calls = 0
+
+    def client_step(self, engine, params, batches):
+        out = super().client_step(engine, params, batches)
+        self.calls += 1
+        if self.calls == 2 * 2 + 1:  # tau=2: rounds 1-2 take steps 1-4; step 5 opens round 3
+            out = {k: v.clone() for k, v in out.items()}
+            out["net.0.weight"][2, 0, 0] = float("nan")
+        return out
+
+
+def test_nan_in_a_client_update_is_caught_with_round_and_client(data):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[8])
+    sched = Schedule(rounds=5, tau=2, clients_per_round=4, batch_size=5)
+    seen = []
+    with pytest.raises(Diverged, match=r"round 3: perfedavg produced NaN/inf parameters on clients \[\d+\]") as e:
+        simulate(NaNOnRound3(), VmapEngine(model), data, params_of(model), sched, 0, on_eval=lambda r, t, ev: seen.append(r))
+    assert seen == [1, 2]
+    clients, _ = sim.sample_round(data, sched, 2, 0, 3)
+    assert f"[{int(clients[2])}]" in str(e.value)
+
+
+def test_divergence_stops_or_is_recorded(tmp_path):
+    args = [*RUN, "rounds=5", "algo.beta=1e30", "algo.alpha=1e30"]
+    code, _, err = finish([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert code == 3 and "fedrun: error: round" in err and "NaN/inf" in err and "Traceback" not in err
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["status"] == "diverged"
+    code, _, err = finish([*args, "on_diverge=record", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
+    assert code == 0 and "diverged (recorded" in err
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "round" in summary["error"]
+
+
+# ------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("args, expected", [
+    (["algo.beta=-0.1"], ["algo.beta=-0.1 must be a number > 0"]),
+    (["algo.alpha=abc"], ["algo.alpha='abc' must be a number >= 0"]),
+    (["data.num_clients=0"], ["data.num_clients=0 must be an integer >= 1"]),
+    (["data.train_frac=1.5"], ["data.train_frac=1.5 must be a fraction in (0, 1)"]),
+    (["checkpoint_every=-1"], ["checkpoint_every=-1 must be an integer >= 0"]),
+    (["on_diverge=ignore"], ["on_diverge='ignore' is not allowed; choose one of: stop, record"]),
+    (["batch_size=2.5"], ["batch_size=2.5 must be an integer >= 1"]),
+    (["resume=/no/such/dir"], ["resume='/no/such/dir': no such file or folder"]),
+    (["model.activation=swish"], ["model.activation='swish' is not one of"]),
+    (["tau=0", "rounds=-3", "frac=2", "algo.variant=so"],
+     ["rounds=-3 must be", "tau=0 must be", "frac=2 must be", "algo.variant='so' is not allowed"]),
+])
+def test_each_invalid_option_gets_its_line(tmp_path, args, expected):
+    code, _, err = finish([*RUN, *args, f"hydra.run.dir={tmp_path / 'v'}"], tmp_path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == len(expected), err
+    for want in expected:
+        assert any(l.startswith("fedrun: error: ") and want in l for l in lines), (want, err)
+    assert not (tmp_path / "v" / "metrics.csv").exists()
+
+
+def test_mnist_a_too_large_names_the_largest_that_fits(tmp_path):
+    import numpy as np
+    from test_data import write_mnist_idx
+
+    write_mnist_idx(str(tmp_path / "mn"), np.repeat(np.arange(10), 30), np.repeat(np.arange(10), 10))
+    code, _, err = finish([*RUN[1:], "rounds=2", "data=mnist_perfedavg", f"data.root={tmp_path / 'mn'}", "data.n=4",
+                           "data.a=20", f"hydra.run.dir={tmp_path / 'v'}"], tmp_path)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "data.a=20 with data.n=4 needs" in err and "the largest a that fits is" in err
+
+
+# ------------------------------------------------------------------- client chunks
+
+def _train(data, client_chunk, monkeypatch=None):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[8])
+    sched = Schedule(rounds=3, tau=3, clients_per_round=7, batch_size=5)
+    state, last = simulate(PerFedAvg(variant="hf"), VmapEngine(model), data, params_of(model), sched, 0,
+                           client_chunk=client_chunk)
+    return state, last
+
+
+def test_chunked_round_equals_unchunked(data):
+    a, ev_a = _train(data, None)
+    b, ev_b = _train(data, 3)
+    for k in a.params:
+        torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-6, atol=1e-7)
+    assert ev_a.row == pytest.approx(ev_b.row, rel=1e-5, abs=1e-6)
+
+
+def test_out_of_memory_splits_clients_automatically(data, monkeypatch):
+    real = sim.local_training
+    sizes = []
+
+    def small_device(algo, engine, params, data_, idx):
+        sizes.append(idx.shape[0])
+        if idx.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB (simulated)")
+        return real(algo, engine, params, data_, idx)
+
+    a, _ = _train(data, None)
+    monkeypatch.setattr(sim, "local_training", small_device)
+    b, _ = _train(data, None)
+    assert sizes[:3] == [7, 4, 2]  # 7 fails, 4 fails, then chunks of 2 for the rest of the run
+    assert max(sizes[3:]) == 2
+    for k in a.params:
+        torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-6, atol=1e-7)
