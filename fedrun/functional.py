@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, jvp, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .data.federated import ClientSplit
 
@@ -98,7 +99,7 @@ class VmapEngine(Engine):
         self._chunk_eval = {
             shared: vmap(self._masked, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
-        self._chunk_x: dict[int, Tensor] = {}
+        self._chunk_x: dict[int, tuple[Tensor, Tensor] | None] = {}
 
     def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss
@@ -113,39 +114,42 @@ class VmapEngine(Engine):
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
         return self._hvp(params, v, x, y)
 
-    def _chunks(self, split: ClientSplit) -> tuple[Tensor, Tensor]:
-        # The padded chunk view of a split's rows, built once per split and kept.
+    # The padded chunk view of a split's rows is kept between calls when it is small; a large one
+    # is gathered group by group, so memory stays at one group of chunks plus per-client results.
+    CACHE_BYTES = 512 * 2**20
+
+    def _chunk_rows(self, split: ClientSplit, sl: slice) -> tuple[Tensor, Tensor]:
         key = id(split)
         if key not in self._chunk_x:
-            self._chunk_x[key] = (split.x[split.chunk_idx], split.y[split.chunk_idx])
-        return self._chunk_x[key]
+            nbytes = split.chunk_idx.numel() * split.x[0].numel() * split.x.element_size()
+            self._chunk_x[key] = (split.x[split.chunk_idx], split.y[split.chunk_idx]) if nbytes <= self.CACHE_BYTES else None
+        cached = self._chunk_x[key]
+        if cached is not None:
+            return cached[0][sl], cached[1][sl]
+        idx = split.chunk_idx[sl]
+        return split.x[idx], split.y[idx]
 
-    def _over_chunks(self, fns, params: Params, split: ClientSplit, shared: bool):
-        xs, ys = self._chunks(split)
-        outs = []
-        for s in range(0, len(xs), self.max_chunks):
+    def _sum_per_client(self, fns, params: Params, split: ClientSplit, shared: bool) -> list:
+        """Runs fns[shared] over groups of at most `max_chunks` chunks and sums each output per client."""
+        acc, spec = None, None
+        for s in range(0, len(split.chunk_idx), self.max_chunks):
             sl = slice(s, s + self.max_chunks)
-            p = params if shared else {k: v[split.chunk_client[sl]] for k, v in params.items()}
-            outs.append(fns[shared](p, xs[sl], ys[sl], split.chunk_mask[sl]))
-        return outs
-
-    @staticmethod
-    def _per_client(values: Tensor, split: ClientSplit) -> Tensor:
-        out = torch.zeros((split.num_clients,) + values.shape[1:], dtype=values.dtype, device=values.device)
-        return out.index_add_(0, split.chunk_client, values)
+            owner = split.chunk_client[sl]
+            p = params if shared else {k: v[owner] for k, v in params.items()}
+            leaves, spec = tree_flatten(fns[shared](p, *self._chunk_rows(split, sl), split.chunk_mask[sl]))
+            if acc is None:
+                acc = [torch.zeros((split.num_clients,) + t.shape[1:], dtype=t.dtype, device=t.device) for t in leaves]
+            for a, t in zip(acc, leaves):
+                a.index_add_(0, owner, t)
+        return tree_unflatten(acc, spec)
 
     def full_grad(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Params, Tensor]:
-        outs = self._over_chunks(self._chunk_grad, params, split, shared)
+        grads, loss = self._sum_per_client(self._chunk_grad, params, split, shared)
         n = split.sizes.to(split.chunk_mask.dtype)
-        grads = {k: self._per_client(torch.cat([g[k] for g, _ in outs]), split) for k in outs[0][0]}
-        grads = {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}
-        loss = self._per_client(torch.cat([l for _, l in outs]), split) / n
-        return grads, loss
+        return {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}, loss / n
 
     def evaluate(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
-        outs = self._over_chunks(self._chunk_eval, params, split, shared)
-        loss = self._per_client(torch.cat([l for l, _ in outs]), split)
-        correct = self._per_client(torch.cat([c for _, c in outs]), split)
+        loss, correct = self._sum_per_client(self._chunk_eval, params, split, shared)
         return loss, correct
 
 

@@ -195,3 +195,24 @@ def test_evaluation_metrics_match_a_direct_computation(small_data):
     assert ev.row["global_acc_min"] == pytest.approx(min(accs), abs=1e-6)
     assert ev.row["pers_acc_mean"] == pytest.approx(np.mean(pers_accs), abs=1e-6)
     torch.testing.assert_close(ev.per_client["pers_acc"].double(), torch.tensor(pers_accs, dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+def test_full_passes_in_small_groups_without_the_cached_view_give_the_same_numbers(small_data, monkeypatch):
+    torch.manual_seed(0)
+    model = MLP(small_data.in_features, small_data.num_classes, hidden=[20])
+    w = params_of(model)
+    per_client = stack(w, small_data.num_clients)
+    per_client = {k: v + 0.01 * torch.randn_like(v) for k, v in per_client.items()}
+    whole = VmapEngine(model)
+    monkeypatch.setattr(VmapEngine, "CACHE_BYTES", 0)
+    grouped = VmapEngine(model, max_chunks=3)
+    assert len(small_data.train.chunk_idx) > 3
+    for shared, p in ((True, w), (False, per_client)):
+        ga, la = whole.full_grad(p, small_data.train, shared)
+        gb, lb = grouped.full_grad(p, small_data.train, shared)
+        torch.testing.assert_close(la, lb)
+        for k in ga:
+            torch.testing.assert_close(ga[k], gb[k])
+        with torch.no_grad():
+            torch.testing.assert_close(whole.evaluate(p, small_data.test, shared), grouped.evaluate(p, small_data.test, shared))
+    assert grouped._chunk_x[id(small_data.train)] is None  # really took the uncached path

@@ -245,3 +245,21 @@ def test_out_of_memory_splits_clients_automatically(data, monkeypatch):
     assert max(sizes[3:]) == 2
     for k in a.params:
         torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-6, atol=1e-7)
+
+
+def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_rest(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "algo=fedavg,perfedavg", *RUN, "rounds=10", "checkpoint_every=5", f"hydra.sweep.dir={sweep}"]
+    code, out, err = finish(args, tmp_path)
+    assert code == 0, err
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.csv").exists())
+    assert len(jobs) == 2
+    first = [(j / "metrics.csv").read_bytes() for j in jobs]
+    # make job 1 look interrupted after round 5: no summary, no round-10 checkpoint
+    (jobs[1] / "summary.json").unlink()
+    assert outputs.checkpoint_paths(str(jobs[1] / "checkpoints"))[0].endswith("round_0000010.pt")
+    os.remove(outputs.checkpoint_paths(str(jobs[1] / "checkpoints"))[0])
+    code, out, err = finish(args, tmp_path)
+    assert code == 0, err
+    assert out.count("already finished") == 1 and err.count("resuming from") == 1 and "round_0000005.pt" in err
+    assert [(j / "metrics.csv").read_bytes() for j in jobs] == first
