@@ -13,11 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+
+
+def _status_mb(field: str) -> float:
+    """VmHWM (peak) or VmRSS (current) of this process in MB; unlike ru_maxrss, VmHWM starts afresh
+    at exec instead of inheriting the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def child(n: int, model_name: str, device: str, cache: str, rounds: int) -> dict:
@@ -29,7 +38,7 @@ def child(n: int, model_name: str, device: str, cache: str, rounds: int) -> dict
     from .models import MLP, MLR
     from .simulate import Schedule, simulate
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss0 = _status_mb("VmRSS")
     data = synthetic(num_clients=n, cache_dir=cache).to(device)
     data_bytes = sum(t.numel() * t.element_size() for split in (data.train, data.test)
                      for t in (split.x, split.y, split.chunk_idx, split.chunk_mask))
@@ -45,7 +54,7 @@ def child(n: int, model_name: str, device: str, cache: str, rounds: int) -> dict
     sec = (time.perf_counter() - t0) / rounds
     out = {"clients": n, "model": model_name, "rows": int(data.train.sizes.sum() + data.test.sizes.sum()),
            "data_MB": data_bytes / 2**20, "s_per_round": sec,
-           "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_import_MB": rss0 / 2**20}
+           "peak_rss_MB": _status_mb("VmHWM"), "rss_after_import_MB": rss0}
     if device == "cuda":
         out["peak_cuda_MB"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -70,9 +79,9 @@ def main(argv=None) -> None:
             f"{'peak-base-data MB':>18} {'s/round':>8}")
     print(head)
     for n in [int(c) for c in args.clients.split(",")]:
-        from .data import synthetic
-
-        synthetic(num_clients=n, cache_dir=cache)  # generate once, outside the measured processes
+        # generate once, in its own process, outside the measured ones
+        subprocess.run([sys.executable, "-c", f"from fedrun.data import synthetic; synthetic(num_clients={n}, cache_dir={cache!r})"],
+                       check=True)
         for model_name in args.models.split(","):
             r = subprocess.run([sys.executable, "-m", "fedrun.bench_memory", "--child", f"{n}:{model_name}",
                                 "--device", args.device, "--cache", cache, "--rounds", str(args.rounds)],

@@ -14,10 +14,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
-from .algorithms.base import ConfigError, check_choice
+from .algorithms.base import ConfigError, ServerState, check_choice
 from .data import DataMissingError, FederatedData
 from .functional import ENGINES, params_of
-from .algorithms.base import ServerState
 from .simulate import Diverged, Progress, Schedule, simulate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -41,14 +40,18 @@ def _int_option(cfg: DictConfig, key: str, low: int) -> int:
     return v
 
 
+def _frac(cfg: DictConfig) -> float | None:
+    f = cfg.frac
+    if f is not None and (not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1):
+        raise ConfigError(f"frac={f!r} must be a fraction in (0, 1] (or null to use clients_per_round)")
+    return f
+
+
 def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
     """The run's schedule from the top-level knobs, each checked with a one-line message."""
     m = _int_option(cfg, "clients_per_round", 1)
-    if cfg.frac is not None:
-        f = cfg.frac
-        if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
-            raise ConfigError(f"frac={f!r} must be a fraction in (0, 1] (or null to use clients_per_round)")
-        m = max(1, round(f * num_clients))
+    if _frac(cfg) is not None:
+        m = max(1, round(cfg.frac * num_clients))
     if m > num_clients:
         raise ConfigError(f"clients_per_round={m} exceeds the {num_clients} clients of the data; allowed: 1..{num_clients}")
     return Schedule(
@@ -84,8 +87,7 @@ def validate(cfg: DictConfig) -> list[str]:
         check(_int_option, cfg, key, low)
     for key in ("personalize_batch", "client_chunk"):
         check(_optional_int, cfg, key, 1)
-    if cfg.frac is not None:
-        check(schedule, cfg, 10**9)
+    check(_frac, cfg)
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
     check(resolve_device, str(cfg.device))

@@ -66,7 +66,7 @@ class Engine:
 
     name = "base"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 4096, criterion: Callable = F.cross_entropy):
+    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy):
         self.model = model
         self.max_chunks = max_chunks  # chunks of rows per vmapped call in full passes (memory bound)
         self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
@@ -87,7 +87,7 @@ class Engine:
 class VmapEngine(Engine):
     name = "vmap"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 4096, criterion: Callable = F.cross_entropy):
+    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy):
         super().__init__(model, max_chunks, criterion)
         self._losses = vmap(self.loss)
         self._hvp = vmap(lambda p, v, x, y: jvp(lambda q: grad(self.loss)(q, x, y), (p,), (v,))[1])
@@ -116,7 +116,7 @@ class VmapEngine(Engine):
 
     # The padded chunk view of a split's rows is kept between calls when it is small; a large one
     # is gathered group by group, so memory stays at one group of chunks plus per-client results.
-    CACHE_BYTES = 512 * 2**20
+    CACHE_BYTES = 256 * 2**20
 
     def _chunk_rows(self, split: ClientSplit, sl: slice) -> tuple[Tensor, Tensor]:
         key = id(split)

@@ -263,3 +263,8 @@ def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_rest(tmp_path):
     assert code == 0, err
     assert out.count("already finished") == 1 and err.count("resuming from") == 1 and "round_0000005.pt" in err
     assert [(j / "metrics.csv").read_bytes() for j in jobs] == first
+
+
+def test_valid_frac_does_not_repeat_other_problems(tmp_path):
+    code, _, err = finish([*RUN, "rounds=0", "frac=0.5", f"hydra.run.dir={tmp_path / 'v'}"], tmp_path)
+    assert code == 2 and err.strip().splitlines() == ["fedrun: error: rounds=0 must be an integer >= 1"]
