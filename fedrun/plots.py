@@ -32,3 +32,38 @@ def plot_run(metrics_csv: str, out_png: str, title: str = "") -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, out_png)
+
+
+def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str = "test accuracy",
+                      suptitle: str = "", styles: dict | None = None, ncols: int | None = None) -> None:
+    """One panel per (title, {label: curve}); a curve is a DataFrame with columns round, mean, std.
+
+    Each curve is drawn as its mean with a +- std band (no band where std is NaN, e.g. one seed).
+    `styles` maps a label to extra matplotlib keyword arguments (color, linestyle, ...).
+    """
+    n = max(1, len(panels))
+    ncols = ncols or min(n, 3)
+    nrows = (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False, sharey=True)
+    for ax, (title, curves) in zip(axes.flat, panels):
+        for label, c in curves.items():
+            kw = dict((styles or {}).get(label, {}))
+            line, = ax.plot(c["round"], c["mean"], label=label, linewidth=1.3, **kw)
+            std = pd.to_numeric(c["std"], errors="coerce")
+            if std.notna().any():
+                ax.fill_between(c["round"], c["mean"] - std, c["mean"] + std, color=line.get_color(), alpha=0.18,
+                                linewidth=0)
+        ax.set(title=title, xlabel=xlabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    tmp = out_png + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out_png)

@@ -1,0 +1,190 @@
+"""Sweeps and reports: a tiny real multirun (2 algorithms x 2 seeds), its job folders, and the report's
+numbers checked against the jobs' own CSVs, computed here independently with pandas; jobs that did
+not finish are listed and left out; the launcher configs compose."""
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from fedrun.cli import CONF_DIR, precheck
+from fedrun.report import Job, missing_job_numbers, parse_targets
+
+SWEEP = ["-m", "algo=fedavg,perfedavg", "seed=0,1", "data.num_clients=6", "rounds=2", "tau=2",
+         "clients_per_round=3", "progress=false", "plot=false"]
+STATS = ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round")
+
+
+def _env(tmp):
+    return {**os.environ, "FEDRUN_CACHE": str(tmp / "cache")}
+
+
+def report(args, cwd):
+    return subprocess.run([sys.executable, "-m", "fedrun.report", *args], cwd=cwd, env=_env(cwd),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *SWEEP, f"hydra.sweep.dir={tmp / 'sweep'}"], cwd=tmp,
+                       env=_env(tmp), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return tmp / "sweep"
+
+
+def jobs_of(sweep_dir):
+    """{(algo, seed): metrics DataFrame} read straight from the job folders."""
+    out = {}
+    for d in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()):
+        ov = dict(o.split("=", 1) for o in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
+        out[(ov["algo"], int(ov["seed"]))] = pd.read_csv(d / "metrics.csv")
+    return out
+
+
+def expected(frames, target_list):
+    """What summary.csv must say for one configuration, from its jobs' metrics.csv."""
+    want = {}
+    for p in ("global", "pers"):
+        per_job = {
+            "acc_last_round": [m[f"{p}_acc"].iloc[-1] for m in frames],
+            "acc_best_round": [m[f"{p}_acc"].max() for m in frames],
+            "acc_client_min_last_round": [m[f"{p}_acc_min"].iloc[-1] for m in frames],
+            "acc_client_max_last_round": [m[f"{p}_acc_max"].iloc[-1] for m in frames],
+        }
+        for t in target_list:
+            hits = [m.loc[m[f"{p}_acc"] >= t, "round"] for m in frames]
+            per_job[f"rounds_to_{t * 100:g}pct"] = [h.iloc[0] if len(h) else math.nan for h in hits]
+        for name, vals in per_job.items():
+            s = pd.Series(vals, dtype=float)
+            if name.startswith("rounds_to") and s.isna().any():
+                want[f"{p}_{name}_mean"], want[f"{p}_{name}_std"] = math.nan, math.nan
+                want[f"{p}_{name}_reached"] = f"{int(s.notna().sum())}/{len(s)}"
+                continue
+            want[f"{p}_{name}_mean"] = s.mean()
+            want[f"{p}_{name}_std"] = s.std() if len(s) > 1 else math.nan
+    return want
+
+
+def check_row(row, want):
+    for k, v in want.items():
+        if k.endswith("_reached"):
+            assert row[k] == v, k
+        elif math.isnan(v):
+            assert pd.isna(row[k]), k
+        else:
+            assert row[k] == pytest.approx(v, abs=1e-9), k
+
+
+def test_multirun_job_folders_are_named_by_their_overrides_without_the_seed(sweep):
+    names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert len(names) == 4, names
+    for n in names:
+        assert "seed=" not in n and "progress" not in n and "plot" not in n, n
+        assert "data.num_clients=6" in n and "rounds=2" in n
+    # the two seeds of one algorithm differ only by the job number in front
+    rest = sorted(n.split("_", 1)[1] for n in names)
+    assert rest[0] == rest[1] and rest[2] == rest[3] and rest[0] != rest[2]
+    assert {r.split(",")[0] for r in rest} == {"algo=fedavg", "algo=perfedavg"}
+
+
+def test_report_numbers_equal_the_mean_and_std_of_the_jobs_csvs(sweep, tmp_path):
+    jobs = jobs_of(sweep)
+    assert set(jobs) == {(a, s) for a in ("fedavg", "perfedavg") for s in (0, 1)}
+    # one target every job reaches at round 1, one in the middle of the round-1 accuracies, one none reaches
+    first = sorted(m["pers_acc"].iloc[0] for m in jobs.values())
+    targets = [0.01, round((first[1] + first[2]) / 2, 4), 0.9999]
+    out = tmp_path / "rep"
+    r = report([str(sweep), "--target", ",".join(map(str, targets)), "--out", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "4 jobs, 4 finished, 2 configurations" in r.stdout
+    for f in ("summary.csv", "summary.md", "summary.png", "jobs.csv"):
+        assert (out / f).exists(), f
+    assert (out / "summary.png").stat().st_size > 5000
+    table = pd.read_csv(out / "summary.csv")
+    assert list(table["config"]) == ["algo=fedavg", "algo=perfedavg"]
+    md = (out / "summary.md").read_text()
+    for algo in ("fedavg", "perfedavg"):
+        row = table.set_index("config").loc[f"algo={algo}"]
+        assert row["n_seeds"] == 2 and str(row["seeds"]) == "0 1"
+        want = expected([jobs[(algo, 0)], jobs[(algo, 1)]], targets)
+        check_row(row, want)
+        line = next(l for l in md.splitlines() if l.startswith(f"| algo={algo} |"))
+        for p in ("global", "pers"):
+            for stat in STATS:
+                m, s = want[f"{p}_{stat}_mean"], want[f"{p}_{stat}_std"]
+                assert f"{m * 100:.2f} ± {s * 100:.2f}" in line, (p, stat, line)
+    assert "rounds to 1%" in md and "All jobs finished" in md
+    status = pd.read_csv(out / "jobs.csv")
+    assert (status["status"] == "ok").all() and len(status) == 4
+
+
+def test_unfinished_jobs_are_listed_and_left_out(sweep, tmp_path):
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    dirs = {}
+    for d in copy.iterdir():
+        if (d / ".hydra").is_dir():
+            ov = dict(o.split("=", 1) for o in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
+            dirs[(ov["algo"], int(ov["seed"]))] = d
+    (dirs[("fedavg", 1)] / "summary.json").unlink()                      # failed or killed
+    m = pd.read_csv(dirs[("perfedavg", 0)] / "metrics.csv")                # fewer rows than rounds promise
+    m.iloc[:1].to_csv(dirs[("perfedavg", 0)] / "metrics.csv", index=False)
+    r = report([str(copy)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "4 jobs, 2 finished, 2 configurations" in r.stdout
+    assert r.stdout.count("left out") == 2
+    table = pd.read_csv(copy / "summary.csv").set_index("config")
+    jobs = jobs_of(copy)
+    for algo, seed in (("fedavg", 0), ("perfedavg", 1)):
+        row = table.loc[f"algo={algo}"]
+        assert row["n_seeds"] == 1 and str(row["seeds"]) == str(seed)
+        check_row(row, expected([jobs[(algo, seed)]], []))
+    md = (copy / "summary.md").read_text()
+    left = md.split("## Jobs left out")[1]
+    assert "algo=fedavg, seed 1: no summary.json" in left
+    assert "algo=perfedavg, seed 0: incomplete: metrics.csv has 1 of 2 rows" in left
+    status = pd.read_csv(copy / "jobs.csv")
+    assert sorted(status["status"] == "ok") == [False, False, True, True]
+
+
+def test_missing_job_numbers_are_reported():
+    jobs = [Job(path=f"/s/{n}_x", num=n) for n in (0, 1, 3, 5)]
+    (msg,) = missing_job_numbers(jobs)
+    assert msg.startswith("/s:") and "job number(s) 2, 4" in msg
+
+
+def test_targets_accept_fractions_and_percents():
+    assert parse_targets(["0.8", "85,90%"]) == [0.8, 0.85, 0.9]
+    with pytest.raises(ValueError):
+        parse_targets(["150"])
+
+
+def _launcher(name, *extra):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[f"hydra/launcher={name}", *extra], return_hydra_config=True).hydra.launcher
+
+
+def test_local_parallel_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    cfg = _launcher("parallel", "hydra.launcher.n_jobs=3")
+    assert cfg._target_.endswith("JoblibLauncher") and cfg.n_jobs == 3
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    cfg = _launcher("slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=120")
+    assert cfg._target_.endswith("SlurmLauncher")
+    assert cfg.partition == "gpu" and cfg.timeout_min == 120 and cfg.gpus_per_node == 1
+    assert cfg.submitit_folder.endswith("/.submitit/%j")
+
+
+@pytest.mark.xfail(strict=True, reason="fedrun.cli.precheck rejects hydra/launcher=... as an unknown option "
+                                       "(needs: skip keys starting with 'hydra/'); remove this mark once fixed")
+def test_cli_precheck_lets_launcher_choices_through():
+    assert precheck(["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "seed=0,1"]) is None
