@@ -1,0 +1,112 @@
+"""FederatedData: every client's examples resident on one device as flat tensors.
+
+Clients' examples are stored back to back (client c owns rows offsets[c] : offsets[c] + sizes[c]).
+Two access paths, both vectorized over clients:
+  * minibatches: `sample_indices` maps uniform draws [m, ..., B] to row indices in one op;
+  * full passes (evaluation, full-batch gradients): a "chunk" layout cuts each client's rows into
+    chunks of `chunk_len` rows (the last one padded and masked), so a computation over all clients
+    is one vmap over chunks whose memory is proportional to the real data, not to the largest client.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ClientSplit:
+    x: Tensor  # [N, *feature_shape]
+    y: Tensor  # [N] int64
+    offsets: Tensor  # [C] int64
+    sizes: Tensor  # [C] int64
+    chunk_idx: Tensor  # [n_chunks, L] int64, row indices (padding points at a valid row)
+    chunk_mask: Tensor  # [n_chunks, L] float, 1 for real rows
+    chunk_client: Tensor  # [n_chunks] int64
+
+    @classmethod
+    def from_parts(cls, parts: list[tuple[np.ndarray, np.ndarray]], chunk_len: int = 256) -> "ClientSplit":
+        """Builds the split from per-client (x, y) arrays."""
+        sizes = np.array([len(y) for _, y in parts], dtype=np.int64)
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts]).astype(np.int64)
+        return cls.from_flat(torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(sizes), chunk_len)
+
+    @classmethod
+    def from_flat(cls, x: Tensor, y: Tensor, sizes: Tensor, chunk_len: int = 256) -> "ClientSplit":
+        """Builds the split from rows grouped by client and the number of rows of each client."""
+        n_all = sizes.numpy().astype(np.int64)
+        if (n_all == 0).any():
+            raise ValueError(f"clients {np.flatnonzero(n_all == 0).tolist()} have no examples")
+        offsets = np.concatenate([[0], np.cumsum(n_all)[:-1]]).astype(np.int64)
+        L = int(min(chunk_len, n_all.max()))
+        idx, mask, owner = [], [], []
+        for c, (off, n) in enumerate(zip(offsets, n_all)):
+            k = -(-n // L)
+            rows = np.arange(k * L)
+            mask.append((rows < n).reshape(k, L))
+            idx.append((off + np.where(rows < n, rows, 0)).reshape(k, L))
+            owner.append(np.full(k, c))
+        return cls(
+            x=x,
+            y=y.long(),
+            offsets=torch.as_tensor(offsets),
+            sizes=torch.as_tensor(n_all),
+            chunk_idx=torch.as_tensor(np.concatenate(idx)),
+            chunk_mask=torch.as_tensor(np.concatenate(mask), dtype=torch.float32),
+            chunk_client=torch.as_tensor(np.concatenate(owner)),
+        )
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.sizes)
+
+    def to(self, device) -> "ClientSplit":
+        return ClientSplit(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    def sample_indices(self, clients: Tensor, u: Tensor) -> Tensor:
+        """Row indices of minibatches drawn uniformly (with replacement) from each client's rows.
+
+        Args:
+            clients: [m] client ids.
+            u: [m, ..., B] uniform draws in [0, 1).
+        """
+        shape = (-1,) + (1,) * (u.dim() - 1)
+        n = self.sizes[clients].view(shape)
+        return self.offsets[clients].view(shape) + torch.minimum((u * n).long(), n - 1)
+
+    def client_rows(self, c: int) -> slice:
+        off = int(self.offsets[c])
+        return slice(off, off + int(self.sizes[c]))
+
+    def label_counts(self, num_classes: int) -> Tensor:
+        """[C, num_classes] number of examples of each label per client."""
+        owner = torch.repeat_interleave(torch.arange(self.num_clients, device=self.y.device), self.sizes)
+        counts = torch.zeros(self.num_clients * num_classes, dtype=torch.long, device=self.y.device)
+        counts.index_add_(0, owner * num_classes + self.y, torch.ones_like(self.y))
+        return counts.view(self.num_clients, num_classes)
+
+
+@dataclass
+class FederatedData:
+    name: str
+    train: ClientSplit
+    test: ClientSplit
+    num_classes: int
+
+    @property
+    def num_clients(self) -> int:
+        return self.train.num_clients
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+    @property
+    def in_features(self) -> int:
+        return int(np.prod(self.feature_shape))
+
+    def to(self, device) -> "FederatedData":
+        return FederatedData(self.name, self.train.to(device), self.test.to(device), self.num_classes)
