@@ -356,7 +356,7 @@ def precheck(argv: list[str]) -> str | None:
             continue
         key = arg.split("=", 1)[0]
         head, _, rest = key.partition(".")
-        if head == "hydra" or key in GROUPS:
+        if head.split("/")[0] == "hydra" or key in GROUPS:  # hydra.* options and hydra/launcher=... groups
             continue
         if head in GROUPS and rest:
             group_cfg = OmegaConf.load(os.path.join(CONF_DIR, head, f"{choices[head] or defaults[head]}.yaml"))

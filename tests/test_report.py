@@ -184,7 +184,5 @@ def test_slurm_launcher_config_composes():
     assert cfg.submitit_folder.endswith("/.submitit/%j")
 
 
-@pytest.mark.xfail(strict=True, reason="fedrun.cli.precheck rejects hydra/launcher=... as an unknown option "
-                                       "(needs: skip keys starting with 'hydra/'); remove this mark once fixed")
 def test_cli_precheck_lets_launcher_choices_through():
     assert precheck(["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "seed=0,1"]) is None
