@@ -31,8 +31,6 @@ Params = dict[str, Tensor]
 warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)
 
 
-def tree_map(f: Callable, *trees: Params) -> Params:
-    return {k: f(*(t[k] for t in trees)) for k in trees[0]}
 
 
 def stack(params: Params, m: int) -> Params:
@@ -40,9 +38,6 @@ def stack(params: Params, m: int) -> Params:
     return {k: v.unsqueeze(0).expand(m, *v.shape).clone() for k, v in params.items()}
 
 
-def axpy(a: float | Tensor, x: Params, y: Params) -> Params:
-    """y + a * x, leaf by leaf."""
-    return {k: y[k] + a * x[k] for k in y}
 
 
 def weighted_mean(stacked: Params, weights: Tensor | None = None) -> Params:
@@ -57,8 +52,6 @@ def params_of(model: nn.Module) -> Params:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def is_finite(params: Params) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in params.values())
 
 
 class Engine:

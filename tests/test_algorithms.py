@@ -6,8 +6,7 @@ from torch import nn
 
 from fedrun.algorithms import FedAvg, PerFedAvg
 from fedrun.algorithms.base import ConfigError, ServerState
-from fedrun.data import FederatedData, synthetic
-from fedrun.data.federated import ClientSplit
+from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, simulate

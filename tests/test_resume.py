@@ -69,7 +69,7 @@ def kill_midway(args, run_dir, cwd, min_rows=25):
 def test_sigkill_then_rerun_resumes_to_identical_metrics(tmp_path, reference):
     run_dir = tmp_path / "run"
     args = [*RUN, f"hydra.run.dir={run_dir}"]
-    n = kill_midway(args, run_dir, tmp_path)
+    kill_midway(args, run_dir, tmp_path)
     lines = (run_dir / "metrics.csv").read_text().splitlines()
     assert all(l.count(",") == lines[0].count(",") for l in lines)  # no torn row
     code, out, err = finish(args, tmp_path)

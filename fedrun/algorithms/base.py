@@ -64,6 +64,16 @@ class Algorithm:
         raise NotImplementedError
 
 
+class OneStepPersonalization:
+    """Serves each client the server model after one gradient step of lr `self.alpha` on the
+    client's own training rows (Per-FedAvg's test-time update; "FedAvg + update" for FedAvg)."""
+
+    alpha: float
+
+    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params, Tensor]:
+        return one_step_adapt(engine, params, train, self.alpha, batch)
+
+
 def one_step_adapt(engine: Engine, params: Params, train: ClientSplit, lr: float, batch=None) -> tuple[Params, Tensor]:
     """Every client's model after one gradient step of `lr` from the shared `params` on its own
     TRAINING rows, all of them or the given minibatch (Per-FedAvg's one-step personalization).

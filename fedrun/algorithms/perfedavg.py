@@ -13,14 +13,11 @@ client's own training data ("FedAvg + update" for FedAvg).
 """
 from __future__ import annotations
 
-from torch import Tensor
-
-from ..data.federated import ClientSplit
 from ..functional import Engine, Params
-from .base import Algorithm, check_choice, check_positive, one_step_adapt
+from .base import Algorithm, OneStepPersonalization, check_choice, check_positive
 
 
-class FedAvg(Algorithm):
+class FedAvg(OneStepPersonalization, Algorithm):
     """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update."""
 
     name = "fedavg"
@@ -35,11 +32,8 @@ class FedAvg(Algorithm):
         g, _ = engine.grad(params, x, y)
         return {k: params[k] - self.beta * g[k] for k in params}
 
-    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params, Tensor]:
-        return one_step_adapt(engine, params, train, self.alpha, batch)
 
-
-class PerFedAvg(Algorithm):
+class PerFedAvg(OneStepPersonalization, Algorithm):
     name = "perfedavg"
     VARIANTS = ("fo", "hf", "exact")
 
@@ -66,6 +60,3 @@ class PerFedAvg(Algorithm):
             hv = engine.hvp(params, g2, x3, y3)
             g2 = {k: g2[k] - self.alpha * hv[k] for k in params}
         return {k: params[k] - self.beta * g2[k] for k in params}
-
-    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params, Tensor]:
-        return one_step_adapt(engine, params, train, self.alpha, batch)
