@@ -176,6 +176,20 @@ def test_local_parallel_launcher_config_composes():
     assert cfg._target_.endswith("JoblibLauncher") and cfg.n_jobs == 3
 
 
+def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    args = [a for a in SWEEP if not a.startswith("seed=")] + ["seed=0", "hydra/launcher=parallel",
+                                                              "hydra.launcher.n_jobs=2"]
+    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *args, f"hydra.sweep.dir={tmp_path / 'par'}"], cwd=tmp_path,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
+    par, seq = jobs_of(tmp_path / "par"), jobs_of(sweep)
+    assert set(par) == {("fedavg", 0), ("perfedavg", 0)}
+    for k, m in par.items():
+        pd.testing.assert_frame_equal(m, seq[k])
+
+
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     cfg = _launcher("slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=120")
