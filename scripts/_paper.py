@@ -1,0 +1,96 @@
+"""Shared by the paper scripts: options, MNIST check and the largest fitting `a`, running `fedrun -m`."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+# Options a paper script keeps out of job folder names (they are the same for every job of the script).
+HIDDEN_IN_NAMES = ["seed", "device", "progress", "plot", "data.root", "cache_dir", "algo", "data", "model", "data.n",
+                   "data.a", "batch_size", "rounds", "on_diverge", "data.download"]
+
+
+def common_options(ap: argparse.ArgumentParser, name: str) -> None:
+    ap.add_argument("--quick", action="store_true", help="a few rounds only (smoke test); default: the paper's rounds")
+    ap.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default: 0)")
+    ap.add_argument("--data-root", default=os.environ.get("FEDRUN_DATA", "data"),
+                    help="folder holding MNIST/raw (default: $FEDRUN_DATA or ./data)")
+    ap.add_argument("--no-download", action="store_true",
+                    help="fail instead of downloading MNIST (via torchvision) when it is not in --data-root")
+    ap.add_argument("--device", default="auto", help="fedrun device= (auto, cpu, cuda, cuda:N)")
+    ap.add_argument("--out", default=None,
+                    help=f"output folder (default: outputs/papers/{name}/<date>_<time>[_quick])")
+    ap.add_argument("--replot", metavar="DIR", default=None,
+                    help="train nothing: redraw the figure and table from the runs already in DIR (a previous --out)")
+
+
+def out_dir(args, name: str) -> str:
+    if args.replot:
+        return os.path.abspath(args.replot)
+    if args.out:
+        return os.path.abspath(args.out)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S") + ("_quick" if args.quick else "")
+    return os.path.abspath(os.path.join("outputs", "papers", name, stamp))
+
+
+def seeds_of(args) -> list[int]:
+    try:
+        return [int(s) for s in (args.seeds or "0").split(",") if s.strip()]
+    except ValueError:
+        sys.exit(f"error: --seeds {args.seeds!r} must be comma-separated integers")
+
+
+def mnist_labels(root: str, download: bool = True):
+    """(train labels, test labels) of the MNIST in root/MNIST/raw (downloaded there if absent and
+    `download`); exits with one line if it is not there."""
+    from fedrun.data import DataMissingError
+    from fedrun.data.sources import load_mnist
+
+    try:
+        _, tr, _, te = load_mnist(root, download=download)
+    except DataMissingError as e:
+        sys.exit(f"error: {e}")
+    return tr, te
+
+
+def describe_data(root: str, tr, te) -> None:
+    full = "" if len(tr) == 60000 and len(te) == 10000 else " (NOT the full 60,000 / 10,000)"
+    print(f"data: MNIST from {os.path.abspath(os.path.join(root, 'MNIST', 'raw'))}: {len(tr)} training and "
+          f"{len(te)} test images{full}; split over users as in Per-FedAvg Sec. 5 (fedrun data=mnist_perfedavg)")
+
+
+def fitting_a(tr, te, n: int, wanted: int) -> int:
+    """The largest a <= wanted for which the training AND the test split fit (fedrun derives the test
+    split's a from a, scaled by |test| / |train|, as fedrun.data.mnist_perfedavg does)."""
+    from fedrun.data.partitions import max_fitting_a
+
+    a = min(wanted, max_fitting_a(tr, n))
+    test_fit = max_fitting_a(te, n)
+    while a >= 2 and max(2, int(a * len(te) / len(tr)) // 2 * 2) > test_fit:
+        a -= 1
+    if a < 2:
+        sys.exit(f"error: the MNIST in use is too small for n={n} users (no a >= 2 fits)")
+    if a != wanted:
+        print(f"note: a={wanted} does not fit this MNIST with n={n} users; using a={a}, the largest that fits "
+              f"(fedrun.data.partitions.max_fitting_a on the training and test labels)")
+    return a
+
+
+def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = None) -> float:
+    """`fedrun -m <overrides>` into sweep_dir; returns its seconds. Exits if fedrun fails."""
+    keys = hidden if hidden is not None else HIDDEN_IN_NAMES
+    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *overrides, "progress=false", "plot=false",
+           f"hydra.sweep.dir='{sweep_dir}'", f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"]
+    print("run: fedrun " + " ".join(cmd[4:]), flush=True)
+    t0 = time.time()
+    r = subprocess.run(cmd)
+    if r.returncode != 0:
+        sys.exit(f"error: fedrun exited with status {r.returncode} (outputs so far in {sweep_dir})")
+    return time.time() - t0
+
+
+def pct(x) -> str:
+    return "" if x is None or x != x else f"{100 * x:.2f}"

@@ -1,0 +1,117 @@
+"""The paper scripts in --quick mode, end to end: they train through the `fedrun` CLI, say where the
+data comes from and where the outputs went, and their tables hold the numbers of the runs' CSVs.
+
+Real MNIST is used when $FEDRUN_DATA holds it; otherwise a tiny MNIST in torchvision's raw layout
+is written to a temporary folder (too small for the papers' `a`, so the scripts must lower it)."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from test_data import write_mnist_idx
+
+from fedrun.data.sources import MNIST_FILES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    real = os.environ.get("FEDRUN_DATA")
+    if real and all(os.path.exists(os.path.join(real, "MNIST", "raw", f)) for f in MNIST_FILES):
+        return real, True
+    root = tmp_path_factory.mktemp("mnist")
+    rng = np.random.RandomState(0)
+    write_mnist_idx(root, rng.permutation(np.repeat(np.arange(10), 120)), rng.permutation(np.repeat(np.arange(10), 60)))
+    return str(root), False
+
+
+def script(name, args, tmp_path):
+    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def job_metrics(runs_dir):
+    """{tuple of the job's overrides without the seed: metrics DataFrame} straight from the job folders."""
+    out = {}
+    for d in sorted(p for p in runs_dir.iterdir() if (p / ".hydra").is_dir()):
+        ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())
+        key = dict(o.split("=", 1) for o in ov if not o.startswith("seed="))
+        out[tuple(sorted(key.items()))] = pd.read_csv(d / "metrics.csv")
+    return out
+
+
+def test_figure1_quick(data_root, tmp_path):
+    root, real = data_root
+    out = tmp_path / "fig"
+    text = script("perfedavg_figure1.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path)
+    assert f"outputs: {out}" in text and "data: MNIST from" in text
+    if not real:
+        assert re.search(r"note: a=\d+ does not fit this MNIST with n=10 users; using a=\d+", text)
+    assert (out / "figure1.png").stat().st_size > 10000
+    assert (out / "summary.md").exists() and (out / "summary.csv").exists()
+    table = pd.read_csv(out / "figure1.csv")
+    assert len(table) == 9 and set(table["curve"]) == {"FedAvg", "FedAvg + update", "Per-FedAvg (FO)"}
+    assert (table["rounds"] == 3).all()
+    for tau, r in ((10, 0.2), (4, 0.5), (10, 0.5)):
+        jobs = job_metrics(out / "runs" / f"tau{tau}_r{r:g}")
+        assert len(jobs) == 2
+        for key, m in jobs.items():
+            ov = dict(key)
+            assert ov["tau"] == str(tau) and float(ov["frac"]) == r and ov["algo.alpha"] == "0.01"
+            assert ov["algo.beta"] == "0.001" and ov["batch_size"] == "50" and ov["data.n"] == "10"
+            assert len(m) == 3
+            curves = [("FedAvg", "global_acc"), ("FedAvg + update", "pers_acc")] if ov["algo"] == "fedavg" \
+                else [("Per-FedAvg (FO)", "pers_acc")]
+            for curve, col in curves:
+                row = table[(table.tau == tau) & (table.r == r) & (table.curve == curve)].iloc[0]
+                assert row["acc_last_round_mean"] == pytest.approx(m[col].iloc[-1], abs=1e-9)
+                assert row["acc_best_round_mean"] == pytest.approx(m[col].max(), abs=1e-9)
+
+
+def test_table003_quick_and_replot_without_training(data_root, tmp_path):
+    root, real = data_root
+    out = tmp_path / "tab"
+    text = script("perfedavg_table003.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path)
+    assert f"outputs: {out}" in text and "data: MNIST from" in text
+    note = re.search(r"note: a=196 does not fit this MNIST with n=50 users; using a=(\d+)", text)
+    assert note or real
+    for reported in ("89.98", "89.35", "70.22", "60.12", "87.14", "86.38", "73.81", "72.17"):
+        assert reported in text
+    table = pd.read_csv(out / "table003.csv")
+    assert len(table) == 4
+    jobs = job_metrics(out / "runs")
+    assert len(jobs) == 8
+    for key, m in jobs.items():
+        ov = dict(key)
+        assert ov["data.n"] == "50" and ov["frac"] == "0.2" and ov["batch_size"] == "40" and ov["algo.beta"] == "0.001"
+        if note:
+            assert ov["data.a"] == note.group(1)
+        row = table[(table.tau == int(ov["tau"])) & (table.alpha == float(ov["algo.alpha"]))].iloc[0]
+        v = ov["algo.variant"]
+        assert row[f"{v}_last_round"] == pytest.approx(100 * m["pers_acc"].iloc[-1], abs=1e-7)
+        assert row[f"{v}_best_round"] == pytest.approx(100 * m["pers_acc"].max(), abs=1e-7)
+        assert row[f"{v}_rounds"] == 3
+    # --replot redraws from the CSVs: no new run, the same table
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
+    (out / "table003.csv").rename(out / "table003.first.csv")
+    again = script("perfedavg_table003.py", ["--replot", str(out)], tmp_path)
+    assert "run: fedrun" not in again
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
+    assert (out / "table003.csv").read_text() == (out / "table003.first.csv").read_text()
+
+
+def test_missing_data_is_one_clear_error(tmp_path):
+    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "perfedavg_table003.py"), "--quick", "--no-download", "--data-root",
+                        str(tmp_path / "none"), "--out", str(tmp_path / "o")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
