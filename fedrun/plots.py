@@ -10,6 +10,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
+def save_figure(fig, out_png: str, title: str = "") -> None:
+    """Titles, lays out and writes `fig` atomically (temp file + rename), then closes it."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    tmp = out_png + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out_png)
+
+
 def plot_run(metrics_csv: str, out_png: str, title: str = "") -> None:
     """Accuracy and loss against rounds for the global and personalized models."""
     df = pd.read_csv(metrics_csv)
@@ -25,13 +36,7 @@ def plot_run(metrics_csv: str, out_png: str, title: str = "") -> None:
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out_png)
+    save_figure(fig, out_png, title)
 
 
 def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str = "test accuracy",
@@ -60,10 +65,4 @@ def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str =
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
-    tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out_png)
+    save_figure(fig, out_png, suptitle)
