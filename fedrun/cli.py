@@ -208,7 +208,6 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
         st = ck["state"]
         state = ServerState(
             params={k: v.to(device) for k, v in st["params"].items()},
-            round=st["round"],
             extra=_to_device(st["extra"], device),
         )
         start = Progress(state, ck["round"], ck["transmitted"])
@@ -235,7 +234,7 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     def on_checkpoint(at: Progress) -> None:
         outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
             "config": fp,
-            "state": {"params": at.state.params, "round": at.state.round, "extra": at.state.extra},
+            "state": {"params": at.state.params, "extra": at.state.extra},
             "transmitted": at.transmitted,
             "history": history,
             "torch_rng": torch.get_rng_state(),

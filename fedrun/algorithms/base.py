@@ -34,7 +34,6 @@ def check_positive(option: str, value, allow_zero: bool = False) -> None:
 @dataclass
 class ServerState:
     params: Params
-    round: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -50,7 +49,7 @@ class Algorithm:
         raise NotImplementedError
 
     def server_update(self, state: ServerState, client_params: Params, weights: Tensor | None) -> ServerState:
-        return ServerState(params=weighted_mean(client_params, weights), round=state.round + 1, extra=state.extra)
+        return ServerState(params=weighted_mean(client_params, weights), extra=state.extra)
 
     def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params | None, Tensor]:
         """Per-client models served at test time, and the served model's per-client training loss.
