@@ -3,6 +3,10 @@
 Default setting (issue 2): synthetic data, 100 clients, MLP 60-20-10, 10 clients per round, tau=20,
 batch 20, evaluation of all 100 clients every round; FedAvg and Per-FedAvg (fo, hf).
     python -m fedrun.bench            (or fedrun-bench)  [--rounds N] [--device cpu|cuda]
+pFedMe setting (issue 4; pFedMe's Table 1, official protocol): the same data and model, ALL 100
+clients train every round (R=tau=20 local rounds of K=5 inner steps, batch 20), 10 aggregated
+(sample-weighted), PM = local models, every client evaluated every round:
+    python -m fedrun.bench --algos pfedme
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import time
 
 import torch
 
-from .algorithms import FedAvg, PerFedAvg
+from .algorithms import FedAvg, PerFedAvg, PFedMe
 from .data import synthetic
 from .functional import ENGINES, params_of
 from .models import MLP
@@ -22,7 +26,10 @@ ALGOS = {
     "perfedavg-fo": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="fo"),
     "perfedavg-hf": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="hf"),
     "perfedavg-exact": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="exact"),
+    "pfedme": lambda: PFedMe(lam=30, eta=0.01, personal_lr=0.01, K=5, beta=2.0, mu=0.001, personalized="local",
+                             train_all=True),
 }
+AGGREGATE = {"pfedme": "samples"}
 
 
 def _sync(device):
@@ -68,7 +75,7 @@ def main(argv=None) -> None:
         res = {}
         for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
             sched = Schedule(rounds=rounds, tau=args.tau, clients_per_round=10, batch_size=20, eval_every=1,
-                             personalize_batch=args.personalize_batch)
+                             personalize_batch=args.personalize_batch, aggregate=AGGREGATE.get(name, "uniform"))
             res[eng] = time_rounds(ALGOS[name](), eng, data, sched, device, args.warmup)
         print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
 

@@ -17,6 +17,7 @@ from . import outputs
 from .algorithms.base import ConfigError, ServerState, check_choice
 from .data import DataMissingError, FederatedData
 from .functional import ENGINES, params_of
+from .protocol import apply_protocol
 from .simulate import Diverged, Progress, Schedule, simulate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -61,6 +62,7 @@ def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
         batch_size=_int_option(cfg, "batch_size", 1),
         eval_every=_int_option(cfg, "eval_every", 1),
         personalize_batch=None if cfg.personalize_batch is None else _int_option(cfg, "personalize_batch", 1),
+        aggregate=cfg.aggregate or "uniform",
     )
 
 
@@ -88,6 +90,8 @@ def validate(cfg: DictConfig) -> list[str]:
     for key in ("personalize_batch", "client_chunk"):
         check(_optional_int, cfg, key, 1)
     check(_frac, cfg)
+    if cfg.aggregate is not None:
+        check(check_choice, "aggregate", cfg.aggregate, ["uniform", "samples"])
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
     check(resolve_device, str(cfg.device))
@@ -178,6 +182,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
 def run(cfg: DictConfig, out_dir: str) -> dict:
     """One experiment; writes its files into `out_dir` and returns the summary it writes."""
     t0 = time.time()
+    protocol = apply_protocol(cfg)
     problems = validate(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -209,6 +214,7 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
         state = ServerState(
             params={k: v.to(device) for k, v in st["params"].items()},
             extra=_to_device(st["extra"], device),
+            clients=_to_device(st.get("clients", {}), device),
         )
         start = Progress(state, ck["round"], ck["transmitted"])
         # metrics.csv becomes exactly the rows the checkpoint saw; later rows (if a kill left any)
@@ -234,7 +240,7 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     def on_checkpoint(at: Progress) -> None:
         outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
             "config": fp,
-            "state": {"params": at.state.params, "extra": at.state.extra},
+            "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
             "transmitted": at.transmitted,
             "history": history,
             "torch_rng": torch.get_rng_state(),
@@ -256,7 +262,8 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
             log.close()
     if last is not None:
         _write_clients(data, last, os.path.join(out_dir, "clients.csv"))
-    summary = {"status": "finished", **_summary(history, time.time() - t0, cfg, device)}
+    summary = {"status": "finished", **_summary(history, time.time() - t0, cfg, device),
+               "protocol": cfg.protocol, "protocol_choices": protocol}
     outputs.write_json(summary_path, summary)
     if cfg.plot:
         from .plots import plot_run

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .algorithms.base import Algorithm, ServerState
+from .algorithms.base import Algorithm, EvalContext, ServerState
 from .data.federated import FederatedData
 from .functional import Engine
 
@@ -44,18 +44,22 @@ def _eval(engine: Engine, params, split, shared: bool):
     return engine.evaluate(params, split, shared)
 
 
-def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, batch=None) -> Evaluation:
+def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, ctx: EvalContext) -> Evaluation:
     """Evaluates the global and personalized models on every client's test rows.
 
-    `batch`: optional per-client minibatch of training rows for the personalization step (see
-    `Algorithm.personalize`); `train_loss` is then the global model's loss on those rows.
+    `ctx`: what personalization may use (see `Algorithm.personalize`). `train_loss` is the global
+    model's loss on all training rows, or on the adaptation minibatches when the personalization
+    computed it there anyway (`personalize_batch`).
     """
     n_test = data.test.sizes.to(torch.float32)
     n_train = data.train.sizes.to(torch.float32)
     g_loss, g_correct = _eval(engine, state.params, data.test, True)
     per_client = {"global_acc": g_correct / n_test, "global_loss": g_loss / n_test}
     row = _summaries("global", g_loss, g_correct, n_test)
-    pers, train_loss = algo.personalize(engine, state.params, data.train, batch)
+    pers, train_loss = algo.personalize(engine, state, ctx)
+    if train_loss is None:
+        t_loss, _ = _eval(engine, state.params, data.train, True)
+        train_loss = t_loss / n_train
     if pers is not None:
         p_loss, p_correct = _eval(engine, {k: v.detach() for k, v in pers.items()}, data.test, False)
         row.update(_summaries("pers", p_loss, p_correct, n_test))

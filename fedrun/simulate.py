@@ -8,10 +8,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .algorithms.base import Algorithm, ServerState
+from torch.utils._pytree import tree_leaves, tree_map
+
+from .algorithms.base import Algorithm, EvalContext, Local, ServerState
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
-from .functional import Engine, Params, stack
+from .functional import Engine, Params
 
 
 class Diverged(RuntimeError):
@@ -33,36 +35,44 @@ class Schedule:
     batch_size: int
     eval_every: int = 1
     personalize_batch: int | None = None  # None: personalize on all training rows
+    aggregate: str = "uniform"  # uniform | samples (weights = clients' numbers of training rows)
 
 
-def personalization_batch(data: FederatedData, size: int, seed: int, rnd: int):
-    """A minibatch of `size` training rows of EVERY client for the test-time adaptation of round
-    `rnd`, drawn from its own random stream (so it does not shift the training draws)."""
-    g = round_generator(seed, rnd, stream=1)
-    clients = torch.arange(data.num_clients, device=data.train.x.device)
-    u = torch.rand(data.num_clients, size, generator=g).to(data.train.x.device)
-    idx = data.train.sample_indices(clients, u)
-    return data.train.x[idx], data.train.y[idx]
+def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> EvalContext:
+    """Test-time adaptation of round `rnd` draws its minibatches from its own random stream, so it
+    never shifts the training draws."""
+    return EvalContext(data, round_generator(seed, rnd, stream=1), sched.batch_size, sched.tau, sched.personalize_batch)
 
 
-def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: int):
-    """Sampled clients [m] and row indices [m, tau, k, B] of every minibatch of the round."""
+def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: int, train_all: bool = False):
+    """The round's sampled clients [s], the clients that train [m] (the sampled ones, or all with
+    `train_all`), and row indices [m, tau, k, B] of every minibatch of the round."""
     g = round_generator(seed, rnd)
     clients = torch.randperm(data.num_clients, generator=g)[: sched.clients_per_round].sort().values
-    u = torch.rand(len(clients), sched.tau, k, sched.batch_size, generator=g)
+    shape = (sched.tau, k, sched.batch_size)
+    u = torch.rand(len(clients), *shape, generator=g)
+    trained = clients
+    if train_all:  # the others' draws come after, so the sampled clients train on the same batches
+        trained = torch.arange(data.num_clients)
+        u_all = torch.empty(len(trained), *shape)
+        rest = torch.ones(len(trained), dtype=torch.bool)
+        rest[clients] = False
+        u_all[clients] = u
+        u_all[rest] = torch.rand(int(rest.sum()), *shape, generator=g)
+        u = u_all
     dev = data.train.x.device
-    clients = clients.to(dev)
-    return clients, data.train.sample_indices(clients, u.to(dev))
+    trained = trained.to(dev)
+    return clients.to(dev), trained, data.train.sample_indices(trained, u.to(dev))
 
 
-def local_training(algo: Algorithm, engine: Engine, params: Params, data: FederatedData, idx: torch.Tensor) -> Params:
-    """tau local steps for all sampled clients; each step gathers every client's batches in one op."""
+def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int) -> Local:
+    """tau local steps for all training clients; each step gathers every client's batches in one op."""
     x, y = data.train.x, data.train.y
     for s in range(idx.shape[1]):
         step = idx[:, s]  # [m, k, B]
         xb, yb = x[step], y[step]
-        params = algo.client_step(engine, params, [(xb[:, j], yb[:, j]) for j in range(step.shape[1])])
-    return params
+        local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(step.shape[1])], rnd)
+    return local
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -81,13 +91,13 @@ class ChunkedTraining:
         self.fixed = size is not None
         self.size = size
 
-    def __call__(self, algo: Algorithm, engine: Engine, params: Params, data: FederatedData, idx: torch.Tensor) -> Params:
+    def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int) -> Local:
         m = idx.shape[0]
         while True:
             size = min(self.size or m, m)
             try:
                 parts = [
-                    local_training(algo, engine, {k: v[i : i + size] for k, v in params.items()}, data, idx[i : i + size])
+                    local_training(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd)
                     for i in range(0, m, size)
                 ]
                 break
@@ -99,7 +109,7 @@ class ChunkedTraining:
                     torch.cuda.empty_cache()
         if len(parts) == 1:
             return parts[0]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return tree_map(lambda *vs: torch.cat(vs), *parts)
 
 
 @dataclass
@@ -135,7 +145,7 @@ def simulate(
         client_chunk: train at most this many clients at once (None: all, split on out-of-memory).
     Returns the final server state and the last evaluation.
     """
-    at = start or Progress(algo.init(params))
+    at = start or Progress(algo.init(params, data.num_clients))
     train = ChunkedTraining(client_chunk)
     last = None
     bar = None
@@ -144,20 +154,20 @@ def simulate(
 
         bar = tqdm(total=sched.rounds, initial=at.round, desc=algo.name, unit="round", dynamic_ncols=True)
     for rnd in range(at.round + 1, sched.rounds + 1):
-        clients, idx = sample_round(data, sched, algo.batches_per_step, seed, rnd)
-        local = train(algo, engine, stack(at.state.params, len(clients)), data, idx)
+        clients, trained, idx = sample_round(data, sched, algo.batches_per_step, seed, rnd, algo.train_all)
+        local = train(algo, engine, algo.client_init(at.state, trained, rnd), data, idx, rnd)
         bad = _nonfinite_clients(local)
         if bad:
             raise Diverged(
                 f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "
-                f"{clients[bad].tolist()[:20]}{' ...' if len(bad) > 20 else ''}"
+                f"{trained[bad].tolist()[:20]}{' ...' if len(bad) > 20 else ''}"
             )
-        at = Progress(algo.server_update(at.state, local, None), rnd, at.transmitted + len(clients) * algo.models_per_round)
+        selected = torch.searchsorted(trained, clients)  # positions of the sampled clients (both sorted)
+        weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
+        state = algo.server_update(at.state, local, trained, selected, weights)
+        at = Progress(state, rnd, at.transmitted + len(clients) * algo.models_per_round)
         if rnd % sched.eval_every == 0 or rnd == sched.rounds:
-            batch = None
-            if sched.personalize_batch:
-                batch = personalization_batch(data, sched.personalize_batch, seed, rnd)
-            last = evaluate(algo, engine, at.state, data, batch)
+            last = evaluate(algo, engine, at.state, data, eval_context(data, sched, seed, rnd))
             if not math.isfinite(last.row["train_loss"]):
                 raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
             if on_eval:
@@ -176,9 +186,9 @@ def simulate(
     return at.state, last
 
 
-def _nonfinite_clients(params: Params) -> list[int]:
+def _nonfinite_clients(local: Local) -> list[int]:
     ok = None
-    for v in params.values():
+    for v in tree_leaves(local):
         f = torch.isfinite(v.flatten(1)).all(1)
         ok = f if ok is None else ok & f
     return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []

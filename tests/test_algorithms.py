@@ -9,9 +9,14 @@ from fedrun.algorithms.base import ConfigError, ServerState
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLR
-from fedrun.simulate import Schedule, simulate
+from fedrun.simulate import Schedule, eval_context, simulate
 
 ENGINES = [VmapEngine, LoopEngine]
+
+
+def step(algo, engine, params, batches, rnd=1):
+    """One local step of `algo` from stacked `params`; returns the new stacked params."""
+    return algo.client_step(engine, {"params": params}, batches, rnd)["params"]
 
 
 def half_squared(out, y, reduction="mean"):
@@ -38,7 +43,7 @@ def test_perfedavg_exact_on_quadratic_is_I_minus_alpha_H_times_g(E):
     model, params, batches = quadratic_setup()
     alpha, beta = 0.3, 0.1
     engine = E(model, criterion=half_squared)
-    out = PerFedAvg(alpha=alpha, beta=beta, variant="exact").client_step(engine, params, batches)
+    out = step(PerFedAvg(alpha=alpha, beta=beta, variant="exact"), engine, params, batches)
     (x1, y1), (x2, y2), (x3, y3) = batches
     for i in range(len(x1)):
         w = params["weight"][i, 0]
@@ -59,10 +64,10 @@ def test_perfedavg_hf_approaches_exact_as_delta_shrinks(E):
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(m, B, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (m, B), generator=g)) for _ in range(3)]
     engine = E(model)
-    exact = PerFedAvg(alpha=0.5, beta=1.0, variant="exact").client_step(engine, params, batches)
+    exact = step(PerFedAvg(alpha=0.5, beta=1.0, variant="exact"), engine, params, batches)
     errors = []
     for delta in (1e-1, 1e-2, 1e-3):
-        hf = PerFedAvg(alpha=0.5, beta=1.0, variant="hf", delta=delta).client_step(engine, params, batches)
+        hf = step(PerFedAvg(alpha=0.5, beta=1.0, variant="hf", delta=delta), engine, params, batches)
         errors.append(max(float((hf[k] - exact[k]).abs().max()) for k in exact))
     # Central differences: error O(delta^2), so each 10x smaller delta cuts it by far more than 10x.
     assert errors[0] > 0
@@ -79,8 +84,8 @@ def test_perfedavg_with_alpha_zero_is_fedavg(E, variant):
     params = stack(params_of(model), m)
     x, y = torch.randn(m, B, 6), torch.randint(0, 4, (m, B))
     engine = E(model)
-    fed = FedAvg(beta=0.1).client_step(engine, params, [(x, y)])
-    per = PerFedAvg(alpha=0.0, beta=0.1, variant=variant).client_step(engine, params, [(x, y)] * 3)
+    fed = step(FedAvg(beta=0.1), engine, params, [(x, y)])
+    per = step(PerFedAvg(alpha=0.0, beta=0.1, variant=variant), engine, params, [(x, y)] * 3)
     for k in params:
         torch.testing.assert_close(per[k], fed[k])
         assert not torch.equal(fed[k], params[k])
@@ -95,8 +100,9 @@ def test_fedavg_one_full_batch_step_is_one_centralized_gd_step(E):
     beta = 0.5
     algo = FedAvg(beta=beta)
     w0 = params_of(model)
-    local = algo.client_step(E(model), stack(w0, C), [(x, y)])
-    server = algo.server_update(ServerState(w0), local, None).params
+    local = algo.client_step(E(model), {"params": stack(w0, C)}, [(x, y)], 1)
+    everyone = torch.arange(C)
+    server = algo.server_update(ServerState(w0), local, everyone, everyone, None).params
     # centralized: one GD step on the pooled data (equal client sizes, so the means coincide)
     p = {k: v.clone().requires_grad_(True) for k, v in w0.items()}
     loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x.reshape(-1, d),)), y.reshape(-1))
@@ -106,9 +112,10 @@ def test_fedavg_one_full_batch_step_is_one_centralized_gd_step(E):
 
 
 def test_weighted_server_update_uses_normalized_weights():
-    w = {"a": torch.tensor([[1.0], [3.0]])}
-    out = FedAvg().server_update(ServerState({"a": torch.zeros(1)}), w, torch.tensor([1.0, 3.0]))
-    torch.testing.assert_close(out.params["a"], torch.tensor([2.5]))
+    w = {"a": torch.tensor([[1.0], [5.0], [3.0]])}
+    out = FedAvg().server_update(ServerState({"a": torch.zeros(1)}), {"params": w}, torch.arange(3),
+                                 torch.tensor([0, 2]), torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(out.params["a"], torch.tensor([2.5]))  # client 1 trained, not aggregated
 
 
 def test_bad_hyperparameters_raise_config_errors():
@@ -172,7 +179,8 @@ def test_evaluation_metrics_match_a_direct_computation(small_data):
     algo = PerFedAvg(alpha=0.1, beta=0.1)
     from fedrun.evaluate import evaluate
 
-    ev = evaluate(algo, VmapEngine(model), ServerState(params_of(model)), small_data)
+    sched = Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=1)
+    ev = evaluate(algo, VmapEngine(model), ServerState(params_of(model)), small_data, eval_context(small_data, sched, 0, 1))
     te, tr = small_data.test, small_data.train
     accs, pers_accs, correct = [], [], 0
     for c in range(small_data.num_clients):

@@ -141,12 +141,13 @@ class NaNOnRound3(PerFedAvg):
 
     calls = 0
 
-    def client_step(self, engine, params, batches):
-        out = super().client_step(engine, params, batches)
+    def client_step(self, engine, local, batches, rnd):
+        out = super().client_step(engine, local, batches, rnd)
         self.calls += 1
         if self.calls == 2 * 2 + 1:  # tau=2: rounds 1-2 take steps 1-4; step 5 opens round 3
-            out = {k: v.clone() for k, v in out.items()}
-            out["net.0.weight"][2, 0, 0] = float("nan")
+            params = {k: v.clone() for k, v in out["params"].items()}
+            params["net.0.weight"][2, 0, 0] = float("nan")
+            out = {**out, "params": params}
         return out
 
 
@@ -158,7 +159,7 @@ def test_nan_in_a_client_update_is_caught_with_round_and_client(data):
     with pytest.raises(Diverged, match=r"round 3: perfedavg produced NaN/inf parameters on clients \[\d+\]") as e:
         simulate(NaNOnRound3(), VmapEngine(model), data, params_of(model), sched, 0, on_eval=lambda r, t, ev: seen.append(r))
     assert seen == [1, 2]
-    clients, _ = sim.sample_round(data, sched, 2, 0, 3)
+    clients, _, _ = sim.sample_round(data, sched, 2, 0, 3)
     assert f"[{int(clients[2])}]" in str(e.value)
 
 
@@ -232,11 +233,11 @@ def test_out_of_memory_splits_clients_automatically(data, monkeypatch):
     real = sim.local_training
     sizes = []
 
-    def small_device(algo, engine, params, data_, idx):
+    def small_device(algo, engine, local, data_, idx, rnd):
         sizes.append(idx.shape[0])
         if idx.shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB (simulated)")
-        return real(algo, engine, params, data_, idx)
+        return real(algo, engine, local, data_, idx, rnd)
 
     a, _ = _train(data, None)
     monkeypatch.setattr(sim, "local_training", small_device)

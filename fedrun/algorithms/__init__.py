@@ -1,4 +1,5 @@
 from .base import Algorithm, ConfigError, ServerState
 from .perfedavg import FedAvg, PerFedAvg
+from .pfedme import PFedMe
 
-__all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg"]
+__all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe"]

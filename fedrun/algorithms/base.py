@@ -1,19 +1,32 @@
-"""What every algorithm provides to the round loop (fedrun.simulate).
+"""What every algorithm provides to the round loop (fedrun.simulate), fedjax-style.
 
-An algorithm is a small object of hyperparameters with pure-ish methods over stacked parameters:
-  init(params)                           -> ServerState
-  client_step(engine, params, batches)   -> params     one local step for all clients of the round
-  server_update(state, client_params, weights) -> ServerState
-  personalize(engine, params, train)     -> per-client params served at test time, or None
+State is explicit. `ServerState` holds the server model, server-side extras and the persistent
+state of EVERY client (`clients`: name -> tensors stacked over all C clients, e.g. control
+variates), so it all lives on the device and is checkpointed with the run. A round's local state
+`Local` is a dict of tensors (or dicts of tensors) stacked over the m clients that train:
+`Local["params"]` is each client's model; algorithms add what they need (pFedMe's theta, ...).
+
+  init(params, num_clients)                     -> ServerState
+  client_init(state, clients, rnd)              -> Local     gather the round's starting point
+  client_step(engine, local, batches, rnd)      -> Local     one local step for ALL clients at once
+  server_update(state, local, clients, selected, weights) -> ServerState
+  personalize(engine, state, ctx)               -> (per-client served params or None, train loss or None)
+
+`clients` are the ids of the clients that trained (usually the round's sampled clients; all clients
+when `train_all` is set); `selected` are the positions, within them, of the sampled clients whose
+models the server aggregates, and `weights` their aggregation weights (None: uniform).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
-from ..data.federated import ClientSplit
+from ..data.federated import FederatedData
 from ..functional import Engine, Params, stack, weighted_mean
+
+Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
 
 
 class ConfigError(ValueError):
@@ -31,36 +44,78 @@ def check_positive(option: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(f"{option}={value!r} must be a number {'>= 0' if allow_zero else '> 0'}")
 
 
+def check_int(option: str, value, low: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{option}={value!r} must be an integer >= {low}")
+
+
 @dataclass
 class ServerState:
     params: Params
     extra: dict = field(default_factory=dict)
+    clients: dict = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
+
+
+@dataclass
+class EvalContext:
+    """What test-time personalization may use besides the server state.
+
+    `gen` is the round's own random stream for adaptation minibatches (it never shifts the training
+    draws). `personalize_batch`: None = adapt on all of a client's training rows, N = a minibatch of N.
+    """
+
+    data: FederatedData
+    gen: torch.Generator
+    batch_size: int
+    tau: int
+    personalize_batch: int | None = None
+
+    def train_batch(self, size: int | None = None, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
+        """Minibatches of TRAINING rows of every client: x [C, *steps, size, ...], y [C, *steps, size]."""
+        return _draw(self.data.train, size or self.personalize_batch, steps, self.gen)
+
+    def test_batch(self, size: int, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
+        """Minibatches of TEST rows: only the `official` protocol's reproductions of code that
+        personalized on test data use this (it leaks test data into personalization)."""
+        return _draw(self.data.test, size, steps, self.gen)
+
+
+def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    dev = split.x.device
+    clients = torch.arange(split.num_clients, device=dev)
+    u = torch.rand(split.num_clients, *steps, size, generator=gen).to(dev)
+    idx = split.sample_indices(clients, u)
+    return split.x[idx], split.y[idx]
 
 
 class Algorithm:
     name = "base"
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
+    train_all = False  # every client trains every round (only the sampled ones are aggregated)
 
-    def init(self, params: Params) -> ServerState:
+    def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params)
 
-    def client_step(self, engine: Engine, params: Params, batches: list[tuple[Tensor, Tensor]]) -> Params:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return {"params": stack(state.params, len(clients))}
+
+    def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         raise NotImplementedError
 
-    def server_update(self, state: ServerState, client_params: Params, weights: Tensor | None) -> ServerState:
-        return ServerState(params=weighted_mean(client_params, weights), extra=state.extra)
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        return ServerState(params=new, extra=state.extra, clients=state.clients)
 
-    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params | None, Tensor]:
-        """Per-client models served at test time, and the served model's per-client training loss.
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params | None, Tensor | None]:
+        """Per-client models served at test time (None: only the global model is served), and the
+        global model's per-client training loss when computing it came for free (else None)."""
+        return None, None
 
-        Args:
-            params: the server model.
-            train: all clients' training rows (personalization never sees test rows).
-            batch: optional (x [C, B, ...], y [C, B]) minibatch of every client's training rows; when
-                given, adaptation uses it instead of all training rows.
-        """
-        raise NotImplementedError
+
+def sgd(params: Params, grads: Params, lr: float) -> Params:
+    return {k: params[k] - lr * grads[k] for k in params}
 
 
 class OneStepPersonalization:
@@ -69,11 +124,12 @@ class OneStepPersonalization:
 
     alpha: float
 
-    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batch=None) -> tuple[Params, Tensor]:
-        return one_step_adapt(engine, params, train, self.alpha, batch)
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
+        batch = ctx.train_batch() if ctx.personalize_batch else None
+        return one_step_adapt(engine, state.params, ctx.data.train, self.alpha, batch)
 
 
-def one_step_adapt(engine: Engine, params: Params, train: ClientSplit, lr: float, batch=None) -> tuple[Params, Tensor]:
+def one_step_adapt(engine: Engine, params: Params, train, lr: float, batch=None) -> tuple[Params, Tensor]:
     """Every client's model after one gradient step of `lr` from the shared `params` on its own
     TRAINING rows, all of them or the given minibatch (Per-FedAvg's one-step personalization).
     Also returns the shared model's per-client loss on those rows."""
@@ -81,7 +137,4 @@ def one_step_adapt(engine: Engine, params: Params, train: ClientSplit, lr: float
         grads, loss = engine.full_grad(params, train, shared=True)
     else:
         grads, loss = engine.grad(stack(params, len(batch[0])), *batch)
-    return {k: params[k] - lr * grads[k] for k in params}, loss
-
-
-
+    return sgd(params, grads, lr), loss

@@ -10,11 +10,15 @@ Variants of the Hessian term:
     exact  the true Hessian-vector product by forward-over-reverse autodiff.
 At test time both serve each client one gradient step of lr alpha from the global model on the
 client's own training data ("FedAvg + update" for FedAvg).
+
+`test_time=test_batches` reproduces how pFedMe's official code personalized Per-FedAvg (SPEC
+section 2): one step of lr alpha, then one of lr beta, on two minibatches of the client's TEST rows.
+That leaks test data into personalization; only `protocol=official` selects it.
 """
 from __future__ import annotations
 
-from ..functional import Engine, Params
-from .base import Algorithm, OneStepPersonalization, check_choice, check_positive
+from ..functional import Engine, stack
+from .base import Algorithm, EvalContext, Local, OneStepPersonalization, ServerState, check_choice, check_positive, sgd
 
 
 class FedAvg(OneStepPersonalization, Algorithm):
@@ -27,28 +31,43 @@ class FedAvg(OneStepPersonalization, Algorithm):
         check_positive("algo.alpha", alpha, allow_zero=True)
         self.beta, self.alpha = beta, alpha
 
-    def client_step(self, engine: Engine, params: Params, batches) -> Params:
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        g, _ = engine.grad(params, x, y)
-        return {k: params[k] - self.beta * g[k] for k in params}
+        g, _ = engine.grad(local["params"], x, y)
+        return {**local, "params": sgd(local["params"], g, self.beta)}
 
 
 class PerFedAvg(OneStepPersonalization, Algorithm):
     name = "perfedavg"
     VARIANTS = ("fo", "hf", "exact")
+    TEST_TIME = ("train", "test_batches")
 
-    def __init__(self, alpha: float = 0.02, beta: float = 0.002, variant: str = "fo", delta: float = 1e-3):
+    def __init__(self, alpha: float = 0.02, beta: float = 0.002, variant: str = "fo", delta: float = 1e-3,
+                 test_time: str | None = "train"):
         check_positive("algo.alpha", alpha, allow_zero=True)
         check_positive("algo.beta", beta)
         check_choice("algo.variant", variant, self.VARIANTS)
         check_positive("algo.delta", delta)
+        check_choice("algo.test_time", test_time or "train", self.TEST_TIME)
         self.alpha, self.beta, self.variant, self.delta = alpha, beta, variant, delta
+        self.test_time = test_time or "train"
         self.batches_per_step = 2 if variant == "fo" else 3
 
-    def client_step(self, engine: Engine, params: Params, batches) -> Params:
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        if self.test_time == "train":
+            return super().personalize(engine, state, ctx)
+        (x, y) = ctx.test_batch(ctx.batch_size, steps=(2,))
+        p = stack(state.params, ctx.data.num_clients)
+        for j, lr in enumerate((self.alpha, self.beta)):
+            g, _ = engine.grad(p, x[:, j], y[:, j])
+            p = sgd(p, g, lr)
+        return p, None
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        params = local["params"]
         (x, y), (x2, y2) = batches[:2]
         g, _ = engine.grad(params, x, y)
-        w_tilde = {k: params[k] - self.alpha * g[k] for k in params}
+        w_tilde = sgd(params, g, self.alpha)
         g2, _ = engine.grad(w_tilde, x2, y2)
         if self.variant == "hf":
             x3, y3 = batches[2]
@@ -59,4 +78,4 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             x3, y3 = batches[2]
             hv = engine.hvp(params, g2, x3, y3)
             g2 = {k: g2[k] - self.alpha * hv[k] for k in params}
-        return {k: params[k] - self.beta * g2[k] for k in params}
+        return {**local, "params": sgd(params, g2, self.beta)}

@@ -1,0 +1,83 @@
+"""pFedMe: personalized FL with Moreau envelopes (Dinh, Tran, Nguyen, NeurIPS 2020; paper 002, Alg. 1).
+
+Each client i keeps a local model w_i (started from the server model w every round) and, in each
+of R local rounds (`tau`), draws a minibatch D and approximately solves the inner problem (eq. 7)
+
+    theta_i = argmin_theta  f_i(theta; D) + lam/2 ||theta - w_i||^2   (+ mu/2 ||theta||^2, official code)
+
+with K gradient steps of lr `personal_lr`, warm-started from the previous theta_i, then moves its
+local model along the Moreau envelope's gradient lam (w_i - theta_i) (eq. 6, Alg. 1 line 8):
+
+    w_i <- w_i - eta * lam * (w_i - theta_i).
+
+The server mixes the average of the sampled clients' local models into w with `beta` (line 10):
+    w <- (1 - beta) w + beta * mean_i w_i.
+
+Served models: GM is w; PM (`personalized=theta`) is theta_i, the client's personalized parameter
+(as the paper says), or (`personalized=local`) w_i, which is what the authors' code evaluated in
+effect (SPEC section 2). With `train_all` every client runs its local rounds every round (the
+authors' code; only the sampled ones are aggregated) and the PM served is the one that training
+produced; otherwise each client's PM is computed at test time by the same R local rounds from w on
+the client's own training minibatches (drawn from the evaluation's random stream).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional import Engine, Params, weighted_mean
+from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_int, check_positive)
+
+
+class PFedMe(Algorithm):
+    name = "pfedme"
+    PERSONALIZED = ("theta", "local")
+
+    def __init__(self, lam: float = 15.0, eta: float = 0.01, personal_lr: float = 0.01, K: int = 5,
+                 beta: float = 1.0, mu: float | None = 0.0, personalized: str | None = "theta",
+                 train_all: bool | None = False):
+        check_positive("algo.lam", lam)
+        check_positive("algo.eta", eta)
+        check_positive("algo.personal_lr", personal_lr)
+        check_int("algo.K", K, 1)
+        check_positive("algo.beta", beta)
+        check_positive("algo.mu", 0.0 if mu is None else mu, allow_zero=True)
+        check_choice("algo.personalized", personalized or "theta", self.PERSONALIZED)
+        check_choice("algo.train_all", bool(train_all) if train_all is not None else False, [True, False])
+        self.lam, self.eta, self.personal_lr, self.K, self.beta = lam, eta, personal_lr, K, beta
+        self.mu = mu or 0.0
+        self.personalized = personalized or "theta"
+        self.train_all = bool(train_all)
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        local = super().client_init(state, clients, rnd)
+        return {**local, "theta": {k: v.clone() for k, v in local["params"].items()}}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        w, theta = local["params"], local["theta"]
+        for _ in range(self.K):  # the inner problem, on the same minibatch
+            g, _ = engine.grad(theta, x, y)
+            theta = {k: theta[k] - self.personal_lr * (g[k] + self.lam * (theta[k] - w[k]) + self.mu * theta[k])
+                     for k in theta}
+        w = {k: w[k] - self.eta * self.lam * (w[k] - theta[k]) for k in w}
+        return {"params": w, "theta": theta}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        avg = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] for k in avg}
+        extra = dict(state.extra)
+        if self.train_all:  # every client trained: what it would serve is at hand
+            extra["served"] = local["params" if self.personalized == "local" else "theta"]
+        return ServerState(params=new, extra=extra, clients=state.clients)
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, None]:
+        if self.train_all and "served" in state.extra:
+            return state.extra["served"], None
+        everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
+        x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(ctx.tau,))
+        local = self.client_init(state, everyone, 0)
+        for r in range(ctx.tau):
+            local = self.client_step(engine, local, [(x[:, r], y[:, r])], 0)
+        return local["params" if self.personalized == "local" else "theta"], None

@@ -1,0 +1,190 @@
+"""pFedMe and the protocol options against hand-computed numbers on toy problems."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fedrun.algorithms import FedAvg, PerFedAvg, PFedMe
+from fedrun.algorithms.base import ConfigError, ServerState
+from fedrun.data import synthetic
+from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.models import MLP
+from fedrun.protocol import apply_protocol
+from fedrun.simulate import Schedule, eval_context, simulate
+from test_algorithms import half_squared, quadratic_setup
+
+ENGINES = [VmapEngine, LoopEngine]
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+@pytest.mark.parametrize("E", ENGINES)
+def test_inner_solver_reaches_the_closed_form_prox_on_a_quadratic(E, mu):
+    # f(theta) = 1/(2B) ||X theta - y||^2; argmin f + lam/2 ||theta - w||^2 + mu/2 ||theta||^2
+    #   = (H + (lam + mu) I)^-1 (X^T y / B + lam w),  H = X^T X / B
+    model, params, batches = quadratic_setup()
+    lam = 2.0
+    algo = PFedMe(lam=lam, eta=0.05, personal_lr=0.1, K=400, mu=mu)
+    engine = E(model, criterion=half_squared)
+    local = {"params": params, "theta": {k: v.clone() for k, v in params.items()}}
+    out = algo.client_step(engine, local, batches[:1], 1)
+    x, y = batches[0]
+    for i in range(len(x)):
+        w = params["weight"][i, 0]
+        H = x[i].T @ x[i] / len(y[i])
+        eye = torch.eye(len(w), dtype=w.dtype)
+        theta = torch.linalg.solve(H + (lam + mu) * eye, x[i].T @ y[i] / len(y[i]) + lam * w)
+        torch.testing.assert_close(out["theta"]["weight"][i, 0], theta, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(out["params"]["weight"][i, 0], w - 0.05 * lam * (w - theta), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_large_lam_and_K_approach_fedavg_local_steps(E):
+    # theta = w - grad f(theta)/lam -> w - grad f(w)/lam, so w - eta*lam*(w - theta) -> w - eta*grad f(w).
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5], activation="tanh").double()
+    m, B, tau, eta = 3, 8, 4, 0.1
+    w0 = params_of(model)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(m, B, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (m, B), generator=g))
+               for _ in range(tau)]
+    engine = E(model)
+    fed = {"params": stack(w0, m)}
+    for b in batches:
+        fed = FedAvg(beta=eta).client_step(engine, fed, [b], 1)
+    gaps = []
+    for lam in (10.0, 100.0, 1000.0):
+        algo = PFedMe(lam=lam, eta=eta, personal_lr=0.5 / lam, K=60)
+        local = algo.client_init(ServerState(w0), torch.arange(m), 1)
+        for b in batches:
+            local = algo.client_step(engine, local, [b], 1)
+        gaps.append(max(float((local["params"][k] - fed["params"][k]).abs().max()) for k in w0))
+    assert gaps[0] > gaps[1] > gaps[2]
+    assert gaps[2] < gaps[0] / 50 and gaps[2] < 1e-4, gaps
+
+
+def test_server_mixes_with_beta_and_aggregates_only_the_selected():
+    algo = PFedMe(beta=2.0)
+    w = {"a": torch.tensor([1.0])}
+    local = {"params": {"a": torch.tensor([[3.0], [100.0], [5.0]])}, "theta": {"a": torch.zeros(3, 1)}}
+    out = algo.server_update(ServerState(w), local, torch.arange(3), torch.tensor([0, 2]), None)
+    torch.testing.assert_close(out.params["a"], torch.tensor([(1 - 2) * 1.0 + 2 * 4.0]))
+    out = algo.server_update(ServerState(w), local, torch.arange(3), torch.tensor([0, 2]), torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(out.params["a"], torch.tensor([-1.0 + 2 * 4.5]))
+
+
+def test_bad_pfedme_options_name_the_option():
+    with pytest.raises(ConfigError, match="algo.K=0 must be an integer >= 1"):
+        PFedMe(K=0)
+    with pytest.raises(ConfigError, match="algo.lam"):
+        PFedMe(lam=-1)
+    with pytest.raises(ConfigError, match="algo.personalized='best'.*theta, local"):
+        PFedMe(personalized="best")
+    with pytest.raises(ConfigError, match="algo.test_time='test'.*train, test_batches"):
+        PerFedAvg(test_time="test")
+
+
+# ------------------------------------------------------------ end to end, engines and protocol options
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synthetic(num_clients=6, seed=2, cache_dir=str(tmp_path_factory.mktemp("cache")), chunk_len=64)
+
+
+def _run(E, algo, data, rounds=3, aggregate="uniform", seed=0):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[10])
+    rows = []
+    sched = Schedule(rounds=rounds, tau=3, clients_per_round=3, batch_size=8, aggregate=aggregate)
+    state, last = simulate(algo, E(model), data, params_of(model), sched, seed, on_eval=lambda r, t, ev: rows.append(ev.row))
+    return state, rows
+
+
+def _pfedme(**kw):
+    return PFedMe(**{"lam": 15.0, "eta": 0.05, "personal_lr": 0.05, "K": 3, "beta": 1.5, **kw})
+
+
+def _close(a, b):
+    return all(a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5) for k in a)
+
+
+@pytest.mark.parametrize("train_all", [False, True])
+def test_pfedme_vmap_and_loop_engines_agree(data, train_all):
+    sv, rv = _run(VmapEngine, _pfedme(train_all=train_all), data)
+    sl, rl = _run(LoopEngine, _pfedme(train_all=train_all), data)
+    for k in sv.params:
+        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=1e-4, atol=1e-5)
+    assert len(rv) == 3 and all(_close(a, b) for a, b in zip(rv, rl))
+    assert rv[-1]["pers_acc"] > rv[-1]["global_acc"]
+
+
+def _global(row):
+    return {k: v for k, v in row.items() if k.startswith("global") or k == "train_loss"}
+
+
+def _pers(row):
+    return {k: v for k, v in row.items() if k.startswith("pers")}
+
+
+def test_train_all_changes_who_trains_not_the_global_model(data):
+    s0, r0 = _run(VmapEngine, _pfedme(train_all=False), data)
+    s1, r1 = _run(VmapEngine, _pfedme(train_all=True), data)
+    for k in s0.params:
+        torch.testing.assert_close(s0.params[k], s1.params[k])
+    assert [_global(r) for r in r0] == [_global(r) for r in r1]
+    assert [_pers(r) for r in r0] != [_pers(r) for r in r1]
+
+
+@pytest.mark.parametrize("train_all", [False, True])
+def test_personalized_choice_changes_only_the_served_model(data, train_all):
+    s0, r0 = _run(VmapEngine, _pfedme(train_all=train_all, personalized="theta"), data)
+    s1, r1 = _run(VmapEngine, _pfedme(train_all=train_all, personalized="local"), data)
+    assert [_global(r) for r in r0] == [_global(r) for r in r1]
+    assert [_pers(r) for r in r0] != [_pers(r) for r in r1]
+
+
+def test_mu_changes_training(data):
+    _, r0 = _run(VmapEngine, _pfedme(mu=0.0), data)
+    _, r1 = _run(VmapEngine, _pfedme(mu=0.5), data)
+    assert r0[-1]["global_acc"] != r1[-1]["global_acc"] or r0[-1]["train_loss"] != r1[-1]["train_loss"]
+
+
+def test_sample_weighted_aggregation_changes_only_the_weights(data):
+    sizes = data.train.sizes
+    assert len(set(sizes.tolist())) > 1
+    _, ru = _run(VmapEngine, FedAvg(beta=0.05), data, aggregate="uniform")
+    _, rs = _run(VmapEngine, FedAvg(beta=0.05), data, aggregate="samples")
+    assert ru[0]["train_loss"] != rs[0]["train_loss"]
+    # with equal client sizes the weights are uniform: the two must coincide
+    even = synthetic(num_clients=4, seed=2, cache_dir=None, chunk_len=64)
+    even.train.sizes = torch.full_like(even.train.sizes, int(even.train.sizes.min()))
+    _, eu = _run(VmapEngine, FedAvg(beta=0.05), even, aggregate="uniform")
+    _, es = _run(VmapEngine, FedAvg(beta=0.05), even, aggregate="samples")
+    assert all(_close(a, b) for a, b in zip(eu, es))
+
+
+def test_test_batch_personalization_reads_test_labels_and_train_does_not(data):
+    shuffled = synthetic(num_clients=6, seed=2, cache_dir=None, chunk_len=64)
+    g = torch.Generator().manual_seed(0)
+    shuffled.test.y = shuffled.test.y[torch.randperm(len(shuffled.test.y), generator=g)]
+    state, _ = _run(VmapEngine, PerFedAvg(alpha=0.3, beta=0.3), data, rounds=1)
+    engine = VmapEngine(MLP(data.in_features, data.num_classes, hidden=[10]))
+    sched = Schedule(rounds=1, tau=3, clients_per_round=3, batch_size=8)
+    for test_time, reads_test in (("train", False), ("test_batches", True)):
+        algo = PerFedAvg(alpha=0.3, beta=0.3, test_time=test_time)
+        p0, _ = algo.personalize(engine, state, eval_context(data, sched, 0, 1))
+        p1, _ = algo.personalize(engine, state, eval_context(shuffled, sched, 0, 1))
+        same = all(torch.equal(p0[k], p1[k]) for k in p0)
+        assert same != reads_test, test_time
+
+
+def test_protocol_fills_only_null_options_that_exist():
+    cfg = OmegaConf.create({"protocol": "official", "aggregate": None,
+                            "algo": {"mu": None, "personalized": "theta", "train_all": None}})
+    used = apply_protocol(cfg)
+    assert cfg.aggregate == "samples" and cfg.algo.mu == 0.001 and cfg.algo.train_all is True
+    assert cfg.algo.personalized == "theta"  # explicit choice kept
+    assert "algo.test_time" not in used and used["algo.personalized"] == "theta"
+    honest = OmegaConf.create({"protocol": "honest", "aggregate": None, "algo": {"test_time": None}})
+    apply_protocol(honest)
+    assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
+    with pytest.raises(ConfigError, match="protocol='fair'.*honest, official"):
+        apply_protocol(OmegaConf.create({"protocol": "fair"}))
