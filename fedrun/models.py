@@ -1,5 +1,9 @@
 """Plain nn.Modules. The engine uses them functionally (torch.func.functional_call) with stacked
-per-client parameters; the modules themselves hold only the initial weights."""
+per-client parameters; the modules themselves hold only the initial weights.
+
+Every model's `forward(x, features=True)` returns its last hidden layer (the Proto features of paper
+004), so `functional_call(model, params, (x,), {"features": True})` gives them.
+"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -17,8 +21,9 @@ class MLR(nn.Module):
         super().__init__()
         self.linear = nn.Linear(in_features, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.flatten(1))
+    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+        x = x.flatten(1)
+        return x if features else self.linear(x)
 
 
 class MLP(nn.Module):
@@ -40,5 +45,34 @@ class MLP(nn.Module):
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.flatten(1))
+    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+        x = x.flatten(1)
+        for layer in self.net[:-1]:
+            x = layer(x)
+        return x if features else self.net[-1](x)
+
+
+class CNN(nn.Module):
+    """Paper 004's CIFAR network (SPEC "cifar_acid / cifar_alid"), no padding (32 -> 28 -> 14 -> 10 -> 5):
+    conv5x5(64)-ReLU-maxpool2, conv5x5(64)-ReLU-maxpool2, fc 1600-384-ReLU, fc 384-192-ReLU (the
+    Proto features), fc 192-num_classes.
+
+    `in_features` is accepted for the common model interface; inputs are [B, C, 32, 32] or flat
+    [B, C * 32 * 32] (reshaped).
+    """
+
+    def __init__(self, in_features: int, num_classes: int, in_channels: int = 3, image_size: int = 32):
+        super().__init__()
+        self.in_channels, self.image_size = in_channels, image_size
+        side = ((image_size - 4) // 2 - 4) // 2
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.hidden = nn.Sequential(nn.Linear(64 * side * side, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU())
+        self.head = nn.Linear(192, num_classes)
+
+    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+        x = x.reshape(x.shape[0], self.in_channels, self.image_size, self.image_size)
+        h = self.hidden(self.conv(x).flatten(1))
+        return h if features else self.head(h)

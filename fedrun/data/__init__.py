@@ -12,19 +12,25 @@ import os
 import numpy as np
 import torch
 
+from .augment import augment
 from .federated import ClientSplit, FederatedData
-from .partitions import perfedavg_mnist
-from .sources import DataMissingError, load_mnist
+from .partitions import alid_permutations, class_lists, deal_classes, perfedavg_mnist
+from .sources import CIFAR_FILES, DataMissingError, load_cifar, load_mnist
 from .synthetic import generate_synthetic
 
-__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "synthetic", "mnist_perfedavg"]
+__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "cifar"]
 
 _CACHE_VERSION = 1
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
-def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: int) -> FederatedData:
-    """Returns the dataset `build()` makes, from `cache_dir` when it was built before."""
+def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: int,
+            augment: str | None = None) -> FederatedData:
+    """Returns the dataset `build()` makes, from `cache_dir` when it was built before.
+
+    `build()` returns (train parts, test parts, num_classes[, meta]); meta maps FederatedData field
+    names (client_classes, client_labels) to arrays and is cached with the data.
+    """
     key = json.dumps({"name": name, "v": _CACHE_VERSION, **settings}, sort_keys=True)
     path = None
     blob = None
@@ -37,8 +43,8 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
             except Exception:  # a torn or stale cache file is rebuilt, never trusted
                 blob = None
     if blob is None:
-        train, test, num_classes = build()
-        blob = {"num_classes": num_classes}
+        train, test, num_classes, *meta = build()
+        blob = {"num_classes": num_classes, "meta": {k: torch.as_tensor(v) for k, v in (meta or [{}])[0].items()}}
         for split, parts in (("train", train), ("test", test)):
             blob[split] = {
                 "x": torch.as_tensor(np.concatenate([p[0] for p in parts])),
@@ -51,7 +57,8 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
             torch.save(blob, tmp)
             os.replace(tmp, path)
     splits = {s: ClientSplit.from_flat(chunk_len=chunk_len, **blob[s]) for s in ("train", "test")}
-    return FederatedData(name, splits["train"], splits["test"], int(blob["num_classes"]))
+    return FederatedData(name, splits["train"], splits["test"], int(blob["num_classes"]), augment=augment,
+                         **blob.get("meta", {}))
 
 
 def synthetic(
@@ -119,3 +126,91 @@ def mnist_perfedavg(
         settings["files"] = {f: os.path.getsize(os.path.join(raw, f)) if os.path.exists(os.path.join(raw, f)) else None
                              for f in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")}
     return _cached("mnist_perfedavg", settings, cache_dir, build, chunk_len)
+
+
+CIFAR_SPLITS = ("acid", "alid")
+
+
+def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std of uint8 images [N, 3, H, W], in float64 chunks (no full float copy)."""
+    s = np.zeros(x.shape[1])
+    s2 = np.zeros(x.shape[1])
+    for i in range(0, len(x), 4096):
+        b = x[i:i + 4096].astype(np.float64)
+        s += b.sum((0, 2, 3))
+        s2 += (b * b).sum((0, 2, 3))
+    count = len(x) * x.shape[2] * x.shape[3]
+    mean = s / count
+    return mean, np.sqrt(np.maximum(s2 / count - mean**2, 1e-12))
+
+
+def cifar(
+    root: str = "data",
+    dataset: str = "cifar10",
+    split: str = "acid",
+    num_clients: int = 100,
+    classes_per_client: int = 5,
+    classes: str = "consecutive",
+    seed: int = 0,
+    download: bool = True,
+    cache_dir: str | None = None,
+    chunk_len: int = 256,
+) -> FederatedData:
+    """CIFAR-10/100 ACID or ALID split of paper 004 (SPEC "cifar_acid / cifar_alid").
+
+    Every device owns `classes_per_client` classes (`partitions.class_lists`) and gets
+    floor(N / num_clients) training and test examples of them, dealt without replacement
+    (`partitions.deal_classes`). ALID renames each device's classes by a private permutation onto
+    0..k-1 and the dataset then has k classes (the model has k outputs, as in the official code).
+    Inputs are float32 [N, 3, 32, 32] normalized by the training set's per-channel mean/std; training
+    batches are to be augmented by `augment.crop_flip` (FederatedData.augment).
+
+    Args:
+        root: folder holding cifar-10-batches-py or cifar-100-python (python pickles).
+        dataset: cifar10 | cifar100.  split: acid | alid.
+        classes: consecutive (device c owns (c + j) mod C, official code) | random (seeded, balanced).
+        seed: seed of the partition (fixed data across run seeds).
+    """
+    sources = {f"cifar{c}": c for c in CIFAR_FILES}
+    if dataset not in sources:
+        raise ValueError(f"data.dataset={dataset!r} is not one of {sorted(sources)}")
+    if split not in CIFAR_SPLITS:
+        raise ValueError(f"data.split={split!r} is not one of {list(CIFAR_SPLITS)}")
+    num_classes, k = sources[dataset], classes_per_client
+    abs_root = os.path.abspath(root)
+    class_lists(num_classes, num_clients, k, classes, np.random.RandomState(seed))  # bad options fail before any reading
+
+    def build():
+        trx, try_, tex, tey = load_cifar(root, num_classes, download)
+        rng = np.random.RandomState(seed)
+        lists = class_lists(num_classes, num_clients, k, classes, rng)
+        tr_parts = deal_classes(try_, lists, rng)
+        try:
+            te_parts = deal_classes(tey, lists, rng)
+        except ValueError as e:
+            raise ValueError(f"test split: {e}") from None
+        mean, std = _channel_stats(trx)
+        mean = mean.astype(np.float32)[:, None, None]
+        std = std.astype(np.float32)[:, None, None]
+        meta = {"client_classes": lists}
+        if split == "alid":
+            perms = alid_permutations(num_clients, k, rng)
+            meta["client_labels"] = perms
+        parts = []
+        for x, y, idx_list in ((trx, try_, tr_parts), (tex, tey, te_parts)):
+            out = []
+            for c, idx in enumerate(idx_list):
+                yc = y[idx]
+                if split == "alid":  # local label of class lists[c, j] is perms[c, j]
+                    yc = perms[c][np.searchsorted(lists[c], yc)]
+                out.append(((x[idx].astype(np.float32) - mean) / std, yc))
+            parts.append(out)
+        return parts[0], parts[1], (k if split == "alid" else num_classes), meta
+
+    settings = dict(root=abs_root, dataset=dataset, split=split, num_clients=num_clients,
+                    classes_per_client=k, classes=classes, seed=seed)
+    if cache_dir:  # the cache key includes the files' sizes: a different copy of CIFAR is new data
+        folder, train_files, test_files, _ = CIFAR_FILES[num_classes]
+        paths = {f: os.path.join(abs_root, folder, f) for f in train_files + test_files}
+        settings["files"] = {f: os.path.getsize(p) if os.path.exists(p) else None for f, p in paths.items()}
+    return _cached(f"{dataset}_{split}", settings, cache_dir, build, chunk_len, augment="crop_flip")

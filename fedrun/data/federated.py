@@ -9,7 +9,7 @@ Two access paths, both vectorized over clients:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -95,6 +95,9 @@ class FederatedData:
     train: ClientSplit
     test: ClientSplit
     num_classes: int
+    augment: str | None = None  # training-batch augmentation (`augment.AUGMENTATIONS`), never at evaluation
+    client_classes: Tensor | None = None  # [C, k] dataset classes each client owns (ACID/ALID), CPU
+    client_labels: Tensor | None = None  # [C, k] ALID: label client c gives class client_classes[c, j], CPU
 
     @property
     def num_clients(self) -> int:
@@ -109,4 +112,4 @@ class FederatedData:
         return int(np.prod(self.feature_shape))
 
     def to(self, device) -> "FederatedData":
-        return FederatedData(self.name, self.train.to(device), self.test.to(device), self.num_classes)
+        return replace(self, train=self.train.to(device), test=self.test.to(device))

@@ -1,4 +1,8 @@
-"""Partitioners: pure functions `labels, rng -> list of index arrays` (one per client)."""
+"""Partitioners: pure functions `labels, rng -> list of index arrays` (one per client).
+
+`perfedavg_mnist`: the MNIST split of Per-FedAvg (papers 000/001). `class_lists`, `deal_classes` and
+`alid_permutations`: the ACID/ALID splits of paper 004 (SPEC "cifar_acid / cifar_alid").
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -62,3 +66,123 @@ def max_fitting_a(labels: np.ndarray, n: int) -> int:
             break
         best = a
     return best
+
+
+# ---------------------------------------------------------------------------------------------
+# ACID / ALID (paper 004): every device owns k classes; ALID also renames them per device.
+# ---------------------------------------------------------------------------------------------
+
+CLASS_CHOICES = ("consecutive", "random")
+
+
+def class_lists(num_classes: int, n: int, k: int, how: str, rng: np.random.RandomState) -> np.ndarray:
+    """[n, k] the classes each device owns (sorted within a device, k distinct per device).
+
+    `consecutive`: device c owns (c + j) mod C for j < k (paper 004's official code).
+    `random`: seeded; each device takes k of the least-used classes so far (random tie-break), so
+    every class is used floor or ceil(n k / C) times.
+    """
+    if how not in CLASS_CHOICES:
+        raise ValueError(f"data.classes={how!r} is not one of {list(CLASS_CHOICES)}")
+    if not 1 <= k <= num_classes:
+        raise ValueError(f"data.classes_per_client={k} must be in 1..{num_classes} (the dataset has {num_classes} classes)")
+    if n < 1:
+        raise ValueError(f"data.num_clients={n} must be >= 1")
+    if how == "consecutive":
+        return np.sort((np.arange(n)[:, None] + np.arange(k)[None, :]) % num_classes, axis=1)
+    used = np.zeros(num_classes, dtype=np.int64)
+    out = np.empty((n, k), dtype=np.int64)
+    for c in range(n):
+        pick = np.sort(np.lexsort((rng.random_sample(num_classes), used))[:k])
+        used[pick] += 1
+        out[c] = pick
+    return out
+
+
+def deal_classes(labels: np.ndarray, lists: np.ndarray, rng: np.random.RandomState) -> list[np.ndarray]:
+    """Deals examples WITHOUT replacement: device c gets floor(N / n) examples, all from its classes
+    `lists[c]`, split as equally as possible over them (each class floor or ceil of the share).
+
+    Which of a device's classes get the "+1" is solved as a bipartite b-matching (augmenting paths),
+    so the deal succeeds whenever the class counts allow it.
+
+    Raises:
+        ValueError: when the classes do not hold enough examples, naming the options to change.
+    """
+    n, k = lists.shape
+    num_classes = int(max(labels.max(initial=-1), lists.max())) + 1
+    have = np.bincount(labels, minlength=num_classes)
+    m = len(labels) // n
+    base, r = divmod(m, k)
+    opts = f"data.num_clients={n}, data.classes_per_client={k}"
+    if base < 1:
+        raise ValueError(f"{opts}: {len(labels)} examples give each device {m}, fewer than its {k} classes")
+    cap = have - base * np.bincount(lists.ravel(), minlength=num_classes)
+    if (cap < 0).any():
+        c = int(np.argmin(cap))
+        raise ValueError(f"{opts}: class {c} has {have[c]} examples but its devices need at least "
+                         f"{have[c] - cap[c]}; use fewer clients or other classes per client")
+    extra = _spread_extras(lists, r, cap)
+    if extra is None:
+        raise ValueError(f"{opts}: the classes cannot give every device {m} examples of its own classes; "
+                         "use fewer clients or other classes per client")
+    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)}
+    out = []
+    for c in range(n):
+        idx = []
+        for j in range(k):
+            take = base + int(extra[c, j])
+            pool = pools[int(lists[c, j])]
+            idx.extend(pool[:take])
+            del pool[:take]
+        out.append(np.array(sorted(idx), dtype=np.int64))
+    return out
+
+
+def _spread_extras(lists: np.ndarray, r: int, cap: np.ndarray) -> np.ndarray | None:
+    """[n, k] bool: which r of each device's classes give one example more, with at most cap[c] such
+    extras per class c; None when impossible. Augmenting paths: a device blocked by full classes
+    takes the extra of another device that can move its own extra to a class with room."""
+    n, k = lists.shape
+    cap = cap.copy()
+    extra = np.zeros((n, k), dtype=bool)
+    slot = [{int(cl): j for j, cl in enumerate(row)} for row in lists]  # device -> class -> slot
+    holders: dict[int, list[int]] = {}
+    for c in range(n):
+        for cl in lists[c]:
+            holders.setdefault(int(cl), []).append(c)
+    for start in range(n):
+        for _ in range(r):
+            parent = {start: None}  # device -> (previous device, class it hands over)
+            queue, end = [start], None
+            while queue and end is None:
+                u = queue.pop(0)
+                for t in range(k):  # rotate the preference so extras spread over the classes
+                    j = (u + t) % k
+                    if extra[u, j]:
+                        continue
+                    cl = int(lists[u, j])
+                    if cap[cl] > 0:
+                        end = (u, cl)
+                        break
+                    for v in holders[cl]:
+                        if v not in parent and extra[v, slot[v][cl]]:
+                            parent[v] = (u, cl)
+                            queue.append(v)
+            if end is None:
+                return None
+            u, cl = end
+            cap[cl] -= 1
+            while True:  # walk back: u takes class cl's extra, the device before it gives it up
+                extra[u, slot[u][cl]] = True
+                if parent[u] is None:
+                    break
+                prev, cl = parent[u]
+                extra[u, slot[u][cl]] = False
+                u = prev
+    return extra
+
+
+def alid_permutations(n: int, k: int, rng: np.random.RandomState) -> np.ndarray:
+    """[n, k] device-private relabelings (ALID): device c calls its class lists[c, j] label perms[c, j]."""
+    return np.stack([rng.permutation(k) for _ in range(n)]) if n else np.zeros((0, k), dtype=np.int64)

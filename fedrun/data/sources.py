@@ -47,3 +47,57 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
     tr = MNIST(root, train=True, download=False)
     te = MNIST(root, train=False, download=False)
     return tr.data.numpy(), tr.targets.numpy(), te.data.numpy(), te.targets.numpy()
+
+
+CIFAR_FILES = {
+    10: ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
+    100: ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
+}
+
+
+def _all_present(folder: str, names: list[str]) -> bool:
+    return all(os.path.exists(os.path.join(folder, f)) for f in names)
+
+
+def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    import pickle
+
+    xs, ys = [], []
+    for p in paths:
+        with open(p, "rb") as f:
+            d = pickle.load(f, encoding="bytes")
+        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[label_key], dtype=np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def load_cifar(root: str, num_classes: int = 10, download: bool = True
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
+
+    Reads `root`/cifar-10-batches-py/{data_batch_1..5,test_batch} or `root`/cifar-100-python/
+    {train,test} itself (torchvision would check every file's md5); downloads them there through
+    torchvision when they are missing and `download` is set.
+    """
+    if num_classes not in CIFAR_FILES:
+        raise ValueError(f"CIFAR has 10 or 100 classes, not {num_classes}")
+    folder, train_files, test_files, label_key = CIFAR_FILES[num_classes]
+    base = os.path.join(root, folder)
+    names = train_files + test_files
+    if not _all_present(base, names):
+        why = "download=false"
+        if download:
+            try:
+                from torchvision.datasets import CIFAR10, CIFAR100
+
+                (CIFAR10 if num_classes == 10 else CIFAR100)(root, train=True, download=True)
+            except Exception as e:  # offline: URLError, timeouts, ...
+                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        if not _all_present(base, names):
+            raise DataMissingError(
+                f"CIFAR-{num_classes} not found: expected {', '.join(names)} in {os.path.abspath(base)} "
+                f"({why}); copy them there or point data.root at the folder that holds {folder}"
+            )
+    trx, try_ = _read_cifar([os.path.join(base, f) for f in train_files], label_key)
+    tex, tey = _read_cifar([os.path.join(base, f) for f in test_files], label_key)
+    return trx, try_, tex, tey

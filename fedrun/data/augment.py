@@ -1,0 +1,50 @@
+"""Training-batch augmentation on the device, batched over clients and images (no Python loop).
+
+`crop_flip`: random crop of a zero-padded image (padding 4) and random horizontal flip, the CIFAR
+augmentation of paper 004 (SPEC "cifar_acid / cifar_alid"). The random numbers are drawn on the CPU
+from the generator passed in and then moved to the data's device, so CPU and GPU runs agree.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def crop_flip_params(n: int, generator: torch.Generator, padding: int = 4) -> tuple[Tensor, Tensor, Tensor]:
+    """(dy, dx, flip) for n images: crop offsets in [0, 2 padding] (padding = no shift), flip bools."""
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    return dy, dx, flip
+
+
+def crop_flip_apply(x: Tensor, dy: Tensor, dx: Tensor, flip: Tensor, padding: int = 4) -> Tensor:
+    """Crops x [..., C, H, W] (images flattened in order) at offsets (dy, dx) of the zero-padded
+    image, then mirrors the images where `flip`; two gathers on the padded batch."""
+    *lead, c, h, w = x.shape
+    flat = F.pad(x.reshape(-1, c, h, w), (padding,) * 4)
+    dy, dx, flip = dy.to(x.device), dx.to(x.device), flip.to(x.device)
+    rows = dy[:, None] + torch.arange(h, device=x.device)  # [n, H]
+    cols = torch.arange(w, device=x.device)
+    cols = dx[:, None] + torch.where(flip[:, None], w - 1 - cols, cols)  # [n, W]
+    n, _, _, wp = flat.shape
+    out = flat.gather(2, rows[:, None, :, None].expand(n, c, h, wp))
+    out = out.gather(3, cols[:, None, None, :].expand(n, c, h, w))
+    return out.reshape(*lead, c, h, w)
+
+
+def crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+    """Random crop (zero padding `padding`) and horizontal flip, independent per image of x [..., C, H, W]."""
+    n = math.prod(x.shape[:-3])
+    return crop_flip_apply(x, *crop_flip_params(n, generator, padding), padding=padding)
+
+
+AUGMENTATIONS = {"crop_flip": crop_flip}
+
+
+def augment(name: str | None, x: Tensor, generator: torch.Generator) -> Tensor:
+    """x augmented by `AUGMENTATIONS[name]` (x itself when name is None): `FederatedData.augment`."""
+    return x if name is None else AUGMENTATIONS[name](x, generator)
