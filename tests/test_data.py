@@ -1,5 +1,5 @@
-"""Tests of fedrun.data: synthetic generator, caching, ClientSplit, the Per-FedAvg MNIST partition,
-MNIST loading from torchvision-format files, and the clear error when MNIST is missing offline.
+"""Tests of fedrun.data: synthetic generator, caching, ClientSplit, the Per-FedAvg and pFedMe MNIST
+partitions, MNIST loading from torchvision-format files, and the clear error when MNIST is missing offline.
 
 Everything here is offline and small; the only sizeable work is generating Synthetic(0.5, 0.5) once.
 """
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import fedrun.data as fdata
-from fedrun.data import ClientSplit, DataMissingError, generate_synthetic, mnist_perfedavg
-from fedrun.data.partitions import max_fitting_a, perfedavg_mnist
+from fedrun.data import ClientSplit, DataMissingError, generate_synthetic, mnist_perfedavg, mnist_pfedme
+from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
+                                    pfedme_mnist, split_train_test)
 from fedrun.data.sources import MNIST_FILES, load_mnist
 
 
@@ -578,3 +579,175 @@ def test_load_mnist_partial_files_is_missing(tmp_path):
 def test_mnist_perfedavg_missing_offline(tmp_path):
     with pytest.raises(DataMissingError, match="MNIST/raw|MNIST\\\\raw"):
         mnist_perfedavg(root=str(tmp_path), n=4, a=8, cache_dir=None, download=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. pFedMe MNIST partition (paper 002 Sec. 5.1)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def labels_uneven():
+    """MNIST-like uneven digit counts, about 1/25 of the pooled 70,000."""
+    per_digit = [276, 315, 280, 286, 273, 253, 275, 292, 273, 278]
+    return np.random.RandomState(3).permutation(np.repeat(np.arange(10), per_digit))
+
+
+def _check_pfedme_parts(labels, parts, n, lpc, all_used=True):
+    assert len(parts) == n
+    counts = _counts(labels, parts)
+    # every client: exactly lpc distinct labels
+    assert ((counts > 0).sum(1) == lpc).all(), counts
+    # every label owned by equally many clients (within one when n * lpc is not a multiple of 10)
+    owners = (counts > 0).sum(0)
+    assert owners.sum() == n * lpc
+    assert owners.max() - owners.min() <= 1
+    if n * lpc % 10 == 0:
+        assert (owners == n * lpc // 10).all()
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx)  # no image twice
+    if all_used:
+        assert sorted(allidx.tolist()) == list(range(len(labels)))
+    for p in parts:
+        assert p.dtype == np.int64 and np.all(np.diff(p) > 0)
+    return counts
+
+
+@pytest.mark.parametrize("n,lpc", [(20, 2), (10, 3), (7, 2), (13, 4), (5, 10), (30, 1)])
+def test_pfedme_partition_structure(labels_uneven, n, lpc):
+    parts = pfedme_mnist(labels_uneven, n, lpc, np.random.RandomState(0))
+    _check_pfedme_parts(labels_uneven, parts, n, lpc)
+
+
+def test_pfedme_partition_paper_setting(labels_uneven):
+    parts = pfedme_mnist(labels_uneven, 20, 2, np.random.RandomState(0))
+    counts = _check_pfedme_parts(labels_uneven, parts, 20, 2)
+    assert ((counts > 0).sum(0) == 4).all()  # each label on 4 clients
+    sizes = np.array([len(p) for p in parts])
+    # heterogeneous: the weights span [1165, 3834], so sizes spread well beyond rounding
+    assert sizes.max() > 1.5 * sizes.min()
+    assert len(set(sizes.tolist())) > 10
+    # not every client has the same pair of labels (the official generator's bug)
+    pairs = {tuple(np.flatnonzero(c)) for c in counts}
+    assert len(pairs) > 1
+
+
+def test_pfedme_partition_few_clients_leave_digits_out(labels_uneven):
+    # 3 clients x 2 labels own 6 digits: the other 4 digits' images are unused
+    parts = pfedme_mnist(labels_uneven, 3, 2, np.random.RandomState(1))
+    counts = _check_pfedme_parts(labels_uneven, parts, 3, 2, all_used=False)
+    owned = np.flatnonzero(counts.sum(0))
+    assert len(owned) == 6
+    assert sum(len(p) for p in parts) == int(np.isin(labels_uneven, owned).sum())
+
+
+def test_pfedme_partition_seeded(labels_uneven):
+    p1 = pfedme_mnist(labels_uneven, 20, 2, np.random.RandomState(5))
+    p2 = pfedme_mnist(labels_uneven, 20, 2, np.random.RandomState(5))
+    assert all(np.array_equal(x, y) for x, y in zip(p1, p2))
+    p3 = pfedme_mnist(labels_uneven, 20, 2, np.random.RandomState(6))
+    assert not all(np.array_equal(x, y) for x, y in zip(p1, p3))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pfedme_label_owners_always_distinct(seed):
+    for n, lpc in ((20, 2), (9, 7), (11, 9), (3, 10), (17, 3)):
+        owned = pfedme_label_owners(n, lpc, np.random.RandomState(seed))
+        assert all(len(set(o.tolist())) == lpc for o in owned)
+        used = np.bincount(np.concatenate(owned), minlength=10)
+        assert used.max() - used.min() <= 1
+
+
+def test_pfedme_partition_bad_args(labels_uneven):
+    for lpc in (0, 11):
+        with pytest.raises(ValueError, match=rf"data.labels_per_client={lpc}: allowed 1..10"):
+            pfedme_mnist(labels_uneven, 20, lpc, np.random.RandomState(0))
+    fit = pfedme_max_clients(labels_uneven, 2)
+    assert fit == 10 * (253 // 2) // 2  # digit 5 (253 images) bounds it: 2 images per owner
+    with pytest.raises(ValueError, match=rf"data.num_clients={fit + 1}: allowed 1..{fit} ") as ei:
+        pfedme_mnist(labels_uneven, fit + 1, 2, np.random.RandomState(0))
+    assert "\n" not in str(ei.value)
+    with pytest.raises(ValueError, match="data.num_clients=0"):
+        pfedme_mnist(labels_uneven, 0, 2, np.random.RandomState(0))
+    for seed in range(3):  # the largest allowed fits whatever the seed
+        parts = pfedme_mnist(labels_uneven, fit, 2, np.random.RandomState(seed))
+        _check_pfedme_parts(labels_uneven, parts, fit, 2)
+
+
+def test_split_train_test_per_client(labels_uneven):
+    parts = pfedme_mnist(labels_uneven, 20, 2, np.random.RandomState(0))
+    tr, te = split_train_test(labels_uneven, parts, 0.75, np.random.RandomState(1))
+    for p, a, b in zip(parts, tr, te):
+        assert sorted(np.concatenate([a, b]).tolist()) == p.tolist()
+        assert len(np.intersect1d(a, b)) == 0
+        assert abs(len(a) - 0.75 * len(p)) <= 1.0  # half an image per label
+        assert set(labels_uneven[a].tolist()) == set(labels_uneven[b].tolist()) == set(labels_uneven[p].tolist())
+    # tiny shares still put every label on both sides
+    labels = np.array([0, 0, 1, 1, 1])
+    (a,), (b,) = split_train_test(labels, [np.arange(5)], 0.75, np.random.RandomState(0))
+    assert set(labels[a].tolist()) == set(labels[b].tolist()) == {0, 1}
+    for frac in (0.0, 1.0):
+        with pytest.raises(ValueError, match="data.train_frac"):
+            split_train_test(labels, [np.arange(5)], frac, np.random.RandomState(0))
+
+
+def test_mnist_pfedme_from_idx_files(tiny_mnist, tmp_path):
+    root, train_labels, test_labels, train_images, test_images = tiny_mnist
+    all_labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
+    all_images = np.concatenate([train_images, test_images])
+    d = mnist_pfedme(root=str(root), cache_dir=None, download=False)
+    assert d.num_clients == 20 and d.num_classes == 10 and d.feature_shape == (784,)
+    ids = {}
+    for s in ("train", "test"):
+        split = getattr(d, s)
+        assert split.x.dtype == torch.float32 and split.y.dtype == torch.int64
+        ids[s] = _ids_from_x(split.x)
+        np.testing.assert_array_equal(split.y.numpy(), all_labels[ids[s]])
+        expected = ((all_images[ids[s]].astype(np.float32) / 255.0 - 0.1307) / 0.3081).reshape(-1, 784)
+        np.testing.assert_allclose(split.x.numpy(), expected, rtol=0, atol=1e-5)
+    # train and test images pooled: each of the 800 images used exactly once
+    both = np.concatenate([ids["train"], ids["test"]])
+    assert sorted(both.tolist()) == list(range(len(all_labels)))
+    tr_counts = d.train.label_counts(10).numpy()
+    te_counts = d.test.label_counts(10).numpy()
+    assert ((tr_counts > 0).sum(1) == 2).all() and ((te_counts > 0).sum(1) == 2).all()
+    assert ((tr_counts > 0) == (te_counts > 0)).all()  # test data has the client's own labels
+    assert ((tr_counts > 0).sum(0) == 4).all()  # each label on 4 of the 20 clients
+    n_tr, n_te = d.train.sizes.numpy(), d.test.sizes.numpy()
+    assert (np.abs(n_tr - 0.75 * (n_tr + n_te)) <= 1.0).all()
+    assert len(set((n_tr + n_te).tolist())) > 1  # heterogeneous sizes
+    # same seed, same data; another seed, other data; the cache returns the same data
+    _assert_same_data(d, mnist_pfedme(root=str(root), cache_dir=None, download=False))
+    d1 = mnist_pfedme(root=str(root), seed=1, cache_dir=None, download=False)
+    assert not torch.equal(d1.train.sizes, d.train.sizes) or not torch.equal(d1.train.y, d.train.y)
+    cache = tmp_path / "cache"
+    c1 = mnist_pfedme(root=str(root), cache_dir=str(cache), download=False)
+    c2 = mnist_pfedme(root=str(root), cache_dir=str(cache), download=False)
+    assert len(os.listdir(cache)) == 1
+    _assert_same_data(d, c1)
+    _assert_same_data(d, c2)
+
+
+def test_mnist_pfedme_bad_values(tiny_mnist):
+    root = str(tiny_mnist[0])
+    # 80 images per digit: at most 40 owners per digit -> 200 clients with 2 labels each
+    with pytest.raises(ValueError, match=r"^mnist_pfedme: data.num_clients=201: allowed 1..200 "):
+        mnist_pfedme(root=root, num_clients=201, cache_dir=None, download=False)
+    with pytest.raises(ValueError, match=r"data.labels_per_client=11: allowed 1..10"):
+        mnist_pfedme(root=root, labels_per_client=11, cache_dir=None, download=False)
+    with pytest.raises(ValueError, match=r"data.train_frac=1.5"):
+        mnist_pfedme(root=root, train_frac=1.5, cache_dir=None, download=False)
+
+
+def test_mnist_pfedme_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])
+    assert cfg.data._target_ == "fedrun.data.mnist_pfedme"
+    assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.train_frac) == (20, 2, 0.75)
+    assert cfg.data.cache_dir == cfg.cache_dir
+    import inspect
+
+    params = set(inspect.signature(mnist_pfedme).parameters)
+    assert set(cfg.data) - {"_target_"} == params

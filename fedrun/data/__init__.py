@@ -14,11 +14,11 @@ import torch
 
 from .augment import augment
 from .federated import ClientSplit, FederatedData
-from .partitions import alid_permutations, class_lists, deal_classes, perfedavg_mnist
+from .partitions import alid_permutations, class_lists, deal_classes, perfedavg_mnist, pfedme_mnist, split_train_test
 from .sources import CIFAR_FILES, DataMissingError, load_cifar, load_mnist
 from .synthetic import generate_synthetic
 
-__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "cifar"]
+__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "mnist_pfedme", "cifar"]
 
 _CACHE_VERSION = 1
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -121,11 +121,59 @@ def mnist_perfedavg(
         return train, test, 10
 
     settings = dict(root=abs_root, n=n, a=a, test_a=test_a, seed=seed)
-    if cache_dir:  # the cache key includes the files' sizes: a different copy of MNIST is new data
-        raw = os.path.join(abs_root, "MNIST", "raw")
-        settings["files"] = {f: os.path.getsize(os.path.join(raw, f)) if os.path.exists(os.path.join(raw, f)) else None
-                             for f in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")}
+    if cache_dir:
+        settings["files"] = _mnist_files_key(abs_root)
     return _cached("mnist_perfedavg", settings, cache_dir, build, chunk_len)
+
+
+def _mnist_files_key(abs_root: str) -> dict:
+    """The label files' sizes, for cache keys: a different copy of MNIST is new data."""
+    raw = os.path.join(abs_root, "MNIST", "raw")
+    return {f: os.path.getsize(os.path.join(raw, f)) if os.path.exists(os.path.join(raw, f)) else None
+            for f in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def mnist_pfedme(
+    root: str = "data",
+    num_clients: int = 20,
+    labels_per_client: int = 2,
+    train_frac: float = 0.75,
+    seed: int = 0,
+    download: bool = True,
+    cache_dir: str | None = None,
+    chunk_len: int = 256,
+) -> FederatedData:
+    """MNIST split of pFedMe (paper 002 Sec. 5.1): all train and test images pooled (70,000 for full
+    MNIST), `num_clients` clients with `labels_per_client` distinct labels each, every label owned by
+    equally many clients, heterogeneous sizes (see `partitions.pfedme_mnist` for the size rule);
+    each client's images split at random `train_frac` / 1 - train_frac into train / test, per label
+    (`partitions.split_train_test`), so a client's test data has its labels.
+
+    Args:
+        root: folder holding MNIST/raw (torchvision layout).
+        seed: seed of the partition and of the split (fixed data across run seeds).
+    """
+    abs_root = os.path.abspath(root)
+
+    def build():
+        trx, try_, tex, tey = load_mnist(root, download)
+        x = np.concatenate([trx, tex])
+        y = np.concatenate([try_, tey]).astype(np.int64)
+        rng = np.random.RandomState(seed)
+        try:
+            parts = pfedme_mnist(y, num_clients, labels_per_client, rng)
+            tr_parts, te_parts = split_train_test(y, parts, train_frac, rng)
+        except ValueError as e:
+            raise ValueError(f"mnist_pfedme: {e}") from None
+        train = [(_mnist_x(x[i]), y[i]) for i in tr_parts]
+        test = [(_mnist_x(x[i]), y[i]) for i in te_parts]
+        return train, test, 10
+
+    settings = dict(root=abs_root, num_clients=num_clients, labels_per_client=labels_per_client,
+                    train_frac=train_frac, seed=seed)
+    if cache_dir:
+        settings["files"] = _mnist_files_key(abs_root)
+    return _cached("mnist_pfedme", settings, cache_dir, build, chunk_len)
 
 
 CIFAR_SPLITS = ("acid", "alid")
