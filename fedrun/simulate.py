@@ -11,6 +11,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .algorithms.base import Algorithm, EvalContext, Local, ServerState
+from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
 from .functional import Engine, Params
@@ -22,7 +23,8 @@ class Diverged(RuntimeError):
 
 def round_generator(seed: int, rnd: int, stream: int = 0) -> torch.Generator:
     """CPU generator for (seed, round, stream): the same on every device and engine.
-    Stream 0 draws the round's clients and minibatches, stream 1 the test-time adaptation batches."""
+    Stream 0 draws the round's clients and minibatches, stream 1 the test-time adaptation batches,
+    stream 2 the training batches' augmentation."""
     state = np.random.SeedSequence([seed, rnd, stream]).generate_state(2, dtype=np.uint64)
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
@@ -65,12 +67,16 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
     return clients.to(dev), trained, data.train.sample_indices(trained, u.to(dev))
 
 
-def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int) -> Local:
-    """tau local steps for all training clients; each step gathers every client's batches in one op."""
+def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
+                   aug: tuple | None = None) -> Local:
+    """tau local steps for all training clients; each step gathers every client's batches in one op
+    (and augments them, when the data has an augmentation, with the round's pre-drawn `aug` params)."""
     x, y = data.train.x, data.train.y
     for s in range(idx.shape[1]):
         step = idx[:, s]  # [m, k, B]
         xb, yb = x[step], y[step]
+        if aug is not None:
+            xb = apply_augmentation(data.augment, xb, tuple(a[:, s] for a in aug))
         local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(step.shape[1])], rnd)
     return local
 
@@ -91,13 +97,15 @@ class ChunkedTraining:
         self.fixed = size is not None
         self.size = size
 
-    def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int) -> Local:
+    def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
+                 aug: tuple | None = None) -> Local:
         m = idx.shape[0]
         while True:
             size = min(self.size or m, m)
             try:
                 parts = [
-                    local_training(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd)
+                    local_training(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd,
+                                   None if aug is None else tuple(a[i : i + size] for a in aug))
                     for i in range(0, m, size)
                 ]
                 break
@@ -155,7 +163,8 @@ def simulate(
         bar = tqdm(total=sched.rounds, initial=at.round, desc=algo.name, unit="round", dynamic_ncols=True)
     for rnd in range(at.round + 1, sched.rounds + 1):
         clients, trained, idx = sample_round(data, sched, algo.batches_per_step, seed, rnd, algo.train_all)
-        local = train(algo, engine, algo.client_init(at.state, trained, rnd), data, idx, rnd)
+        aug = draw_augmentation(data.augment, tuple(idx.shape), round_generator(seed, rnd, stream=2))
+        local = train(algo, engine, algo.client_init(at.state, trained, rnd), data, idx, rnd, aug)
         bad = _nonfinite_clients(local)
         if bad:
             raise Diverged(

@@ -233,11 +233,11 @@ def test_out_of_memory_splits_clients_automatically(data, monkeypatch):
     real = sim.local_training
     sizes = []
 
-    def small_device(algo, engine, local, data_, idx, rnd):
+    def small_device(algo, engine, local, data_, idx, rnd, aug=None):
         sizes.append(idx.shape[0])
         if idx.shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB (simulated)")
-        return real(algo, engine, local, data_, idx, rnd)
+        return real(algo, engine, local, data_, idx, rnd, aug)
 
     a, _ = _train(data, None)
     monkeypatch.setattr(sim, "local_training", small_device)

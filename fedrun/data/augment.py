@@ -43,8 +43,25 @@ def crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor
 
 
 AUGMENTATIONS = {"crop_flip": crop_flip}
+# name -> (draw(n, generator) -> per-image params, apply(x, *params) -> x): the training loop draws a
+# round's params up front, so how the round's clients are split into chunks cannot change them.
+AUGMENTATION_PARTS = {"crop_flip": (crop_flip_params, crop_flip_apply)}
 
 
 def augment(name: str | None, x: Tensor, generator: torch.Generator) -> Tensor:
     """x augmented by `AUGMENTATIONS[name]` (x itself when name is None): `FederatedData.augment`."""
     return x if name is None else AUGMENTATIONS[name](x, generator)
+
+
+def draw_augmentation(name: str | None, shape: tuple[int, ...], generator: torch.Generator) -> tuple | None:
+    """Per-image augmentation params for a batch of indices of `shape` (None when name is None),
+    each a tensor of that shape."""
+    if name is None:
+        return None
+    n = math.prod(shape)
+    return tuple(t.reshape(shape) for t in AUGMENTATION_PARTS[name][0](n, generator))
+
+
+def apply_augmentation(name: str, x: Tensor, params: tuple) -> Tensor:
+    """x [*shape, C, H, W] augmented with the params `draw_augmentation` drew for `shape`."""
+    return AUGMENTATION_PARTS[name][1](x, *(p.reshape(-1) for p in params))
