@@ -223,3 +223,13 @@ def test_full_passes_in_small_groups_without_the_cached_view_give_the_same_numbe
         with torch.no_grad():
             torch.testing.assert_close(whole.evaluate(p, small_data.test, shared), grouped.evaluate(p, small_data.test, shared))
     assert grouped._chunk_x[id(small_data.train)] is None  # really took the uncached path
+
+
+@pytest.mark.parametrize("make", [lambda: MLR(7, 3), lambda: MLP(7, 3, hidden=[5, 4], activation="elu")])
+def test_stacked_forward_equals_vmapped_functional_call(make):
+    torch.manual_seed(0)
+    model = make()
+    params = {k: v + 0.1 * torch.randn_like(v) for k, v in stack(params_of(model), 4).items()}
+    x = torch.randn(4, 6, 7)
+    direct = torch.func.vmap(lambda p, xb: torch.func.functional_call(model, p, (xb,)))(params, x)
+    torch.testing.assert_close(model.stacked_forward(params, x), direct)
