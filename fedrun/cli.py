@@ -21,7 +21,7 @@ from .protocol import apply_protocol
 from .simulate import Diverged, Progress, Schedule, simulate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-GROUPS = ("algo", "data", "model")
+GROUPS = ("algo", "data", "model", "experiment")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -355,6 +355,14 @@ def precheck(argv: list[str]) -> str | None:
                 if v not in allowed:
                     return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
             choices[key] = value.split(",")[0]
+    if choices["experiment"]:  # a preset picks algo/data/model unless the command line does
+        preset = OmegaConf.load(os.path.join(CONF_DIR, "experiment", f"{choices['experiment']}.yaml"))
+        for entry in preset.get("defaults", []):
+            if not isinstance(entry, str):
+                (group, value), = entry.items()
+                group = group.replace("override", "").strip().lstrip("/")
+                if group in choices and choices[group] is None:
+                    choices[group] = value
     top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
     for arg in argv:
