@@ -359,3 +359,15 @@ def test_cli_runs_a_preset_for_two_rounds(c10, tmp_path):
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert m["round"].tolist() == [1, 2] and m["models_transmitted"].tolist() == [4, 8]
     assert {"pers_acc", "global_acc", "train_loss"} <= set(m.columns)
+
+
+def test_maml_personalization_on_minibatches_when_asked(tiny):
+    """personalize_batch=N: the MAML test-time steps use minibatches of TRAINING rows (one per step)."""
+    data, model = tiny
+    sched = Schedule(rounds=1, tau=1, clients_per_round=2, batch_size=4, personalize_batch=3)
+    rows = [simulate(PAvg(adaptation="maml", test_steps=2), E(model), data, params_of(model), sched, 0)[1].row
+            for E in ENGINES]
+    assert rows[0]["pers_acc"] == pytest.approx(rows[1]["pers_acc"], abs=1e-6)
+    full = simulate(PAvg(adaptation="maml", test_steps=2), VmapEngine(model), data, params_of(model),
+                    Schedule(rounds=1, tau=1, clients_per_round=2, batch_size=4), 0)[1].row
+    assert full["pers_loss"] != rows[0]["pers_loss"]
