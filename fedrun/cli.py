@@ -21,7 +21,8 @@ from .protocol import apply_protocol
 from .simulate import Diverged, Progress, Schedule, simulate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-GROUPS = ("algo", "data", "model", "experiment")
+GROUPS = ("algo", "data", "model")
+PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
 
 
 def resolve_device(name: str) -> torch.device:
@@ -343,26 +344,25 @@ def precheck(argv: list[str]) -> str | None:
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
     """
-    choices = {g: None for g in GROUPS}
+    choices = {g: None for g in (*GROUPS, PRESETS)}
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
-        if key in GROUPS:
+        if key in (*GROUPS, PRESETS):
             allowed = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, key)) if f.endswith(".yaml"))
             for v in value.split(","):
                 if v not in allowed:
                     return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
             choices[key] = value.split(",")[0]
-    if choices["experiment"]:  # a preset picks algo/data/model unless the command line does
-        preset = OmegaConf.load(os.path.join(CONF_DIR, "experiment", f"{choices['experiment']}.yaml"))
-        for entry in preset.get("defaults", []):
-            if not isinstance(entry, str):
-                (group, value), = entry.items()
-                group = group.replace("override", "").strip().lstrip("/")
-                if group in choices and choices[group] is None:
-                    choices[group] = value
+    if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
+        preset = OmegaConf.load(os.path.join(CONF_DIR, PRESETS, f"{choices[PRESETS]}.yaml"))
+        for d in preset.get("defaults", []):
+            for k, v in (d.items() if not isinstance(d, str) else []):
+                group = k.replace("override", "").strip(" /")
+                if group in GROUPS and choices[group] is None:
+                    choices[group] = v
     top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
     for arg in argv:
@@ -370,7 +370,7 @@ def precheck(argv: list[str]) -> str | None:
             continue
         key = arg.split("=", 1)[0]
         head, _, rest = key.partition(".")
-        if head.split("/")[0] == "hydra" or key in GROUPS:  # hydra.* options and hydra/launcher=... groups
+        if head.split("/")[0] == "hydra" or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups
             continue
         if head in GROUPS and rest:
             group_cfg = OmegaConf.load(os.path.join(CONF_DIR, head, f"{choices[head] or defaults[head]}.yaml"))
@@ -379,7 +379,7 @@ def precheck(argv: list[str]) -> str | None:
                 return f"{key} is not an option of {head}={choices[head] or defaults[head]}; its options: {', '.join(known)}"
         elif head not in top:
             known = sorted(k for k in top if k not in ("defaults", "hydra"))
-            return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join(GROUPS)}"
+            return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join((*GROUPS, PRESETS))}"
     return None
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .algorithms.base import Algorithm, EvalContext, ServerState
+from .algorithms.base import Algorithm, EvalContext, Prototypes, ServerState
 from .data.federated import FederatedData
 from .functional import Engine
 
@@ -41,6 +41,8 @@ def _summaries(prefix: str, loss_sum: Tensor, correct: Tensor, n: Tensor) -> dic
 
 @torch.no_grad()
 def _eval(engine: Engine, params, split, shared: bool):
+    if isinstance(params, Prototypes):  # nearest-prototype logits, shared features
+        return engine.evaluate(params.params, split, True, params.centers, params.present)
     return engine.evaluate(params, split, shared)
 
 
@@ -61,7 +63,9 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
         t_loss, _ = _eval(engine, state.params, data.train, True)
         train_loss = t_loss / n_train
     if pers is not None:
-        p_loss, p_correct = _eval(engine, {k: v.detach() for k, v in pers.items()}, data.test, False)
+        if not isinstance(pers, Prototypes):
+            pers = {k: v.detach() for k, v in pers.items()}
+        p_loss, p_correct = _eval(engine, pers, data.test, False)
         row.update(_summaries("pers", p_loss, p_correct, n_test))
         per_client.update(pers_acc=p_correct / n_test, pers_loss=p_loss / n_test)
     train_loss = train_loss.detach()

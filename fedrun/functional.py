@@ -7,6 +7,11 @@ engine offers the few primitives algorithms need, each over ALL clients at once:
   hvp(params, v, x, y)        per-client exact Hessian-vector products
   full_grad(params, split)    per-client full-batch gradient of the mean loss over the client's rows
   evaluate(params, split)     per-client summed loss and number correct over the client's rows
+                              (with `centers`: of Proto distance logits to per-client prototypes)
+  value_and_grad(fn, params, *args)   per-client gradients of an arbitrary per-client function
+  inner_grad(fn, p, *args)    a gradient INSIDE such a function (MAML's inner steps), differentiable
+                              through when `create_graph`
+  class_sums(params, split, K)  per-client, per-class sums of features and counts over all rows
 
 `VmapEngine` is the fast path: one torch.func.vmap'd computation over clients (and over row chunks
 for full passes). `LoopEngine` is the reference: one client at a time with plain autograd. Tests
@@ -52,6 +57,23 @@ def params_of(model: nn.Module) -> Params:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
+def class_means(feats: Tensor, y: Tensor, num_classes: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Proto's class prototypes (paper 004, Sec. 2): the mean feature [K, d] of each class among
+    the (unmasked) rows, and which classes [K] occur at all."""
+    onehot = (y.unsqueeze(-1) == torch.arange(num_classes, device=y.device)).to(feats.dtype)
+    if mask is not None:
+        onehot = onehot * mask.unsqueeze(-1)
+    counts = onehot.sum(0)
+    return onehot.T @ feats / counts.clamp(min=1).unsqueeze(-1), counts > 0
+
+
+def proto_logits(feats: Tensor, centers: Tensor, present: Tensor) -> Tensor:
+    """Logits [B, K] = minus the squared Euclidean distance of each feature [B, d] to each prototype
+    [K, d]; classes not `present` [K] get -inf (never predicted)."""
+    d2 = (feats * feats).sum(-1, keepdim=True) - 2 * feats @ centers.T + (centers * centers).sum(-1)
+    return torch.where(present, -d2, torch.full_like(d2, -torch.inf))
+
+
 
 
 class Engine:
@@ -64,8 +86,17 @@ class Engine:
         self.max_chunks = max_chunks  # chunks of rows per vmapped call in full passes (memory bound)
         self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
 
+    @property
+    def num_classes(self) -> int:
+        """The model's number of outputs (Proto's prototypes are indexed by the same labels)."""
+        return self.model.num_classes
+
     def logits(self, p: Params, x: Tensor) -> Tensor:
         return functional_call(self.model, p, (x,))
+
+    def features(self, p: Params, x: Tensor) -> Tensor:
+        """The network up to its last hidden layer (Proto's r_w(x))."""
+        return functional_call(self.model, p, (x,), {"features": True})
 
     def loss(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
         return self.criterion(self.logits(p, x), y)
@@ -75,6 +106,25 @@ class Engine:
         loss = (self.criterion(logits, y, reduction="none") * mask).sum()
         correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
         return loss, correct
+
+    def _masked_proto(self, p: Params, x: Tensor, y: Tensor, mask: Tensor, centers: Tensor,
+                      present: Tensor) -> tuple[Tensor, Tensor]:
+        logits = proto_logits(self.features(p, x), centers, present)
+        loss = torch.where(mask > 0, F.cross_entropy(logits, y, reduction="none"), torch.zeros_like(mask)).sum()
+        correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
+        return loss, correct
+
+    def _class_sums(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        feats = self.features(p, x)
+        onehot = (y.unsqueeze(-1) == torch.arange(self.num_classes, device=y.device)).to(feats.dtype)
+        onehot = onehot * mask.unsqueeze(-1)
+        return onehot.T @ feats, onehot.sum(0)
+
+    def prototypes(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
+        """Every client's Proto prototypes [C, K, d] from ALL of its rows in `split`, and which
+        classes [C, K] it has (one full pass, features summed per class)."""
+        sums, counts = self.class_sums(params, split, shared)
+        return sums / counts.clamp(min=1).unsqueeze(-1), counts > 0
 
 
 class VmapEngine(Engine):
@@ -92,6 +142,12 @@ class VmapEngine(Engine):
         }
         self._chunk_eval = {
             shared: vmap(self._masked, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
+        }
+        self._chunk_proto = {
+            shared: vmap(self._masked_proto, in_dims=(None if shared else 0, 0, 0, 0, 0, 0)) for shared in (True, False)
+        }
+        self._chunk_class = {
+            shared: vmap(self._class_sums, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
         self._chunk_x: dict[int, tuple[Tensor, Tensor] | None] = {}
 
@@ -114,6 +170,22 @@ class VmapEngine(Engine):
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
         return self._hvp(params, v, x, y)
 
+    def value_and_grad(self, fn: Callable[..., Tensor], params: Params, *args: Tensor) -> tuple[Params, Tensor]:
+        """Per-client gradients of fn(p, *args) -> scalar at stacked `params` (args stacked too):
+        vmap(fn), then ONE reverse pass of the sum, as in `grad`."""
+        with torch.enable_grad():
+            p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            values = vmap(fn)(p, *args)
+            grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)
+        return dict(zip(p, grads)), values.detach()
+
+    @staticmethod
+    def inner_grad(fn: Callable[..., Tensor], p: Params, *args: Tensor, create_graph: bool = False) -> Params:
+        """grad of fn(p, *args) inside a vmapped per-client function: torch.func.grad, which the
+        outer reverse pass differentiates through (second order) unless detached (first order)."""
+        g = grad(fn)(p, *args)
+        return g if create_graph else {k: v.detach() for k, v in g.items()}
+
     # The padded chunk view of a split's rows is kept between calls when it is small; a large one
     # is gathered group by group, so memory stays at one group of chunks plus per-client results.
     CACHE_BYTES = 256 * 2**20
@@ -129,14 +201,16 @@ class VmapEngine(Engine):
         idx = split.chunk_idx[sl]
         return split.x[idx], split.y[idx]
 
-    def _sum_per_client(self, fns, params: Params, split: ClientSplit, shared: bool) -> list:
-        """Runs fns[shared] over groups of at most `max_chunks` chunks and sums each output per client."""
+    def _sum_per_client(self, fns, params: Params, split: ClientSplit, shared: bool, *per_client: Tensor) -> list:
+        """Runs fns[shared] over groups of at most `max_chunks` chunks and sums each output per client.
+        `per_client` tensors [C, ...] go with each chunk's owner."""
         acc, spec = None, None
         for s in range(0, len(split.chunk_idx), self.max_chunks):
             sl = slice(s, s + self.max_chunks)
             owner = split.chunk_client[sl]
             p = params if shared else {k: v[owner] for k, v in params.items()}
-            leaves, spec = tree_flatten(fns[shared](p, *self._chunk_rows(split, sl), split.chunk_mask[sl]))
+            extra = [t[owner] for t in per_client]
+            leaves, spec = tree_flatten(fns[shared](p, *self._chunk_rows(split, sl), split.chunk_mask[sl], *extra))
             if acc is None:
                 acc = [torch.zeros((split.num_clients,) + t.shape[1:], dtype=t.dtype, device=t.device) for t in leaves]
             for a, t in zip(acc, leaves):
@@ -148,9 +222,17 @@ class VmapEngine(Engine):
         n = split.sizes.to(split.chunk_mask.dtype)
         return {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}, loss / n
 
-    def evaluate(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
+    def evaluate(self, params: Params, split: ClientSplit, shared: bool, centers: Tensor | None = None,
+                 present: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if centers is not None:
+            return tuple(self._sum_per_client(self._chunk_proto, params, split, shared, centers, present))
         loss, correct = self._sum_per_client(self._chunk_eval, params, split, shared)
         return loss, correct
+
+    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
+        """Per-client sums [C, K, d] of the features of each class's rows, and counts [C, K]."""
+        sums, counts = self._sum_per_client(self._chunk_class, params, split, shared)
+        return sums, counts
 
 
 class LoopEngine(Engine):
@@ -188,6 +270,22 @@ class LoopEngine(Engine):
             out.append(dict(zip(p, torch.autograd.grad(dot, list(p.values())))))
         return self._stack(out)
 
+    def value_and_grad(self, fn: Callable[..., Tensor], params: Params, *args: Tensor) -> tuple[Params, Tensor]:
+        grads, values = [], []
+        for i in range(len(args[0])):
+            p = {k: v.detach().requires_grad_(True) for k, v in self._client(params, i).items()}
+            value = fn(p, *[a[i] for a in args])
+            # parameters fn does not use (Proto never uses the output layer) get zero gradients
+            grads.append(dict(zip(p, torch.autograd.grad(value, list(p.values()), allow_unused=True,
+                                                         materialize_grads=True))))
+            values.append(value.detach())
+        return self._stack(grads), torch.stack(values)
+
+    @staticmethod
+    def inner_grad(fn: Callable[..., Tensor], p: Params, *args: Tensor, create_graph: bool = False) -> Params:
+        """Plain autograd; with `create_graph` the outer gradient goes through it (second order)."""
+        return dict(zip(p, torch.autograd.grad(fn(p, *args), list(p.values()), create_graph=create_graph)))
+
     def full_grad(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Params, Tensor]:
         grads, losses = [], []
         for c in range(split.num_clients):
@@ -198,16 +296,32 @@ class LoopEngine(Engine):
             losses.append(loss.detach())
         return self._stack(grads), torch.stack(losses)
 
-    def evaluate(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
+    def evaluate(self, params: Params, split: ClientSplit, shared: bool, centers: Tensor | None = None,
+                 present: Tensor | None = None) -> tuple[Tensor, Tensor]:
         losses, correct = [], []
         with torch.no_grad():
             for c in range(split.num_clients):
                 rows = split.client_rows(c)
                 p = params if shared else self._client(params, c)
-                logits = self.logits(p, split.x[rows])
+                if centers is None:
+                    logits = self.logits(p, split.x[rows])
+                else:
+                    logits = proto_logits(self.features(p, split.x[rows]), centers[c], present[c])
                 losses.append(self.criterion(logits, split.y[rows], reduction="sum"))
                 correct.append((logits.argmax(-1) == split.y[rows]).sum().to(logits.dtype))
         return torch.stack(losses), torch.stack(correct)
+
+    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
+        sums, counts = [], []
+        with torch.no_grad():
+            for c in range(split.num_clients):
+                rows = split.client_rows(c)
+                p = params if shared else self._client(params, c)
+                feats = self.features(p, split.x[rows])
+                onehot = F.one_hot(split.y[rows], self.num_classes).to(feats.dtype)
+                sums.append(onehot.T @ feats)
+                counts.append(onehot.sum(0))
+        return torch.stack(sums), torch.stack(counts)
 
 
 ENGINES = {"vmap": VmapEngine, "loop": LoopEngine}

@@ -23,6 +23,7 @@ class MLR(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int):
         super().__init__()
+        self.num_classes = num_classes
         self.linear = nn.Linear(in_features, num_classes)
 
     def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
@@ -47,6 +48,7 @@ class MLP(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, hidden: Sequence[int] = (20,), activation: str = "relu"):
         super().__init__()
+        self.num_classes = num_classes
         if activation not in ACTIVATIONS:
             raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
         layers: list[nn.Module] = []
@@ -81,7 +83,7 @@ class CNN(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, in_channels: int = 3, image_size: int = 32):
         super().__init__()
-        self.in_channels, self.image_size = in_channels, image_size
+        self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
         side = ((image_size - 4) // 2 - 4) // 2
         self.conv = nn.Sequential(
             nn.Conv2d(in_channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),

@@ -10,7 +10,10 @@ variates), so it all lives on the device and is checkpointed with the run. A rou
   client_init(state, clients, rnd)              -> Local     gather the round's starting point
   client_step(engine, local, batches, rnd)      -> Local     one local step for ALL clients at once
   server_update(state, local, clients, selected, weights) -> ServerState
-  personalize(engine, state, ctx)               -> (per-client served params or None, train loss or None)
+  personalize(engine, state, ctx)               -> (served or None, train loss or None)
+
+where "served" is per-client params stacked over all clients, or `Prototypes` (a shared feature
+extractor plus per-client class prototypes: Proto adaptation, paper 004).
 
 `clients` are the ids of the clients that trained (usually the round's sampled clients; all clients
 when `train_all` is set); `selected` are the positions, within them, of the sampled clients whose
@@ -54,6 +57,16 @@ class ServerState:
     params: Params
     extra: dict = field(default_factory=dict)
     clients: dict = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
+
+
+@dataclass
+class Prototypes:
+    """Proto-adapted models served at test time: every client classifies by the nearest of its own
+    class prototypes in the feature space of the shared `params` (paper 004, Sec. 2)."""
+
+    params: Params  # unstacked, shared by all clients
+    centers: Tensor  # [C, K, d] class prototypes per client
+    present: Tensor  # [C, K] bool: the client has training rows of the class (else masked out)
 
 
 @dataclass
@@ -108,7 +121,8 @@ class Algorithm:
         new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
-    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params | None, Tensor | None]:
+    def personalize(self, engine: Engine, state: ServerState,
+                    ctx: EvalContext) -> tuple[Params | Prototypes | None, Tensor | None]:
         """Per-client models served at test time (None: only the global model is served), and the
         global model's per-client training loss when computing it came for free (else None)."""
         return None, None

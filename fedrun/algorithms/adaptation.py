@@ -1,0 +1,127 @@
+"""Adaptations T_i of paper 004 (Sec. 2, "Transformation function"), shared by the algorithms.
+
+An adaptation turns the meta model w into client i's model using the client's own data. It gives
+
+  meta_loss(engine)  a per-client function L(w; support D, query D') -> scalar: the loss on the
+                     query batch of the model adapted on the support batch (Alg. 2, Update:
+                     w_bar = T~_i(w, D^k), loss f~_i(w_bar, D^k')); the engines differentiate it
+                     per client (`Engine.value_and_grad`);
+  personalize(...)   the models served at test time, from ALL of a client's TRAINING rows.
+
+  none    L = loss(w; D'), one batch per step; nothing personalized is served.
+  maml    w_bar = k SGD steps of `inner_lr` on D from w (Finn et al. 2017; paper 004 eq. for T_i
+          with k steps, as its experiments' "5 adaptation steps"); `first_order` drops the
+          second-order terms (the inner gradients are constants), learn2learn style. Test time:
+          `test_steps` full-batch GD steps on all of the client's training rows.
+  proto   r_w(x) = the network up to its last hidden layer; prototypes c_k = mean r_w(x) of the
+          support rows of class k; logits = -||r_w(x) - c_k||^2 (Snell et al. 2017; paper 004 Sec. 2);
+          L = cross-entropy of the query rows on those logits. Classes absent from the support batch
+          are masked (-inf logits) and query rows of such classes are left out of the mean. Test
+          time: prototypes from all of the client's training rows.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.federated import ClientSplit
+from ..functional import Engine, Params, class_means, proto_logits, stack
+from .base import Prototypes, check_choice, check_int, check_positive, sgd
+
+MetaLoss = Callable[..., Tensor]  # (p, *batch tensors) -> scalar, per client
+
+
+class NoAdaptation:
+    name = "none"
+    batches = 1  # minibatches a local step draws per client
+
+    def meta_loss(self, engine: Engine) -> MetaLoss:
+        return engine.loss
+
+    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
+        return None, None
+
+
+class MAML(NoAdaptation):
+    name = "maml"
+    batches = 2
+
+    def __init__(self, inner_lr: float, inner_steps: int, first_order: bool = False, test_steps: int | None = None):
+        self.inner_lr, self.inner_steps, self.first_order = inner_lr, inner_steps, first_order
+        self.test_steps = inner_steps if test_steps is None else test_steps
+
+    def adapt(self, engine: Engine, p: Params, x: Tensor, y: Tensor) -> Params:
+        """One client's model after `inner_steps` SGD steps on (x, y), inside a per-client function."""
+        for _ in range(self.inner_steps):
+            g = engine.inner_grad(engine.loss, p, x, y, create_graph=not self.first_order)
+            p = sgd(p, g, self.inner_lr)
+        return p
+
+    def meta_loss(self, engine: Engine) -> MetaLoss:
+        def loss(p: Params, xs: Tensor, ys: Tensor, xq: Tensor, yq: Tensor) -> Tensor:
+            return engine.loss(self.adapt(engine, p, xs, ys), xq, yq)
+        return loss
+
+    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
+        """`test_steps` full-batch GD steps of `inner_lr` from the shared `params` on each client's
+        training rows (or, when `batches` [C, steps, B] are given, one minibatch per step). Returns
+        the adapted models and the shared model's per-client training loss."""
+        p, loss = params, None
+        for s in range(self.test_steps):
+            if batches is None:
+                g, l = engine.full_grad(p, train, shared=s == 0)
+            else:
+                pp = stack(p, batches[0].shape[0]) if s == 0 else p
+                g, l = engine.grad(pp, batches[0][:, s], batches[1][:, s])
+            p = sgd(p, g, self.inner_lr)  # broadcasts the shared params to [C, ...] at step 0
+            loss = l if loss is None else loss
+        return p, (loss if batches is None else None)
+
+
+class Proto(NoAdaptation):
+    name = "proto"
+    batches = 2
+
+    def meta_loss(self, engine: Engine) -> MetaLoss:
+        k = engine.num_classes
+
+        def loss(p: Params, xs: Tensor, ys: Tensor, xq: Tensor, yq: Tensor) -> Tensor:
+            centers, present = class_means(engine.features(p, xs), ys, k)
+            logits = proto_logits(engine.features(p, xq), centers, present)
+            return proto_cross_entropy(logits, yq, present)
+        return loss
+
+    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
+        with torch.no_grad():
+            centers, present = engine.prototypes(params, train, shared=True)
+        return Prototypes(params, centers, present), None
+
+
+def proto_cross_entropy(logits: Tensor, y: Tensor, present: Tensor) -> Tensor:
+    """Mean cross-entropy over the rows whose class has a prototype (others would be +inf)."""
+    ok = present[y]
+    nll = -torch.where(ok, F.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1), torch.zeros_like(logits[:, 0]))
+    return nll.sum() / ok.sum().clamp(min=1).to(nll.dtype)
+
+
+ADAPTATIONS = ("none", "maml", "proto")
+
+
+def make_adaptation(adaptation: str, inner_lr: float, inner_steps: int, first_order: bool,
+                    test_steps: int | None) -> NoAdaptation:
+    """The adaptation named by the algorithm's options, each checked with a one-line ConfigError."""
+    check_choice("algo.adaptation", adaptation, ADAPTATIONS)
+    check_positive("algo.inner_lr", inner_lr)
+    check_int("algo.inner_steps", inner_steps, 1)
+    check_choice("algo.first_order", first_order, [True, False])
+    if test_steps is not None:
+        check_int("algo.test_steps", test_steps, 1)
+    if adaptation == "maml":
+        return MAML(inner_lr, inner_steps, bool(first_order), test_steps)
+    return Proto() if adaptation == "proto" else NoAdaptation()
+
+
+__all__ = ["MAML", "NoAdaptation", "Proto", "make_adaptation", "proto_cross_entropy"]

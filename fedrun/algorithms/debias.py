@@ -1,0 +1,212 @@
+"""PFL: debiased personalized federated learning (Acar et al. 2021; paper 004, Algs. 1-2), its
+FedAvg counterpart P-Avg / Per-FedAvg, and the non-personalized FedDyn and SCAFFOLD.
+
+Every algorithm here runs the same local optimizer (Alg. 2, Update): K = `tau` steps, each on a
+support batch D and a query batch D' (one batch without adaptation),
+
+    w <- w - lr_t * ( clip( grad L(w; D, D') + linear term ) + proximal term + weight_decay * w )
+
+with L the adaptation's meta-loss (`adaptation.py`: none | maml | proto), lr_t = lr * lr_decay^(t-1)
+in round t, and clip a per-client gradient-norm clip (0/None: off). Per algorithm:
+
+  pavg     no linear or proximal term (FedAvg on the meta-loss). adaptation=proto: P-Avg (Proto);
+           adaptation=maml: Per-FedAvg with k-step MAML as in paper 004's experiments.
+  pfldyn   R_i(w) = -<w, g_i> + alpha/2 ||w - w^t||^2 (Alg. 2, Regularizer, eq. 3): linear term -g_i,
+           proximal alpha (w - w^t). After training g_i <- g_i - alpha (w_i - w^t). Server, Update_1:
+               h <- h - alpha/m sum_{i in P_t} (w_i - w^t),   w^{t+1} = mean_{i in P_t} w_i - h / alpha
+           (FedDyn's server; m = all clients; Alg. 2 writes the sum ambiguously as
+           "sum_i w_i - w^t": we take the sum of the differences, as FedDyn does).
+  pflscaf  R_i(w) = <w, g - g_i> (eq. 2): linear term c - c_i. Control variates, SCAFFOLD option II
+           (Alg. 2): c_i <- c_i - c + (w^t - w_i) / (sum of the round's local lrs  = K lr_t).
+           Server, Update_2: c <- c + 1/m sum_{i in P_t} (c_i^new - c_i), w^{t+1} = mean w_i.
+           A client sends its model AND its control variate: models_per_round = 2.
+  feddyn, scaffold   pfldyn / pflscaf without adaptation and without personalized models.
+
+The per-client states g_i / c_i persist for EVERY client in `ServerState.clients` (stacked [C, ...]
+on the device, checkpointed with the run); a round gathers the sampled clients' rows and scatters
+them back, so unsampled clients keep theirs unchanged ("freeze stale devices", Alg. 1).
+
+Clipping, as in the authors' FedDyn/SCAFFOLD code where the linear term is part of the loss that is
+clipped while the proximal alpha*w and weight decay come from the optimizer unclipped: the
+meta-loss gradient plus the linear term are clipped; the proximal term and weight decay are not.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional import Engine, Params, weighted_mean
+from .adaptation import make_adaptation
+from .base import Algorithm, EvalContext, Local, ServerState, check_positive
+
+
+def expand(params: Params, m: int) -> Params:
+    """m views of the same params along a new leading client dimension (no copy)."""
+    return {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in params.items()}
+
+
+def clip_per_client(g: Params, max_norm: float | None) -> Params:
+    """Scales each client's gradient to norm <= max_norm (torch.nn.utils.clip_grad_norm_'s rule)."""
+    if not max_norm:
+        return g
+    sq = sum(v.flatten(1).pow(2).sum(1) for v in g.values())
+    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return {k: v * scale.view(-1, *[1] * (v.dim() - 1)) for k, v in g.items()}
+
+
+def _zeros(params: Params, n: int) -> Params:
+    return {k: torch.zeros(n, *v.shape, dtype=v.dtype, device=v.device) for k, v in params.items()}
+
+
+def _scatter(full: Params, ids: Tensor, rows: Params) -> Params:
+    return {k: v.index_copy(0, ids, rows[k].to(v.dtype)) for k, v in full.items()}
+
+
+class MetaSGD(Algorithm):
+    """The shared local optimizer on the adaptation's meta-loss; with no correction this is pavg."""
+
+    name = "pavg"
+
+    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None,
+                 adaptation: str = "none", inner_lr: float = 0.01, inner_steps: int = 1, first_order: bool = False,
+                 test_steps: int | None = None):
+        check_positive("algo.lr", lr)
+        check_positive("algo.lr_decay", lr_decay)
+        check_positive("algo.weight_decay", weight_decay, allow_zero=True)
+        check_positive("algo.clip", clip or 0, allow_zero=True)
+        self.adapt = make_adaptation(adaptation, inner_lr, inner_steps, first_order, test_steps)
+        self.adaptation = adaptation
+        self.lr, self.lr_decay, self.weight_decay, self.clip = lr, lr_decay, weight_decay, clip or 0
+        self.batches_per_step = self.adapt.batches
+
+    def lr_at(self, rnd: int) -> float:
+        return self.lr * self.lr_decay ** (rnd - 1)
+
+    def linear_term(self, local: Local) -> Params | None:
+        """Gradient of the regularizer's linear part (clipped with the loss gradient)."""
+        return None
+
+    def proximal_term(self, local: Local) -> Params | None:
+        return None
+
+    def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
+        w = local["params"]
+        g, _ = engine.value_and_grad(self.adapt.meta_loss(engine), w, *[t for b in batches for t in b])
+        lin = self.linear_term(local)
+        if lin is not None:
+            g = {k: g[k] + lin[k] for k in g}
+        g = clip_per_client(g, self.clip)
+        prox = self.proximal_term(local)
+        if prox is not None:
+            g = {k: g[k] + prox[k] for k in g}
+        if self.weight_decay:
+            g = {k: g[k] + self.weight_decay * w[k] for k in g}
+        lr = self.lr_at(rnd)
+        out = {**local, "params": {k: w[k] - lr * g[k] for k in w}}
+        if "lr_sum" in local:
+            out["lr_sum"] = local["lr_sum"] + lr
+        return out
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        batches = None
+        if ctx.personalize_batch and self.adaptation == "maml":
+            batches = ctx.train_batch(steps=(self.adapt.test_steps,))
+        return self.adapt.personalize(engine, state.params, ctx.data.train, batches)
+
+
+class PAvg(MetaSGD):
+    """P-Avg (Proto) / Per-FedAvg (MAML) of paper 004's experiments: FedAvg on the meta-loss."""
+
+    name = "pavg"
+
+
+class PFLDyn(MetaSGD):
+    """PFLDyn (paper 004, Alg. 1 with Alg. 2's PFLDyn Regularizer, g_i update and Update_1)."""
+
+    name = "pfldyn"
+
+    def __init__(self, alpha: float = 0.01, **options):
+        check_positive("algo.alpha", alpha)
+        super().__init__(**options)
+        self.alpha = alpha
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        h = {k: torch.zeros_like(v) for k, v in params.items()}
+        return ServerState(params=params, extra={"h": h}, clients={"g": _zeros(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        local = super().client_init(state, clients, rnd)
+        return {**local, "start": expand(state.params, len(clients)),
+                "g": {k: v[clients] for k, v in state.clients["g"].items()}}
+
+    def linear_term(self, local: Local) -> Params:
+        return {k: -v for k, v in local["g"].items()}
+
+    def proximal_term(self, local: Local) -> Params:
+        w, w0 = local["params"], local["start"]
+        return {k: self.alpha * (w[k] - w0[k]) for k in w}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        w = {k: v[selected] for k, v in local["params"].items()}
+        delta = {k: w[k] - state.params[k] for k in w}  # w_i - w^t, sampled clients
+        g_new = {k: local["g"][k][selected] - self.alpha * delta[k] for k in w}
+        m = state.clients["g"][next(iter(w))].shape[0]
+        h = {k: state.extra["h"][k] - self.alpha / m * delta[k].sum(0) for k in w}
+        avg = weighted_mean(w, weights)
+        params = {k: avg[k] - h[k] / self.alpha for k in w}
+        return ServerState(params=params, extra={**state.extra, "h": h},
+                           clients={**state.clients, "g": _scatter(state.clients["g"], clients[selected], g_new)})
+
+
+class PFLScaf(MetaSGD):
+    """PFLScaf (paper 004, Alg. 1 with Alg. 2's PFLScaf Regularizer, g_i update and Update_2)."""
+
+    name = "pflscaf"
+    models_per_round = 2
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        c = {k: torch.zeros_like(v) for k, v in params.items()}
+        return ServerState(params=params, extra={"c": c}, clients={"c": _zeros(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        local = super().client_init(state, clients, rnd)
+        m = len(clients)
+        first = next(iter(state.params.values()))
+        return {**local, "start": expand(state.params, m), "c": expand(state.extra["c"], m),
+                "ci": {k: v[clients] for k, v in state.clients["c"].items()},
+                "lr_sum": torch.zeros(m, 1, dtype=first.dtype, device=first.device)}
+
+    def linear_term(self, local: Local) -> Params:
+        return {k: local["c"][k] - local["ci"][k] for k in local["c"]}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        w = {k: v[selected] for k, v in local["params"].items()}
+        lr_sum = local["lr_sum"][selected].squeeze(1)
+        ci = {k: local["ci"][k][selected] for k in w}
+        ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / lr_sum.view(-1, *[1] * (w[k].dim() - 1))
+                  for k in w}
+        m = state.clients["c"][next(iter(w))].shape[0]
+        c = {k: state.extra["c"][k] + (ci_new[k] - ci[k]).sum(0) / m for k in w}
+        return ServerState(params=weighted_mean(w, weights), extra={**state.extra, "c": c},
+                           clients={**state.clients, "c": _scatter(state.clients["c"], clients[selected], ci_new)})
+
+
+class FedDyn(PFLDyn):
+    """FedDyn (Acar et al. 2021a): PFLDyn without adaptation; serves only the global model."""
+
+    name = "feddyn"
+
+    def __init__(self, alpha: float = 0.01, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0,
+                 clip: float | None = None):
+        super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip)
+
+
+class Scaffold(PFLScaf):
+    """SCAFFOLD (Karimireddy et al. 2020, option II): PFLScaf without adaptation; global model only."""
+
+    name = "scaffold"
+
+    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None):
+        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip)
