@@ -1,4 +1,6 @@
 """pFedMe and the protocol options against hand-computed numbers on toy problems."""
+import os
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -188,3 +190,46 @@ def test_protocol_fills_only_null_options_that_exist():
     assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
     with pytest.raises(ConfigError, match="protocol='fair'.*honest, official"):
         apply_protocol(OmegaConf.create({"protocol": "fair"}))
+
+
+# ------------------------------------------------------------------ Table 1 presets
+
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+TABLE1 = {  # (data, model): {algo: {option: value}} from the paper's Table 1 (fine-tuned)
+    ("synthetic", "mlr"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.02, "beta": 0.002}, "pfedme": {"lam": 20}},
+    ("synthetic", "dnn"): {"fedavg": {"beta": 0.03}, "perfedavg": {"alpha": 0.01, "beta": 0.001}, "pfedme": {"lam": 30}},
+    ("mnist", "mlr"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.03, "beta": 0.003}, "pfedme": {"lam": 15}},
+    ("mnist", "dnn"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.02, "beta": 0.001}, "pfedme": {"lam": 30}},
+}
+
+
+def test_every_pfedme_preset_is_tested():
+    names = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "experiment")) if f.startswith("pfedme_"))
+    assert names == sorted(f"pfedme_{d}_{m}_{a}" for (d, m), algos in TABLE1.items() for a in algos)
+
+
+@pytest.mark.parametrize("data,model,algo", [(d, m, a) for (d, m), algos in TABLE1.items() for a in algos])
+def test_table1_presets_hold_the_papers_settings(data, model, algo):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment=pfedme_{data}_{model}_{algo}", "protocol=official"],
+                      return_hydra_config=True)
+    ch = cfg.hydra.runtime.choices
+    assert (ch.algo, ch.data, ch.model) == (algo, "synthetic" if data == "synthetic" else "mnist_pfedme", model)
+    assert (cfg.tau, cfg.batch_size, cfg.frac) == (20, 20, None)
+    assert (cfg.rounds, cfg.clients_per_round) == ((600, 10) if data == "synthetic" else (800, 5))
+    if model == "dnn":
+        assert list(cfg.model.hidden) == [20 if data == "synthetic" else 100] and cfg.model.activation == "relu"
+    for k, v in TABLE1[(data, model)][algo].items():
+        assert cfg.algo[k] == v
+    if algo == "pfedme":
+        assert (cfg.algo.K, cfg.algo.beta, cfg.algo.eta, cfg.algo.personal_lr) == (5, 2.0, 0.01, 0.01)
+    used = apply_protocol(cfg)
+    a = instantiate(cfg.algo)
+    assert cfg.aggregate == "samples"
+    if algo == "pfedme":
+        assert (a.train_all, a.mu, a.personalized) == (True, 0.001, "local") and used["algo.mu"] == 0.001
+    if algo == "perfedavg":
+        assert a.test_time == "test_batches" and a.variant == "fo"

@@ -323,7 +323,8 @@ PRESETS = {  # preset -> (algorithm, adaptation, {option: value})
 
 
 def test_every_preset_is_tested():
-    assert options("experiment") == sorted(f"cifar10_acid5_{k}" for k in PRESETS)
+    ours = [e for e in options("experiment") if e.startswith("cifar")]
+    assert ours == sorted(f"cifar10_acid5_{k}" for k in PRESETS)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -115,3 +115,30 @@ def test_missing_data_is_one_clear_error(tmp_path):
                         str(tmp_path / "none"), "--out", str(tmp_path / "o")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_pfedme_table1_quick(data_root, tmp_path):
+    root, real = data_root
+    out = tmp_path / "t1"
+    text = script("pfedme_table1.py", ["--quick", "--datasets", "synthetic,mnist", "--data-root", root,
+                                       "--out", str(out)], tmp_path)
+    assert f"outputs: {out}" in text and "fedrun data=mnist_pfedme" in text
+    if not real:
+        assert "NOT the full 70,000" in text
+    table = pd.read_csv(out / "table1.csv")
+    assert len(table) == 16  # 2 data sets x 2 models x (FedAvg, Per-FedAvg, pFedMe GM, pFedMe PM)
+    assert (table["official_seeds"] == 1).all() and (table["honest_seeds"] == 1).all()
+    for d in ("synthetic", "mnist"):
+        jobs = job_metrics(out / "runs" / d)
+        assert len(jobs) == 12  # 6 presets x 2 protocols
+        for key, m in jobs.items():
+            ov = dict(key)
+            _, data, model, algo = ov["experiment"].split("_")
+            for entry, prefix in {"fedavg": [("FedAvg", "global")], "perfedavg": [("Per-FedAvg", "pers")],
+                                  "pfedme": [("pFedMe GM", "global"), ("pFedMe PM", "pers")]}[algo]:
+                row = table[(table.dataset == d) & (table.model == model.upper()) & (table.entry == entry)].iloc[0]
+                proto = ov["protocol"]
+                assert row[f"{proto}_best"] == pytest.approx(100 * m[f"{prefix}_acc"].max(), abs=1e-6)
+                assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
+    md = (out / "table1.md").read_text()
+    assert "| synthetic | DNN | pFedMe PM | 86.36 |" in md and "FedAvg < Per-FedAvg < pFedMe PM" in md
