@@ -326,3 +326,19 @@ def test_baseline_errors_are_one_line(hand_sweep, tmp_path):
                       (["--baseline", "perfedavg"], "needs at least one --target")):
         r = report([str(hand_sweep), *args, "--out", str(tmp_path / "e"), "--no-figure"], tmp_path)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_find_baseline_by_label_preset_or_algo():
+    from fedrun.report import Group, find_baseline
+
+    def grp(label, **settings):
+        return Group(label=label, settings={}, jobs=[Job(path=label, settings=settings)])
+
+    groups = [grp("experiment=cifar10_acid5_perfedavg_maml", experiment="cifar10_acid5_perfedavg_maml", algo="perfedavg"),
+              grp("experiment=cifar10_acid5_pfldyn_proto", experiment="cifar10_acid5_pfldyn_proto", algo="pfldyn"),
+              grp("experiment=cifar10_acid5_pfldyn_maml", experiment="cifar10_acid5_pfldyn_maml", algo="pfldyn")]
+    assert find_baseline(groups, "cifar10_acid5_perfedavg_maml") is groups[0]
+    assert find_baseline(groups, "perfedavg") is groups[0]
+    assert find_baseline(groups, "experiment=cifar10_acid5_pfldyn_maml") is groups[2]
+    with pytest.raises(ValueError, match="matches 2 configurations"):
+        find_baseline(groups, "pfldyn")
