@@ -7,6 +7,12 @@ pFedMe setting (issue 4; pFedMe's Table 1, official protocol): the same data and
 clients train every round (R=tau=20 local rounds of K=5 inner steps, batch 20), 10 aggregated
 (sample-weighted), PM = local models, every client evaluated every round:
     python -m fedrun.bench --algos pfedme
+CIFAR setting (issue 5; paper 004's official CIFAR-10 ACID settings): random CIFAR-shaped data in a
+FederatedData of the ACID shape (100 devices x 500 training / 100 test images 3x32x32, 10 classes,
+5 per device, crop+flip augmentation of training batches), paper 004's CNN, 10 devices per round,
+K=tau=50 local steps of batch 50, every device evaluated every --eval-every rounds (train nothing real:
+the numbers time the computation, not learning):
+    python -m fedrun.bench --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
 """
 from __future__ import annotations
 
@@ -16,9 +22,9 @@ import time
 import torch
 
 from .algorithms import FedAvg, PerFedAvg, PFedMe
-from .data import synthetic
+from .data import ClientSplit, FederatedData, synthetic
 from .functional import ENGINES, params_of
-from .models import MLP
+from .models import CNN, MLP
 from .simulate import Schedule, simulate
 
 ALGOS = {
@@ -30,6 +36,28 @@ ALGOS = {
                              train_all=True),
 }
 AGGREGATE = {"pfedme": "samples"}
+# Algorithms at paper 004's CIFAR settings (lr 0.1; Per-FedAvg meta lr 1e-2). Paper 004's own
+# algorithms join here as they land in fedrun.algorithms.
+CIFAR_ALGOS = {
+    "fedavg": lambda: FedAvg(beta=0.1, alpha=0.1),
+    "perfedavg-fo": lambda: PerFedAvg(alpha=0.01, beta=0.1, variant="fo"),
+    "perfedavg-hf": lambda: PerFedAvg(alpha=0.01, beta=0.1, variant="hf"),
+}
+
+
+def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classes: int = 10, k: int = 5,
+               seed: int = 0, chunk_len: int = 256) -> FederatedData:
+    """Random N(0, 1) images 3x32x32 in the ACID shape: device c's labels drawn from its k classes
+    (c + j) mod num_classes, `train` / `test` images per device, crop+flip on training batches."""
+    g = torch.Generator().manual_seed(seed)
+    owner = {n: torch.arange(clients).repeat_interleave(n) for n in (train, test)}
+
+    def split(n: int) -> ClientSplit:
+        y = (owner[n] + torch.randint(0, k, (clients * n,), generator=g)) % num_classes
+        x = torch.randn(clients * n, 3, 32, 32, generator=g)
+        return ClientSplit.from_flat(x, y, torch.full((clients,), n, dtype=torch.long), chunk_len)
+
+    return FederatedData("cifar_like", split(train), split(test), num_classes, augment="crop_flip")
 
 
 def _sync(device):
@@ -37,9 +65,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int = 0) -> float:
+def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int = 0, model_fn=None) -> float:
     torch.manual_seed(seed)
-    model = MLP(data.in_features, data.num_classes, hidden=[20]).to(device)
+    model = (model_fn or (lambda: MLP(data.in_features, data.num_classes, hidden=[20])))().to(device)
     engine = ENGINES[engine_name](model)
     warm = Schedule(**{**sched.__dict__, "rounds": warmup})
     simulate(algo, engine, data, params_of(model), warm, seed)
@@ -56,15 +84,29 @@ def main(argv=None) -> None:
     ap.add_argument("--loop-rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--algos", default="fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact")
-    ap.add_argument("--tau", type=int, default=20)
+    ap.add_argument("--algos", default=None,
+                    help="comma-separated (synthetic default: fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact; "
+                         f"cifar default: fedavg, from {','.join(CIFAR_ALGOS)})")
+    ap.add_argument("--tau", type=int, default=None, help="local steps (default: synthetic 20, cifar 50)")
     ap.add_argument("--personalize-batch", type=int, default=None,
                     help="test-time adaptation on a minibatch of this size (default: all training rows)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--setting", choices=["synthetic", "cifar"], default="synthetic",
+                    help="synthetic: issue 2's MLP setting | cifar: paper 004's CNN on CIFAR-shaped random data")
+    ap.add_argument("--clients", type=int, default=100, help="cifar: devices (default 100)")
+    ap.add_argument("--train-per-client", type=int, default=500, help="cifar: training images per device")
+    ap.add_argument("--test-per-client", type=int, default=100, help="cifar: test images per device")
+    ap.add_argument("--clients-per-round", type=int, default=10, help="cifar: active devices per round")
+    ap.add_argument("--batch", type=int, default=50, help="cifar: batch size")
+    ap.add_argument("--eval-every", type=int, default=1, help="cifar: evaluate all devices every this many rounds")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.setting == "cifar":
+        return cifar_main(args, ap, device)
+    args.tau = args.tau or 20
+    args.algos = args.algos or "fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact"
     data = synthetic(cache_dir=".cache/fedrun").to(device)
     print(f"device={device} threads={torch.get_num_threads()} clients={data.num_clients} "
           f"train_rows={int(data.train.sizes.sum())} test_rows={int(data.test.sizes.sum())}; "
@@ -77,6 +119,30 @@ def main(argv=None) -> None:
             sched = Schedule(rounds=rounds, tau=args.tau, clients_per_round=10, batch_size=20, eval_every=1,
                              personalize_batch=args.personalize_batch, aggregate=AGGREGATE.get(name, "uniform"))
             res[eng] = time_rounds(ALGOS[name](), eng, data, sched, device, args.warmup)
+        print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
+
+
+def cifar_main(args, ap, device) -> None:
+    tau = args.tau or 50
+    algos = args.algos or "fedavg"
+    unknown = [a for a in algos.split(",") if a not in CIFAR_ALGOS]
+    if unknown:
+        ap.error(f"--algos {','.join(unknown)}: not in the cifar setting's list ({', '.join(CIFAR_ALGOS)})")
+    data = cifar_like(args.clients, args.train_per_client, args.test_per_client).to(device)
+    m = min(args.clients_per_round, args.clients)
+    print(f"device={device} threads={torch.get_num_threads()} CIFAR-shaped random data: {data.num_clients} devices x "
+          f"{args.train_per_client} train / {args.test_per_client} test images 3x32x32, 10 classes (5 per device), "
+          f"crop+flip; CNN; {m} devices/round, tau=K={tau}, batch {args.batch}; all devices evaluated every "
+          f"{args.eval_every} round(s), personalization on "
+          f"{'all training rows' if args.personalize_batch is None else f'{args.personalize_batch}-row minibatches'}")
+    print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}")
+    for name in algos.split(","):
+        res = {}
+        for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
+            sched = Schedule(rounds=rounds, tau=tau, clients_per_round=m, batch_size=args.batch,
+                             eval_every=args.eval_every, personalize_batch=args.personalize_batch)
+            res[eng] = time_rounds(CIFAR_ALGOS[name](), eng, data, sched, device, args.warmup,
+                                   model_fn=lambda: CNN(data.in_features, data.num_classes))
         print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
 
 

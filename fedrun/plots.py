@@ -40,24 +40,30 @@ def plot_run(metrics_csv: str, out_png: str, title: str = "") -> None:
 
 
 def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str = "test accuracy",
-                      suptitle: str = "", styles: dict | None = None, ncols: int | None = None) -> None:
-    """One panel per (title, {label: curve}); a curve is a DataFrame with columns round, mean, std.
+                      suptitle: str = "", styles: dict | None = None, ncols: int | None = None, x: str = "round",
+                      hlines: dict | None = None, sharey: bool = True) -> None:
+    """One panel per (title, {label: curve}); a curve is a DataFrame with columns `x` (default round),
+    mean, std.
 
     Each curve is drawn as its mean with a +- std band (no band where std is NaN, e.g. one seed).
-    `styles` maps a label to extra matplotlib keyword arguments (color, linestyle, ...).
+    `styles` maps a label to extra matplotlib keyword arguments (color, linestyle, ...); `hlines`
+    maps a panel title to (y, label) of a dashed horizontal line (e.g. a target accuracy).
     """
     n = max(1, len(panels))
     ncols = ncols or min(n, 3)
     nrows = (n + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False, sharey=sharey)
     for ax, (title, curves) in zip(axes.flat, panels):
         for label, c in curves.items():
             kw = dict((styles or {}).get(label, {}))
-            line, = ax.plot(c["round"], c["mean"], label=label, linewidth=1.3, **kw)
+            line, = ax.plot(c[x], c["mean"], label=label, linewidth=1.3, **kw)
             std = pd.to_numeric(c["std"], errors="coerce")
             if std.notna().any():
-                ax.fill_between(c["round"], c["mean"] - std, c["mean"] + std, color=line.get_color(), alpha=0.18,
+                ax.fill_between(c[x], c["mean"] - std, c["mean"] + std, color=line.get_color(), alpha=0.18,
                                 linewidth=0)
+        if hlines and title in hlines:
+            y, name = hlines[title]
+            ax.axhline(y, color="gray", linestyle=":", linewidth=1, label=name)
         ax.set(title=title, xlabel=xlabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

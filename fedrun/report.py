@@ -6,8 +6,11 @@ config with the seed and the options that do not change the numbers left out), a
 the runs (or into --out):
 
 - `summary.csv`: one row per configuration; mean and std over seeds of the last-round and of the
-  best-round accuracy, of the lowest and highest client accuracy of the last round, and of the
-  rounds needed to reach each --target accuracy, for the global and the personalized models;
+  best-round accuracy, of the lowest and highest client accuracy of the last round and of the best
+  round, and of the rounds and of the models transmitted (metrics.csv `models_transmitted` at that
+  round) needed to reach each --target accuracy, for the global and the personalized models; with
+  --baseline, the gain of every configuration over it: baseline's transmissions / its own (paper
+  004, Tables 1-2);
 - `summary.md`: the same as a Markdown table (percent), followed by the jobs left out;
 - `summary.png`: mean accuracy curves over seeds with +- std bands, one line per configuration;
 - `jobs.csv`: every job found, its configuration, seed and status.
@@ -31,7 +34,7 @@ from omegaconf import OmegaConf
 
 PREFIXES = ("global", "pers")
 MODEL_NAMES = {"global": "global model", "pers": "personalized"}
-GROUPS = ("algo", "data", "model")
+GROUPS = ("experiment", "algo", "data", "model")  # config groups (experiment: a preset, when one was used)
 # Options that do not change a run's numbers: never part of a configuration's identity.
 NEUTRAL_KEYS = {
     "seed", "device", "progress", "plot", "cache_dir", "max_chunks", "client_chunk", "checkpoint_every",
@@ -207,6 +210,12 @@ def rounds_to_reach(metrics: pd.DataFrame, column: str, target: float) -> float:
     return float(hit.iloc[0]) if len(hit) else math.nan
 
 
+def transmitted_to_reach(metrics: pd.DataFrame, column: str, target: float) -> float:
+    """`models_transmitted` at the first row whose `column` is >= target; NaN when never reached."""
+    hit = metrics.loc[metrics[column] >= target, "models_transmitted"]
+    return float(hit.iloc[0]) if len(hit) else math.nan
+
+
 def target_name(target: float) -> str:
     pct = round(target * 100, 4)
     return f"{pct:g}pct"
@@ -224,8 +233,16 @@ def job_values(job: Job, targets: list[float]) -> dict:
         out[f"{p}_acc_best_round"] = float(m[col].max())
         out[f"{p}_acc_client_min_last_round"] = float(last[f"{p}_acc_min"])
         out[f"{p}_acc_client_max_last_round"] = float(last[f"{p}_acc_max"])
+        best = m.loc[m[col].idxmax()]  # the first row with the highest accuracy
+        out[f"{p}_best_round"] = float(best["round"])
+        out[f"{p}_acc_client_min_best_round"] = float(best[f"{p}_acc_min"])
+        out[f"{p}_acc_client_max_best_round"] = float(best[f"{p}_acc_max"])
         for t in targets:
             out[f"{p}_rounds_to_{target_name(t)}"] = rounds_to_reach(m, col, t)
+            if "models_transmitted" in m:
+                out[f"{p}_transmitted_to_{target_name(t)}"] = transmitted_to_reach(m, col, t)
+    if "models_transmitted" in m:
+        out["transmitted_last_round"] = float(last["models_transmitted"])
     return out
 
 
@@ -240,9 +257,11 @@ def summarize(groups: list[Group], targets: list[float]) -> pd.DataFrame:
         row["rounds"] = int(g.jobs[0].metrics["round"].iloc[-1])
         for col in per_job.columns:
             vals = per_job[col]
-            if "_rounds_to_" in col:
+            if "_rounds_to_" in col or "_transmitted_to_" in col:
                 reached = int(vals.notna().sum())
                 row[f"{col}_reached"] = f"{reached}/{len(vals)}"
+                if "_transmitted_to_" in col:  # what every seed needed at least: its own count, or all it sent
+                    row[f"{col}_at_least"] = float(vals.fillna(per_job["transmitted_last_round"]).mean())
                 if reached < len(vals):  # a mean over the seeds that got there would flatter the configuration
                     row[f"{col}_mean"], row[f"{col}_std"] = math.nan, math.nan
                     continue
@@ -252,6 +271,60 @@ def summarize(groups: list[Group], targets: list[float]) -> pd.DataFrame:
         row["seconds_mean"] = float(sum(secs) / len(secs)) if secs else math.nan
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def gain(base_mean: float, base_at_least: float, mean: float, at_least: float) -> tuple[float, str]:
+    """Paper 004's gain (Tables 1-2): the baseline's transmissions to reach a target / a method's.
+
+    The means count only when every seed reached the target; otherwise `*_at_least` (the mean over
+    seeds of what each needed, or of all it sent when it never got there) bounds them from below.
+    Returns (ratio, bound): bound "" when both reached it, ">" (a lower bound) when only the method
+    did, "<" (an upper bound) when only the baseline did; (NaN, "") when neither did.
+    """
+    def ok(v):
+        return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+    if ok(base_mean) and ok(mean):
+        return base_mean / mean, ""
+    if ok(mean) and ok(base_at_least):
+        return base_at_least / mean, ">"
+    if ok(base_mean) and ok(at_least) and at_least > 0:
+        return base_mean / at_least, "<"
+    return math.nan, ""
+
+
+def find_baseline(groups: list[Group], name: str) -> Group:
+    """The configuration `name` names: its label, or the preset (`experiment`) or `algo` it ran;
+    a ValueError with one line when none or several match."""
+    exact = [g for g in groups if g.label == name]
+    if exact:
+        return exact[0]
+    hits = [g for g in groups if name in (g.jobs[0].settings.get("experiment"), g.jobs[0].settings.get("algo"))]
+    labels = "; ".join(g.label for g in groups)
+    if not hits:
+        raise ValueError(f"--baseline {name!r} names no configuration (give a label, a preset or an algo; have: {labels})")
+    if len(hits) > 1:
+        raise ValueError(f"--baseline {name!r} matches {len(hits)} configurations ({'; '.join(g.label for g in hits)}); "
+                         f"give one of their labels")
+    return hits[0]
+
+
+def add_gains(table: pd.DataFrame, baseline_label: str, targets: list[float]) -> pd.DataFrame:
+    """Adds `baseline` and, per model and target, `{p}_gain_to_{X}pct` (baseline transmissions /
+    the row's) and `{p}_gain_to_{X}pct_bound` ("", ">" or "<", see `gain`)."""
+    table = table.copy()
+    base = table.set_index("config").loc[baseline_label]
+    table["baseline"] = baseline_label
+    for p in PREFIXES:
+        for t in targets:
+            c = f"{p}_transmitted_to_{target_name(t)}"
+            if f"{c}_mean" not in table:
+                continue
+            vals = [gain(base[f"{c}_mean"], base[f"{c}_at_least"], r[f"{c}_mean"], r[f"{c}_at_least"])
+                    for _, r in table.iterrows()]
+            table[f"{p}_gain_to_{target_name(t)}"] = [v for v, _ in vals]
+            table[f"{p}_gain_to_{target_name(t)}_bound"] = [b for _, b in vals]
+    return table
 
 
 def mean_curve(jobs: list[Job], column: str) -> pd.DataFrame:
@@ -274,29 +347,58 @@ def _pm(mean, std, scale=100.0, digits=2) -> str:
     return s
 
 
+def _not_reached(reached: str, at_least=None) -> str:
+    more = "" if at_least is None or at_least != at_least else f" (> {at_least:.0f} sent)"
+    return ("not reached" if reached.startswith("0/") else f"reached by {reached} seeds only") + more
+
+
+def gain_cell(value: float, bound: str) -> str:
+    return "" if value != value else f"{bound}{value:.2f}×"
+
+
 def markdown(table: pd.DataFrame, left_out: list[Job], missing: list[str], targets: list[float], title: str) -> str:
+    baseline = table["baseline"].iloc[0] if "baseline" in table and len(table) else None
     lines = [f"# {title}", "",
              "Accuracy in %, mean ± std (sample std) over seeds. *last round*: the final round's accuracy; "
              "*best round*: the highest accuracy over the evaluated rounds; *lowest/highest client*: over "
-             "clients, last round; *rounds to X%*: first round whose accuracy reached X% (empty unless every "
-             "seed reached it).", ""]
+             "clients, at the last round and at the best round; *rounds to X%*: first round whose accuracy "
+             "reached X% (empty unless every seed reached it); *transmissions to X%*: models sent to the server "
+             "up to that round (metrics.csv `models_transmitted`); *not reached (> N sent)*: N is the mean over "
+             "seeds of what each sent, counting all a run sent when it never got there."
+             + (f" *gain*: {baseline}'s transmissions / the configuration's (paper 004, Tables 1-2); "
+                "'>': a lower bound (the baseline never got there), '<': an upper bound." if baseline else ""), ""]
     prefixes = [p for p in PREFIXES if f"{p}_acc_last_round_mean" in table]
+    sent = {p: bool(targets) and f"{p}_transmitted_to_{target_name(targets[0])}_mean" in table for p in prefixes}
     head = ["configuration", "seeds", "rounds"]
     for p in prefixes:
         name = MODEL_NAMES[p]
-        head += [f"{name}: last round", f"{name}: best round", f"{name}: lowest client", f"{name}: highest client"]
+        head += [f"{name}: last round", f"{name}: best round", f"{name}: lowest client", f"{name}: highest client",
+                 f"{name}: lowest client (best round)", f"{name}: highest client (best round)"]
         head += [f"{name}: rounds to {t * 100:g}%" for t in targets]
+        if sent[p]:
+            head += [f"{name}: transmissions to {t * 100:g}%" for t in targets]
+            if baseline:
+                head += [f"{name}: gain at {t * 100:g}%" for t in targets]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
         cells = [str(r["config"]), str(r["n_seeds"]), str(r["rounds"])]
         for p in prefixes:
-            for what in ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round"):
+            for what in ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round",
+                         "acc_client_min_best_round", "acc_client_max_best_round"):
                 cells.append(_pm(r[f"{p}_{what}_mean"], r[f"{p}_{what}_std"]))
             for t in targets:
                 c = f"{p}_rounds_to_{target_name(t)}"
                 val = _pm(r[f"{c}_mean"], r[f"{c}_std"], scale=1.0, digits=1)
-                reached = r[f"{c}_reached"]
-                cells.append(val or ("not reached" if reached.startswith("0/") else f"reached by {reached} seeds only"))
+                cells.append(val or _not_reached(r[f"{c}_reached"]))
+            if sent[p]:
+                for t in targets:
+                    c = f"{p}_transmitted_to_{target_name(t)}"
+                    val = _pm(r[f"{c}_mean"], r[f"{c}_std"], scale=1.0, digits=1)
+                    cells.append(val or _not_reached(r[f"{c}_reached"], r[f"{c}_at_least"]))
+                if baseline:
+                    for t in targets:
+                        c = f"{p}_gain_to_{target_name(t)}"
+                        cells.append(gain_cell(r[c], r[f"{c}_bound"]))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if left_out or missing:
@@ -335,19 +437,28 @@ class Report:
     files: dict
 
 
-def build(roots: list[str], targets: list[float] | None = None) -> tuple[list[Job], list[Group], pd.DataFrame]:
+def build(roots: list[str], targets: list[float] | None = None,
+          baseline: str | None = None) -> tuple[list[Job], list[Group], pd.DataFrame]:
+    """Jobs, configurations and the summary table; with `baseline` (a label, preset or algo name,
+    see `find_baseline`) the table gains the gain columns of `add_gains`."""
     jobs = [load_job(p) for p in find_job_dirs(roots)]
     groups = group_jobs(jobs)
-    return jobs, groups, summarize(groups, list(targets or []))
+    targets = list(targets or [])
+    table = summarize(groups, targets)
+    if baseline is not None and groups:
+        table = add_gains(table, find_baseline(groups, baseline).label, targets)
+    return jobs, groups, table
 
 
 def write_report(roots: list[str], out_dir: str | None = None, targets: list[float] | None = None,
-                 figure: bool = True, title: str | None = None) -> Report:
+                 figure: bool = True, title: str | None = None, baseline: str | None = None) -> Report:
     from . import outputs
 
     targets = list(targets or [])
     out_dir = out_dir or roots[0]
-    jobs, groups, table = build(roots, targets)
+    if baseline is not None and not targets:
+        raise ValueError("--baseline needs at least one --target (the gain is in transmissions to reach it)")
+    jobs, groups, table = build(roots, targets, baseline)
     if not jobs:
         raise FileNotFoundError(f"no runs under {', '.join(roots)} (looked for <job>/.hydra/config.yaml)")
     left_out = [j for j in jobs if not j.ok]
@@ -403,10 +514,13 @@ def parse_targets(values: list[str]) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedrun-report", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="e.g. fedrun-report outputs/multirun/2026-01-01_12-00-00 --target 80 90")
+                                 epilog="e.g. fedrun-report outputs/multirun/2026-01-01_12-00-00 --target 80 90 --baseline perfedavg")
     ap.add_argument("dirs", nargs="+", help="multirun folder(s) or run folders; searched recursively for jobs")
     ap.add_argument("--target", nargs="+", default=[], metavar="ACC",
                     help="accuracies for 'rounds to reach' (0.8, 80 or 80%%; lists allowed: 80,90)")
+    ap.add_argument("--baseline", default=None, metavar="CONFIG",
+                    help="gain vs this configuration (its label in summary.md, or the preset / algo it ran): its "
+                         "models transmitted to reach each --target / each configuration's (paper 004, Tables 1-2)")
     ap.add_argument("--out", default=None, help="folder for summary.csv/.md/.png and jobs.csv (default: the first DIR)")
     ap.add_argument("--no-figure", action="store_true", help="skip summary.png")
     args = ap.parse_args(argv)
@@ -416,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         targets = parse_targets(args.target)
-        rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure)
+        rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure, baseline=args.baseline)
     except (ValueError, FileNotFoundError) as e:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
         return 2

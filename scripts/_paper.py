@@ -94,3 +94,24 @@ def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = N
 
 def pct(x) -> str:
     return "" if x is None or x != x else f"{100 * x:.2f}"
+
+
+def write_tiny_cifar(root: str, num_classes: int, train_per_class: int, test_per_class: int, seed: int = 0) -> str:
+    """Random images in CIFAR's python-pickle layout under root (as fedrun.data.sources.load_cifar
+    reads them), `train_per_class` / `test_per_class` of every class: data for smoke tests only."""
+    import pickle
+
+    import numpy as np
+
+    from fedrun.data.sources import CIFAR_FILES
+
+    folder, train_files, test_files, key = CIFAR_FILES[num_classes]
+    rng = np.random.RandomState(seed)
+    os.makedirs(os.path.join(root, folder), exist_ok=True)
+    for files, per_class in ((train_files, train_per_class), (test_files, test_per_class)):
+        y = rng.permutation(np.repeat(np.arange(num_classes), per_class))
+        x = rng.randint(0, 256, size=(len(y), 3072)).astype(np.uint8)
+        for f, xs, ys in zip(files, np.array_split(x, len(files)), np.array_split(y, len(files))):
+            with open(os.path.join(root, folder, f), "wb") as fh:
+                pickle.dump({b"data": xs, key: ys.tolist(), b"batch_label": b"fedrun tiny"}, fh)
+    return root

@@ -200,3 +200,145 @@ def test_slurm_launcher_config_composes():
 
 def test_cli_precheck_lets_launcher_choices_through():
     assert precheck(["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "seed=0,1"]) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# models transmitted to reach a target, gain vs a baseline, lowest/highest client at the best round:
+# hand-written metrics.csv files, the expected numbers computed here directly with pandas
+# ----------------------------------------------------------------------------------------------
+
+def _write_job(folder, num, algo, seed, per_round, pers, glob, extra=None):
+    """A finished job folder as fedrun + Hydra write it: 4 rounds, `per_round` models sent per round."""
+    folder.mkdir(parents=True)
+    (folder / ".hydra").mkdir()
+    cfg = {"seed": seed, "rounds": len(pers), "eval_every": 1, "algo": {"_target_": f"x.{algo}", **(extra or {})}}
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"runtime": {"choices": {"algo": algo}}, "job": {"num": num}}}))
+    rounds = list(range(1, len(pers) + 1))
+    m = pd.DataFrame({"round": rounds, "models_transmitted": [per_round * r for r in rounds], "train_loss": 1.0})
+    for p, accs in (("pers", pers), ("global", glob)):
+        m[f"{p}_acc"] = accs
+        m[f"{p}_acc_min"] = [a - 0.1 - 0.01 * r for a, r in zip(accs, rounds)]
+        m[f"{p}_acc_max"] = [min(1.0, a + 0.05 + 0.01 * r) for a, r in zip(accs, rounds)]
+    m.to_csv(folder / "metrics.csv", index=False)
+    (folder / "summary.json").write_text('{"status": "finished", "seconds": 1.0}')
+
+
+HAND = {  # (algo, seed): (models per round, pers_acc by round, global_acc by round)
+    ("perfedavg", 0): (10, [0.40, 0.55, 0.61, 0.60], [0.3, 0.3, 0.3, 0.3]),
+    ("perfedavg", 1): (10, [0.50, 0.58, 0.58, 0.70], [0.3, 0.3, 0.3, 0.3]),
+    ("pflscaf", 0): (20, [0.62, 0.70, 0.70, 0.66], [0.2, 0.4, 0.5, 0.5]),     # best round tied: the first counts
+    ("pflscaf", 1): (20, [0.55, 0.60, 0.72, 0.71], [0.2, 0.4, 0.5, 0.5]),
+    ("pfldyn", 0): (10, [0.59, 0.60, 0.65, 0.64], [0.1, 0.1, 0.1, 0.1]),       # 0.60 equals the target: reached
+    ("pfldyn", 1): (10, [0.50, 0.52, 0.55, 0.56], [0.1, 0.1, 0.1, 0.1]),       # never reaches 0.6
+}
+
+
+@pytest.fixture
+def hand_sweep(tmp_path):
+    root = tmp_path / "hand"
+    for n, ((algo, seed), (per_round, pers, glob)) in enumerate(HAND.items()):
+        _write_job(root / f"{n}_algo={algo}", n, algo, seed, per_round, pers, glob)
+    return root
+
+
+def _direct(root, algo, col, target):
+    """Per seed, straight from the metrics.csv files: transmitted at the first row reaching the target
+    (NaN if none), the last row's transmitted, and the lowest/highest client at the best row."""
+    out = []
+    for (a, _seed), _ in HAND.items():
+        if a != algo:
+            continue
+        d = next(p for p in root.iterdir() if p.name.endswith(f"algo={algo}") and
+                 yaml.safe_load((p / ".hydra" / "config.yaml").read_text())["seed"] == _seed)
+        m = pd.read_csv(d / "metrics.csv")
+        reached = m[m[col] >= target]
+        best = m[m[col] == m[col].max()].iloc[0]
+        out.append({"sent": reached["models_transmitted"].iloc[0] if len(reached) else math.nan,
+                    "last": m["models_transmitted"].iloc[-1], "min_best": best[f"{col}_min"],
+                    "max_best": best[f"{col}_max"], "best_round": best["round"]})
+    return pd.DataFrame(out)
+
+
+def test_transmissions_to_target_gain_and_best_round_clients(hand_sweep, tmp_path):
+    out = tmp_path / "rep"
+    r = report([str(hand_sweep), "--target", "60", "--baseline", "perfedavg", "--out", str(out), "--no-figure"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""]).set_index("config")
+    assert sorted(table.index) == ["algo=perfedavg", "algo=pfldyn", "algo=pflscaf"]
+    d = {a: _direct(hand_sweep, a, "pers_acc", 0.6) for a in ("perfedavg", "pflscaf", "pfldyn")}
+    # every seed reached it: mean and sample std of the transmitted counts
+    for a in ("perfedavg", "pflscaf"):
+        row = table.loc[f"algo={a}"]
+        assert row["pers_transmitted_to_60pct_reached"] == "2/2"
+        assert row["pers_transmitted_to_60pct_mean"] == pytest.approx(d[a]["sent"].mean())
+        assert row["pers_transmitted_to_60pct_std"] == pytest.approx(d[a]["sent"].std(ddof=1))
+        assert row["pers_transmitted_to_60pct_at_least"] == pytest.approx(d[a]["sent"].mean())
+    assert table.loc["algo=perfedavg", "pers_transmitted_to_60pct_mean"] == 35      # rounds 3 and 4, 10 per round
+    assert table.loc["algo=pflscaf", "pers_transmitted_to_60pct_mean"] == 30        # rounds 1 and 2, 20 per round
+    # one seed never got there: no mean, the count says so, and at_least counts all it sent
+    dyn = table.loc["algo=pfldyn"]
+    assert dyn["pers_transmitted_to_60pct_reached"] == "1/2" and pd.isna(dyn["pers_transmitted_to_60pct_mean"])
+    assert dyn["pers_transmitted_to_60pct_at_least"] == pytest.approx(d["pfldyn"]["sent"].fillna(d["pfldyn"]["last"]).mean())
+    assert dyn["pers_transmitted_to_60pct_at_least"] == 30                          # (20 + 40) / 2
+    # gain = baseline's transmissions / the configuration's; an upper bound when only the baseline got there
+    base = d["perfedavg"]["sent"].mean()
+    assert table.loc["algo=perfedavg", "pers_gain_to_60pct"] == pytest.approx(1.0)
+    assert table.loc["algo=pflscaf", "pers_gain_to_60pct"] == pytest.approx(base / d["pflscaf"]["sent"].mean())
+    assert pd.isna(table.loc["algo=pflscaf", "pers_gain_to_60pct_bound"])
+    assert table.loc["algo=pfldyn", "pers_gain_to_60pct"] == pytest.approx(base / 30)
+    assert table.loc["algo=pfldyn", "pers_gain_to_60pct_bound"] == "<"
+    # nobody reaches 0.6 with the global model: no gain at all
+    assert table["global_transmitted_to_60pct_reached"].tolist() == ["0/2"] * 3
+    assert table["global_gain_to_60pct"].isna().all()
+    # lowest / highest client at the best round (first of tied best rows) and at the last round
+    for a in d:
+        row = table.loc[f"algo={a}"]
+        assert row["pers_acc_client_min_best_round_mean"] == pytest.approx(d[a]["min_best"].mean())
+        assert row["pers_acc_client_max_best_round_mean"] == pytest.approx(d[a]["max_best"].mean())
+        assert row["pers_acc_client_min_best_round_std"] == pytest.approx(d[a]["min_best"].std(ddof=1))
+        assert row["pers_best_round_mean"] == pytest.approx(d[a]["best_round"].mean())
+    assert d["pflscaf"]["best_round"].tolist() == [2, 3]
+    md = (out / "summary.md").read_text()
+    line = next(l for l in md.splitlines() if l.startswith("| algo=pfldyn |"))
+    assert "reached by 1/2 seeds only (> 30 sent)" in line and "<1.17×" in line
+    line = next(l for l in md.splitlines() if l.startswith("| algo=pflscaf |"))
+    assert "30.0 ± 14.1" in line and "| 1.17× |" in line
+    assert "gain at 60%" in md and "algo=perfedavg's transmissions" in md
+
+
+def test_gain_lower_bound_when_the_baseline_never_gets_there(hand_sweep, tmp_path):
+    r = report([str(hand_sweep), "--target", "0.7", "--baseline", "algo=pfldyn", "--out", str(tmp_path / "r"),
+                "--no-figure"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(tmp_path / "r" / "summary.csv", keep_default_na=False, na_values=[""]).set_index("config")
+    # pflscaf: both seeds reach 0.7 (rounds 2 and 3: 40 and 60); pfldyn never does (sent 40 and 40)
+    assert table.loc["algo=pflscaf", "pers_transmitted_to_70pct_mean"] == 50
+    assert table.loc["algo=pflscaf", "pers_gain_to_70pct"] == pytest.approx(40 / 50)
+    assert table.loc["algo=pflscaf", "pers_gain_to_70pct_bound"] == ">"
+    # perfedavg: one seed only -> neither reached by all seeds: no gain
+    assert pd.isna(table.loc["algo=perfedavg", "pers_gain_to_70pct"])
+
+
+def test_baseline_errors_are_one_line(hand_sweep, tmp_path):
+    for args, msg in ((["--target", "60", "--baseline", "nope"], "names no configuration"),
+                      (["--baseline", "perfedavg"], "needs at least one --target")):
+        r = report([str(hand_sweep), *args, "--out", str(tmp_path / "e"), "--no-figure"], tmp_path)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_find_baseline_by_label_preset_or_algo():
+    from fedrun.report import Group, find_baseline
+
+    def grp(label, **settings):
+        return Group(label=label, settings={}, jobs=[Job(path=label, settings=settings)])
+
+    groups = [grp("experiment=cifar10_acid5_perfedavg_maml", experiment="cifar10_acid5_perfedavg_maml", algo="perfedavg"),
+              grp("experiment=cifar10_acid5_pfldyn_proto", experiment="cifar10_acid5_pfldyn_proto", algo="pfldyn"),
+              grp("experiment=cifar10_acid5_pfldyn_maml", experiment="cifar10_acid5_pfldyn_maml", algo="pfldyn")]
+    assert find_baseline(groups, "cifar10_acid5_perfedavg_maml") is groups[0]
+    assert find_baseline(groups, "perfedavg") is groups[0]
+    assert find_baseline(groups, "experiment=cifar10_acid5_pfldyn_maml") is groups[2]
+    with pytest.raises(ValueError, match="matches 2 configurations"):
+        find_baseline(groups, "pfldyn")

@@ -3,7 +3,9 @@ data comes from and where the outputs went, and their tables hold the numbers of
 
 Real MNIST is used when $FEDRUN_DATA holds it; otherwise a tiny MNIST in torchvision's raw layout
 is written to a temporary folder (too small for the papers' `a`, so the scripts must lower it)."""
+import math
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -142,3 +144,80 @@ def test_pfedme_table1_quick(data_root, tmp_path):
                 assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
     md = (out / "table1.md").read_text()
     assert "| synthetic | DNN | pFedMe PM | 86.36 |" in md and "FedAvg < Per-FedAvg < pFedMe PM" in md
+
+
+# ----------------------------------------------------------------------------------------------
+# paper 004 (scripts/pfl_cifar.py): --quick on tiny generated CIFAR with the algorithms fedrun has
+# ----------------------------------------------------------------------------------------------
+
+def _first_sent(m, col, target):
+    hit = m[m[col] >= target]
+    return hit["models_transmitted"].iloc[0] if len(hit) else math.nan
+
+
+def test_pfl_cifar_quick_table_figure_and_replot(tmp_path):
+    out = tmp_path / "pfl"
+    args = ["--quick", "--methods", "fedavg,fedavg_update,perfedavg_fo", "--baseline", "fedavg_update",
+            "--target", "15", "87.6", "--out", str(out)]
+    text = script("pfl_cifar.py", args, tmp_path)
+    assert f"outputs: {out}" in text and "tiny random CIFAR-format images" in text
+    for f in ("figure2.png", "table.csv", "table.md", "accuracy.csv", "accuracy.md", "summary.md", "settings.json"):
+        assert (out / f).exists(), f
+    assert (out / "figure2.png").stat().st_size > 10000
+    runs = {k: job_metrics(out / "runs" / k) for k in ("fedavg", "fedavg_update", "perfedavg_fo")}
+    for k, jobs in runs.items():
+        assert len(jobs) == 1
+        ov = dict(next(iter(jobs)))
+        assert ov["data"] == "cifar10_acid" and ov["model"] == "cnn" and ov["data.classes_per_client"] == "5"
+        assert ov["rounds"] == "3" and ov["clients_per_round"] == "3" and ov["tau"] == "2"
+    m = {k: next(iter(j.values())) for k, j in runs.items()}
+    col = {"fedavg": "global_acc", "fedavg_update": "pers_acc", "perfedavg_fo": "pers_acc"}
+    table = pd.read_csv(out / "table.csv", keep_default_na=False, na_values=["", "nan"])
+    assert len(table) == 6
+    for t in (0.15, 0.876):
+        rows = table[table.target_pct == round(t * 100, 4)].set_index("method")
+        base = _first_sent(m["fedavg_update"], "pers_acc", t) / 3
+        for k in m:
+            sent = _first_sent(m[k], col[k], t)
+            row = rows.loc[k]
+            assert row["devices_per_round"] == 3
+            assert row["reached"] == ("1/1" if sent == sent else "0/1")
+            if sent == sent:   # transmissions relative to one round: models sent / devices per round
+                assert row["transmissions_mean"] == pytest.approx(sent / 3)
+                assert row["models_transmitted_mean"] == pytest.approx(sent)
+            else:
+                assert pd.isna(row["transmissions_mean"])
+                assert row["transmissions_at_least"] == pytest.approx(m[k]["models_transmitted"].iloc[-1] / 3)
+            if base == base and sent == sent:
+                assert row["gain_vs_baseline"] == pytest.approx(base / (sent / 3))
+    assert (table[table.target_pct == 87.6]["paper_transmissions"].isna()).all()  # none of the paper's methods ran
+    md = (out / "table.md").read_text()
+    assert "| 87.6 | paper |" in md and "| 794 | 163 | 237 | 436 | 924 | 286 | 4.9× |" in md
+    assert "FedAvg + update" in md and "not run" in md and "88.8" in md
+    acc = pd.read_csv(out / "accuracy.csv").set_index("method")
+    for k, c in col.items():
+        best = m[k][m[k][c] == m[k][c].max()].iloc[0]
+        assert acc.loc[k, "acc_last_round_mean"] == pytest.approx(m[k][c].iloc[-1])
+        assert acc.loc[k, "acc_best_round_mean"] == pytest.approx(m[k][c].max())
+        assert acc.loc[k, "acc_client_min_last_round_mean"] == pytest.approx(m[k][f"{c}_min"].iloc[-1])
+        assert acc.loc[k, "acc_client_max_best_round_mean"] == pytest.approx(best[f"{c}_max"])
+    # --replot draws again from the CSVs, training nothing
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
+    (out / "table.csv").rename(out / "table.first.csv")
+    again = script("pfl_cifar.py", ["--replot", str(out)], tmp_path)
+    assert "run: fedrun" not in again
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
+    assert (out / "table.csv").read_text() == (out / "table.first.csv").read_text()
+
+
+def test_pfl_cifar_missing_preset_is_one_clear_line(tmp_path):
+    if (pathlib.Path(ROOT) / "conf" / "experiment" / "cifar10_acid5_pfldyn_proto.yaml").exists():
+        pytest.skip("the paper 004 presets exist")
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "pfl_cifar.py"), "--quick", "--methods",
+                        "fedavg,pfldyn_proto", "--out", str(tmp_path / "o")], cwd=tmp_path,
+                       env={**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert "pfldyn_proto" in r.stderr and "conf/experiment/cifar10_acid5_pfldyn_proto.yaml" in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,28 @@
+"""fedrun.bench's CIFAR setting: the CIFAR-shaped random data and a 1-round smoke run of both
+engines (timings are printed, never asserted)."""
+import torch
+
+from fedrun import bench
+
+
+def test_cifar_like_has_the_acid_shape():
+    d = bench.cifar_like(clients=6, train=8, test=3, num_classes=10, k=5)
+    assert d.num_clients == 6 and d.num_classes == 10 and d.augment == "crop_flip"
+    assert tuple(d.train.x.shape) == (48, 3, 32, 32) and tuple(d.test.x.shape) == (18, 3, 32, 32)
+    assert d.train.sizes.tolist() == [8] * 6 and d.test.sizes.tolist() == [3] * 6
+    for split in (d.train, d.test):
+        for c in range(6):
+            y = split.y[split.client_rows(c)]
+            assert set(((y - c) % 10).tolist()) <= set(range(5))  # device c's classes: (c + j) mod 10, j < 5
+    assert torch.equal(bench.cifar_like(6, 8, 3).train.x, d.train.x)  # seeded
+
+
+def test_cifar_bench_smoke(capsys):
+    bench.main(["--setting", "cifar", "--clients", "3", "--train-per-client", "6", "--test-per-client", "2",
+                "--clients-per-round", "2", "--tau", "1", "--batch", "2", "--rounds", "1", "--loop-rounds", "1",
+                "--warmup", "1", "--device", "cpu", "--algos", "fedavg"])
+    out = capsys.readouterr().out
+    assert "CIFAR-shaped random data: 3 devices x 6 train / 2 test images" in out and "tau=K=1" in out
+    row = next(l for l in out.splitlines() if l.startswith("fedavg"))
+    vmap, loop, ratio = map(float, row.split()[1:])
+    assert vmap > 0 and loop > 0
