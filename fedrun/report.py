@@ -347,7 +347,9 @@ def _pm(mean, std, scale=100.0, digits=2) -> str:
     return s
 
 
-def _not_reached(reached: str, at_least=None) -> str:
+def _not_reached(reached, at_least=None) -> str:
+    if not isinstance(reached, str):  # the configuration has no such model (e.g. no personalized one)
+        return ""
     more = "" if at_least is None or at_least != at_least else f" (> {at_least:.0f} sent)"
     return ("not reached" if reached.startswith("0/") else f"reached by {reached} seeds only") + more
 

@@ -342,3 +342,10 @@ def test_find_baseline_by_label_preset_or_algo():
     assert find_baseline(groups, "experiment=cifar10_acid5_pfldyn_maml") is groups[2]
     with pytest.raises(ValueError, match="matches 2 configurations"):
         find_baseline(groups, "pfldyn")
+
+
+def test_not_reached_cell_is_empty_for_a_model_the_configuration_lacks():
+    from fedrun.report import _not_reached
+
+    assert _not_reached(float("nan")) == ""
+    assert _not_reached("0/2") == "not reached"
