@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -90,6 +91,21 @@ def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = N
     if r.returncode != 0:
         sys.exit(f"error: fedrun exited with status {r.returncode} (outputs so far in {sweep_dir})")
     return time.time() - t0
+
+
+def sample_std(v: list[float]) -> float:
+    """Sample standard deviation (n - 1) of the seeds' values; nan with fewer than two."""
+    if len(v) < 2:
+        return math.nan
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def mean_pm_std(m: float, s: float) -> str:
+    """'m ± s' for values already in percent; 'missing' when there is no mean, no '±' without a std."""
+    if m != m:
+        return "missing"
+    return f"{m:.2f}" + ("" if s != s else f" ± {s:.2f}")
 
 
 def pct(x) -> str:

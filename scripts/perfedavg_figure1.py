@@ -19,7 +19,6 @@ sweep report (summary.csv / .md / .png, jobs.csv) in the output folder it prints
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -110,8 +109,8 @@ def draw(out: str, pairs) -> list[dict]:
             last = [v[f"{key}_acc_last_round"] for v in vals]
             best = [v[f"{key}_acc_best_round"] for v in vals]
             rows.append({"tau": tau, "r": r, "curve": label, "seeds": len(g.jobs), "rounds": int(c["round"].iloc[-1]),
-                         "acc_last_round_mean": _mean(last), "acc_last_round_std": _std(last),
-                         "acc_best_round_mean": _mean(best), "acc_best_round_std": _std(best)})
+                         "acc_last_round_mean": _mean(last), "acc_last_round_std": _paper.sample_std(last),
+                         "acc_best_round_mean": _mean(best), "acc_best_round_std": _paper.sample_std(best)})
         users = max(1, round(r * PAPER["n"]))
         panels.append((f"τ={tau}, r={r:g} ({users} of {PAPER['n']} users per round)", curves))
     if not rows:
@@ -132,13 +131,6 @@ def draw(out: str, pairs) -> list[dict]:
 
 def _mean(v):
     return sum(v) / len(v)
-
-
-def _std(v):
-    if len(v) < 2:
-        return math.nan
-    m = _mean(v)
-    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
 
 
 def _pm(m, s) -> str:

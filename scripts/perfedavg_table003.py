@@ -75,7 +75,7 @@ def table(out: str) -> list[dict]:
             for what in ("last", "best"):
                 v = [x[f"pers_acc_{what}_round"] * 100 for x in vals]
                 row[f"{variant}_{what}_round"] = sum(v) / len(v) if v else math.nan
-                row[f"{variant}_{what}_round_std"] = _std(v)
+                row[f"{variant}_{what}_round_std"] = _paper.sample_std(v)
             row[f"{variant}_seeds"] = len(vals)
             row[f"{variant}_rounds"] = int(g.jobs[0].metrics["round"].iloc[-1]) if g else 0
             a = g.jobs[0].settings.get("data.a") if g else None
@@ -90,27 +90,14 @@ def table(out: str) -> list[dict]:
     for x in rows:
         cells = [str(x["tau"]), f"{x['alpha']:g}"]
         for v in VARIANTS:
-            cells += [f"{x[f'{v}_reported']:.2f}", _pm(x[f"{v}_last_round"], x[f"{v}_last_round_std"]),
-                      _pm(x[f"{v}_best_round"], x[f"{v}_best_round_std"])]
+            cells += [f"{x[f'{v}_reported']:.2f}", _paper.mean_pm_std(x[f"{v}_last_round"], x[f"{v}_last_round_std"]),
+                      _paper.mean_pm_std(x[f"{v}_best_round"], x[f"{v}_best_round_std"])]
         cells += [str(x["a"]), str(x["fo_rounds"] or x["hf_rounds"]), str(x["fo_seeds"])]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     write_atomic(os.path.join(out, "table003.md"), text)
     print(text)
     return rows
-
-
-def _std(v):
-    if len(v) < 2:
-        return math.nan
-    m = sum(v) / len(v)
-    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-
-
-def _pm(m, s) -> str:
-    if m != m:
-        return "missing"
-    return f"{m:.2f}" + ("" if s != s else f" ± {s:.2f}")
 
 
 def main(argv=None) -> int:

@@ -63,19 +63,6 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None) -> Non
         print(f"{d}: training took {secs:.0f}s")
 
 
-def _stats(v: list[float]) -> tuple[float, float]:
-    if not v:
-        return math.nan, math.nan
-    m = sum(v) / len(v)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else math.nan)
-
-
-def _pm(m: float, s: float) -> str:
-    if m != m:
-        return "missing"
-    return f"{m:.2f}" + ("" if s != s else f" ± {s:.2f}")
-
-
 def table(out: str) -> list[dict]:
     from fedrun import report
     from fedrun.outputs import write_atomic, write_csv
@@ -103,7 +90,8 @@ def table(out: str) -> list[dict]:
                     col = f"{prefix}_acc"
                     for what, pick in (("best", lambda s: s.max()), ("last", lambda s: s.iloc[-1])):
                         v = [100 * float(pick(j.metrics[col])) for j in jobs if col in j.metrics]
-                        row[f"{proto}_{what}"], row[f"{proto}_{what}_std"] = _stats(v)
+                        row[f"{proto}_{what}"] = sum(v) / len(v) if v else math.nan
+                        row[f"{proto}_{what}_std"] = _paper.sample_std(v)
                     row[f"{proto}_seeds"] = len(jobs)
                     row[f"{proto}_rounds"] = int(jobs[0].metrics["round"].iloc[-1]) if jobs else 0
                 if row["official_seeds"] or row["honest_seeds"]:
@@ -118,8 +106,8 @@ def table(out: str) -> list[dict]:
     for r in rows:
         lines.append("| " + " | ".join([
             r["dataset"], r["model"], r["entry"], f"{r['paper']:.2f}",
-            _pm(r["official_best"], r["official_best_std"]), f"{r['official_best'] - r['paper']:+.2f}",
-            _pm(r["honest_last"], r["honest_last_std"]), _pm(r["honest_best"], r["honest_best_std"]),
+            _paper.mean_pm_std(r["official_best"], r["official_best_std"]), f"{r['official_best'] - r['paper']:+.2f}",
+            _paper.mean_pm_std(r["honest_last"], r["honest_last_std"]), _paper.mean_pm_std(r["honest_best"], r["honest_best_std"]),
             f"{r['honest_last'] - r['paper']:+.2f}", f"{r['official_seeds']}/{r['honest_seeds']}",
             str(r["official_rounds"] or r["honest_rounds"])]) + " |")
     lines.append("")
