@@ -13,11 +13,19 @@ FederatedData of the ACID shape (100 devices x 500 training / 100 test images 3x
 K=tau=50 local steps of batch 50, every device evaluated every --eval-every rounds (train nothing real:
 the numbers time the computation, not learning):
     python -m fedrun.bench --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
+fedrun against the authors' code (issue 11): pFedMe DNN at pFedMe's Table 1 synthetic setting (official protocol),
+fedrun's vmap engine before and after CharlieDinh/pFedMe's main.py in the same process tree, same thread count;
+PATH is a work tree of their repository (their Synthetic data is generated there first if missing):
+    python -m fedrun.bench --authors PATH [--rounds 20 --authors-rounds 3 --warmup 2]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -99,10 +107,15 @@ def main(argv=None) -> None:
     ap.add_argument("--clients-per-round", type=int, default=10, help="cifar: active devices per round")
     ap.add_argument("--batch", type=int, default=50, help="cifar: batch size")
     ap.add_argument("--eval-every", type=int, default=1, help="cifar: evaluate all devices every this many rounds")
+    ap.add_argument("--authors", default=None, metavar="PATH",
+                    help="time CharlieDinh/pFedMe's main.py (a work tree at PATH) against fedrun's pFedMe DNN")
+    ap.add_argument("--authors-rounds", type=int, default=3, help="--authors: rounds of their code timed after warm-up")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.authors is not None:
+        return authors_main(args, ap, device)
     if args.setting == "cifar":
         return cifar_main(args, ap, device)
     args.tau = args.tau or 20
@@ -144,6 +157,76 @@ def cifar_main(args, ap, device) -> None:
             res[eng] = time_rounds(CIFAR_ALGOS[name](), eng, data, sched, device, args.warmup,
                                    model_fn=lambda: CNN(data.in_features, data.num_classes))
         print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
+
+
+# pFedMe's Table 1 synthetic DNN row as the authors' README runs it (their main.py's options), every
+# client training every round (their code's choice; fedrun's `protocol=official`).
+AUTHORS_ARGS = ["--dataset", "Synthetic", "--model", "dnn", "--batch_size", "20", "--learning_rate", "0.01",
+                "--personal_learning_rate", "0.01", "--beta", "2", "--lamda", "30", "--local_epochs", "20",
+                "--algorithm", "pFedMe", "--numusers", "10", "--K", "5", "--times", "1", "--gpu", "-1"]
+AUTHORS_TARGET = 40  # issue 11: fedrun at least this many times faster per round
+ROUND_MARK = "Round number"
+
+
+def authors_data(path: Path) -> None:
+    """Their Synthetic data (data/Synthetic/data/{train,test}/*.json), made by their generator if missing."""
+    folder = path / "data" / "Synthetic"
+    if list((folder / "data" / "train").glob("*.json")) and list((folder / "data" / "test").glob("*.json")):
+        return
+    for sub in ("train", "test"):
+        (folder / "data" / sub).mkdir(parents=True, exist_ok=True)
+    print(f"generating the authors' Synthetic data in {folder} (their generate_synthetic_05_05.py; minutes)", flush=True)
+    subprocess.run([sys.executable, "generate_synthetic_05_05.py"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
+
+
+def time_authors(path: Path, warmup: int, rounds: int, threads: int) -> float:
+    """Seconds per round of their pFedMe: the time between the round banners their main.py prints
+    (each round evaluates, trains every client and aggregates), from banner `warmup` to banner
+    `warmup + rounds`. Their process is stopped then, before it writes results into their tree."""
+    cmd = [sys.executable, "-u", "main.py", *AUTHORS_ARGS, "--num_global_iters", str(warmup + rounds + 1)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    marks: list[float] = []
+    proc = subprocess.Popen(cmd, cwd=path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            if ROUND_MARK in line:
+                marks.append(time.perf_counter())
+                if len(marks) == warmup + rounds + 1:
+                    break
+            tail = (tail + [line])[-20:]
+    finally:
+        proc.kill()
+        proc.wait()
+    if len(marks) < warmup + rounds + 1:
+        raise RuntimeError(f"the authors' main.py stopped after {len(marks)} rounds:\n{''.join(tail)}")
+    return (marks[-1] - marks[warmup]) / rounds
+
+
+def authors_main(args, ap, device) -> None:
+    path = Path(args.authors)
+    if not (path / "main.py").is_file() or not (path / "FLAlgorithms").is_dir():
+        ap.error(f"--authors {args.authors}: not a work tree of CharlieDinh/pFedMe (no main.py and FLAlgorithms/ there)")
+    if device.type != "cpu":
+        ap.error(f"--authors compares on the CPU (their code runs with --gpu -1); got --device {device}")
+    authors_data(path)
+    threads = torch.get_num_threads()
+    data = synthetic(cache_dir=".cache/fedrun")
+    sched = Schedule(rounds=args.rounds, tau=20, clients_per_round=10, batch_size=20, eval_every=1,
+                     aggregate=AGGREGATE["pfedme"])
+    print(f"pFedMe DNN 60-20-10, pFedMe Table 1 synthetic setting (official protocol): {data.num_clients} clients all "
+          f"training every round, R=20 local rounds of K=5 steps, batch 20, 10 aggregated, every client evaluated "
+          f"every round; CPU, {threads} thread(s) each")
+    fedrun_s = [time_rounds(ALGOS["pfedme"](), "vmap", data, sched, device, args.warmup)]
+    print(f"fedrun (vmap)        {fedrun_s[0]:.4f} s/round", flush=True)
+    theirs = time_authors(path, args.warmup, args.authors_rounds, threads)
+    print(f"authors' code        {theirs:.4f} s/round ({args.authors_rounds} rounds after {args.warmup} warm-up)",
+          flush=True)
+    fedrun_s.append(time_rounds(ALGOS["pfedme"](), "vmap", data, sched, device, args.warmup))
+    print(f"fedrun (vmap) again  {fedrun_s[1]:.4f} s/round", flush=True)
+    mean = sum(fedrun_s) / len(fedrun_s)
+    print(f"authors/fedrun       {theirs / mean:.1f}x faster per round (target >= {AUTHORS_TARGET}x: "
+          f"{'met' if theirs / mean >= AUTHORS_TARGET else 'not met'})")
 
 
 if __name__ == "__main__":
