@@ -33,10 +33,53 @@ class MLR(nn.Module):
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         return _stacked_linear(params, "linear", x.flatten(2))
 
+    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        return _stacked_ce_grad(params, x, y, ["linear"])
+
 
 def _stacked_linear(params: dict, name: str, x: torch.Tensor) -> torch.Tensor:
     """x [m, B, in] through per-client linear layers `name` (weight [m, out, in], bias [m, out])."""
     return torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), x, params[f"{name}.weight"].transpose(1, 2))
+
+
+def _act_grad(act: nn.Module, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """grad through activation `act` from its output `out` (the derivative each one has in terms of
+    its output: ReLU 1[out > 0], ELU(alpha=1) out + 1 below 0, tanh 1 - out^2, sigmoid out (1 - out))."""
+    if isinstance(act, nn.ReLU):
+        return grad * (out > 0)
+    if isinstance(act, nn.ELU) and act.alpha == 1.0:
+        return torch.where(out > 0, grad, grad * (out + 1))
+    if isinstance(act, nn.Tanh):
+        return grad * (1 - out * out)
+    if isinstance(act, nn.Sigmoid):
+        return grad * (out * (1 - out))
+    raise NotImplementedError(f"no hand-written derivative for {act}")
+
+
+def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: list) -> tuple[dict, torch.Tensor]:
+    """Per-client gradients of the mean cross-entropy of a stack of linear layers (names) and
+    activations (modules) on x [m, B, in], y [m, B]; and the per-client losses [m]."""
+    h = x.flatten(2)
+    saved = []  # the input of every linear layer, the output of every activation
+    for layer in layers:
+        saved.append(h)
+        h = _stacked_linear(params, layer, h) if isinstance(layer, str) else layer(h)
+    logp = torch.log_softmax(h, -1)
+    target = y.unsqueeze(-1)
+    losses = -logp.gather(-1, target).squeeze(-1).mean(1)
+    dz = logp.exp_().scatter_add_(-1, target, torch.full(target.shape, -1.0, dtype=h.dtype, device=h.device))
+    dz = dz.mul_(1.0 / y.shape[1])  # d(mean loss)/d logits = (softmax - onehot) / B
+    grads = {}
+    for i in range(len(layers) - 1, -1, -1):
+        layer, a = layers[i], saved[i]
+        if isinstance(layer, str):
+            grads[f"{layer}.weight"] = torch.bmm(dz.transpose(1, 2), a)
+            grads[f"{layer}.bias"] = dz.sum(1)
+            if i:
+                dz = torch.bmm(dz, params[f"{layer}.weight"])
+        else:
+            dz = _act_grad(layer, saved[i + 1], dz)
+    return {k: grads[k] for k in params}, losses
 
 
 class MLP(nn.Module):
@@ -70,6 +113,10 @@ class MLP(nn.Module):
         for i, layer in enumerate(self.net):
             x = _stacked_linear(params, f"net.{i}", x) if isinstance(layer, nn.Linear) else layer(x)
         return x
+
+    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        layers = [f"net.{i}" if isinstance(layer, nn.Linear) else layer for i, layer in enumerate(self.net)]
+        return _stacked_ce_grad(params, x, y, layers)
 
 
 class CNN(nn.Module):

@@ -233,3 +233,21 @@ def test_stacked_forward_equals_vmapped_functional_call(make):
     x = torch.randn(4, 6, 7)
     direct = torch.func.vmap(lambda p, xb: torch.func.functional_call(model, p, (xb,)))(params, x)
     torch.testing.assert_close(model.stacked_forward(params, x), direct)
+
+
+@pytest.mark.parametrize("make", [lambda: MLR(7, 3)] + [lambda a=a: MLP(7, 3, hidden=[5, 4], activation=a)
+                                                       for a in ("relu", "elu", "tanh", "sigmoid")])
+def test_hand_written_ce_gradient_equals_autograd(make):
+    # the vmap engine's fast path (model.stacked_ce_grad) against the same engine through autograd
+    torch.manual_seed(0)
+    model = make().double()
+    params = {k: v + 0.3 * torch.randn_like(v) for k, v in stack(params_of(model), 4).items()}
+    x, y = torch.randn(4, 6, 7, dtype=torch.float64), torch.randint(0, 3, (4, 6))
+    fast = VmapEngine(model)
+    assert fast._ce_grad
+    slow = VmapEngine(model, criterion=lambda *a, **k: torch.nn.functional.cross_entropy(*a, **k))
+    (g1, l1), (g2, l2) = fast.grad(params, x, y), slow.grad(params, x, y)
+    assert list(g1) == list(g2) == list(params)
+    torch.testing.assert_close(l1, l2, rtol=1e-12, atol=1e-12)
+    for k in params:
+        torch.testing.assert_close(g1[k], g2[k], rtol=1e-12, atol=1e-12)

@@ -129,7 +129,7 @@ class Algorithm:
 
 
 def sgd(params: Params, grads: Params, lr: float) -> Params:
-    return {k: params[k] - lr * grads[k] for k in params}
+    return {k: torch.add(params[k], grads[k], alpha=-lr) for k in params}  # one op per tensor
 
 
 class OneStepPersonalization:

@@ -56,11 +56,13 @@ class PFedMe(Algorithm):
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
         w, theta = local["params"], local["theta"]
+        # theta - lr (g + lam (theta - w) + mu theta) = a theta + lr lam w - lr g: 3 ops per tensor, not 7
+        lr = self.personal_lr
+        a = 1 - lr * (self.lam + self.mu)
         for _ in range(self.K):  # the inner problem, on the same minibatch
             g, _ = engine.grad(theta, x, y)
-            theta = {k: theta[k] - self.personal_lr * (g[k] + self.lam * (theta[k] - w[k]) + self.mu * theta[k])
-                     for k in theta}
-        w = {k: w[k] - self.eta * self.lam * (w[k] - theta[k]) for k in w}
+            theta = {k: torch.add(theta[k].mul(a), w[k], alpha=lr * self.lam).sub_(g[k], alpha=lr) for k in theta}
+        w = {k: torch.lerp(w[k], theta[k], self.eta * self.lam) for k in w}  # w - eta lam (w - theta)
         return {"params": w, "theta": theta}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
