@@ -142,6 +142,9 @@ class VmapEngine(Engine):
             shared: vmap(grad_and_value(masked_loss), in_dims=(None if shared else 0, 0, 0, 0))
             for shared in (True, False)
         }
+        if self._ce_grad:  # the hand-written backward per row chunk (its weights: the chunk's row mask)
+            self._chunk_grad = {shared: (lambda p, x, y, m, shared=shared: self.model.stacked_ce_grad(p, x, y, m, shared))
+                                for shared in (True, False)}
         self._chunk_eval = {
             shared: vmap(self._masked, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
@@ -224,7 +227,8 @@ class VmapEngine(Engine):
         return tree_unflatten(acc, spec)
 
     def full_grad(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Params, Tensor]:
-        grads, loss = self._sum_per_client(self._chunk_grad, params, split, shared)
+        with torch.no_grad() if self._ce_grad else torch.enable_grad():
+            grads, loss = self._sum_per_client(self._chunk_grad, params, split, shared)
         n = split.sizes.to(split.chunk_mask.dtype)
         return {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}, loss / n
 

@@ -33,8 +33,9 @@ class MLR(nn.Module):
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         return _stacked_linear(params, "linear", x.flatten(2))
 
-    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, torch.Tensor]:
-        return _stacked_ce_grad(params, x, y, ["linear"])
+    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
+                        shared: bool = False) -> tuple[dict, torch.Tensor]:
+        return _stacked_ce_grad(params, x, y, ["linear"], weight, shared)
 
 
 def _stacked_linear(params: dict, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -56,19 +57,31 @@ def _act_grad(act: nn.Module, out: torch.Tensor, grad: torch.Tensor) -> torch.Te
     raise NotImplementedError(f"no hand-written derivative for {act}")
 
 
-def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: list) -> tuple[dict, torch.Tensor]:
-    """Per-client gradients of the mean cross-entropy of a stack of linear layers (names) and
-    activations (modules) on x [m, B, in], y [m, B]; and the per-client losses [m]."""
+def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: list, weight: torch.Tensor | None = None,
+                     shared: bool = False) -> tuple[dict, torch.Tensor]:
+    """Per-client gradients of the cross-entropy of a stack of linear layers (names) and activations
+    (modules) on x [m, B, in], y [m, B], and the per-client losses [m]: the mean over the B rows, or
+    with `weight` [m, B] the weighted sum. `shared`: params are unstacked, one model for all m
+    (the gradients are still per client, [m, ...])."""
     h = x.flatten(2)
     saved = []  # the input of every linear layer, the output of every activation
     for layer in layers:
         saved.append(h)
-        h = _stacked_linear(params, layer, h) if isinstance(layer, str) else layer(h)
+        if isinstance(layer, str):
+            h = (torch.nn.functional.linear(h, params[f"{layer}.weight"], params[f"{layer}.bias"]) if shared
+                 else _stacked_linear(params, layer, h))
+        else:
+            h = layer(h)
     logp = torch.log_softmax(h, -1)
     target = y.unsqueeze(-1)
-    losses = -logp.gather(-1, target).squeeze(-1).mean(1)
+    nll = -logp.gather(-1, target).squeeze(-1)
     dz = logp.exp_().scatter_add_(-1, target, torch.full(target.shape, -1.0, dtype=h.dtype, device=h.device))
-    dz = dz.mul_(1.0 / y.shape[1])  # d(mean loss)/d logits = (softmax - onehot) / B
+    if weight is None:  # d(mean loss)/d logits = (softmax - onehot) / B
+        losses = nll.mean(1)
+        dz = dz.mul_(1.0 / y.shape[1])
+    else:
+        losses = (nll * weight).sum(1)
+        dz = dz.mul_(weight.unsqueeze(-1))
     grads = {}
     for i in range(len(layers) - 1, -1, -1):
         layer, a = layers[i], saved[i]
@@ -76,7 +89,7 @@ def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: lis
             grads[f"{layer}.weight"] = torch.bmm(dz.transpose(1, 2), a)
             grads[f"{layer}.bias"] = dz.sum(1)
             if i:
-                dz = torch.bmm(dz, params[f"{layer}.weight"])
+                dz = dz @ params[f"{layer}.weight"] if shared else torch.bmm(dz, params[f"{layer}.weight"])
         else:
             dz = _act_grad(layer, saved[i + 1], dz)
     return {k: grads[k] for k in params}, losses
@@ -114,9 +127,10 @@ class MLP(nn.Module):
             x = _stacked_linear(params, f"net.{i}", x) if isinstance(layer, nn.Linear) else layer(x)
         return x
 
-    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
+                        shared: bool = False) -> tuple[dict, torch.Tensor]:
         layers = [f"net.{i}" if isinstance(layer, nn.Linear) else layer for i, layer in enumerate(self.net)]
-        return _stacked_ce_grad(params, x, y, layers)
+        return _stacked_ce_grad(params, x, y, layers, weight, shared)
 
 
 class CNN(nn.Module):
