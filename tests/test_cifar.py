@@ -22,6 +22,7 @@ from fedrun.data import DataMissingError, cifar
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
 from fedrun.data.partitions import _spread_extras, alid_permutations, class_lists, deal_classes
 from fedrun.data.sources import CIFAR_FILES, load_cifar
+from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import CNN, MLP, MLR
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -313,6 +314,20 @@ def test_cnn_shapes_features_and_vmap():
     assert torch.allclose(feats[1], nets[1](xs[1], features=True), atol=1e-5)
     logits = vmap(lambda p, xb: functional_call(net, p, (xb,)))(params, xs)
     assert torch.allclose(logits[0], nets[0](xs[0]), atol=1e-5)
+
+
+def test_cnn_stacked_forward_and_vmap_engine_gradients_match_per_client_autograd():
+    # the vmap engine's CNN path on the CPU (convolutions client by client, linear layers batched)
+    torch.manual_seed(0)
+    net = CNN(in_features=3072, num_classes=5)
+    params = {k: v + 0.01 * torch.randn_like(v) for k, v in stack(params_of(net), 3).items()}
+    xs, ys = torch.randn(3, 4, 3, 32, 32), torch.randint(0, 5, (3, 4))
+    direct = vmap(lambda p, xb: functional_call(net, p, (xb,)))(params, xs)
+    torch.testing.assert_close(net.stacked_forward(params, xs), direct)
+    (gv, lv), (gl, ll) = VmapEngine(net).grad(params, xs, ys), LoopEngine(net).grad(params, xs, ys)
+    torch.testing.assert_close(lv, ll)
+    for k in params:
+        torch.testing.assert_close(gv[k], gl[k], rtol=1e-4, atol=1e-6)
 
 
 def test_features_of_mlr_and_mlp():
