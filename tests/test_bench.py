@@ -1,5 +1,6 @@
 """fedrun.bench's CIFAR setting: the CIFAR-shaped random data and a 1-round smoke run of both
-engines (timings are printed, never asserted)."""
+engines (timings are printed, never asserted); the authors'-code timing against a stand-in main.py."""
+import pytest
 import torch
 
 from fedrun import bench
@@ -26,3 +27,29 @@ def test_cifar_bench_smoke(capsys):
     row = next(l for l in out.splitlines() if l.startswith("fedavg"))
     vmap, loop, ratio = map(float, row.split()[1:])
     assert vmap > 0 and loop > 0
+
+
+def test_authors_timing_reads_round_banners_and_stops_their_process(tmp_path):
+    # a stand-in for their main.py: a banner per round, results written only after the last round
+    (tmp_path / "main.py").write_text(
+        "import sys, time\n"
+        "n = int(sys.argv[sys.argv.index('--num_global_iters') + 1])\n"
+        "for r in range(n):\n"
+        "    print('-------------Round number: ', r, ' -------------')\n"
+        "    time.sleep(0.05)\n"
+        "open('results.txt', 'w').write('done')\n")
+    wall, cpu = bench.time_authors(tmp_path, warmup=1, rounds=2, threads=1)
+    assert 0.04 < wall < 5 and (cpu is None or 0 <= cpu < wall)
+    assert not (tmp_path / "results.txt").exists()  # stopped at the last timed banner
+
+
+def test_authors_timing_says_when_their_code_stops_early(tmp_path):
+    (tmp_path / "main.py").write_text("print('Traceback: no data')\n")
+    with pytest.raises(RuntimeError, match="stopped after 0 rounds"):
+        bench.time_authors(tmp_path, warmup=1, rounds=2, threads=1)
+
+
+def test_authors_option_names_a_bad_path(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--authors", str(tmp_path), "--device", "cpu"])
+    assert f"--authors {tmp_path}: not a work tree of CharlieDinh/pFedMe" in capsys.readouterr().err
