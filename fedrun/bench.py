@@ -16,7 +16,7 @@ the numbers time the computation, not learning):
 fedrun against the authors' code (issue 11): pFedMe DNN at pFedMe's Table 1 synthetic setting (official protocol),
 fedrun's vmap engine before and after CharlieDinh/pFedMe's main.py in the same process tree, same thread count;
 PATH is a work tree of their repository (their Synthetic data is generated there first if missing):
-    python -m fedrun.bench --authors PATH [--rounds 20 --authors-rounds 3 --warmup 2]
+    python -m fedrun.bench --authors PATH [--rounds 20 --authors-rounds 3 --warmup 3]
 """
 from __future__ import annotations
 
