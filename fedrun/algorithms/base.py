@@ -121,11 +121,25 @@ class Algorithm:
         new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
+    def eval_params(self, state: ServerState) -> Params:
+        """The shared model that evaluation scores as "global" and personalizes from."""
+        return state.params
+
     def personalize(self, engine: Engine, state: ServerState,
                     ctx: EvalContext) -> tuple[Params | Prototypes | None, Tensor | None]:
         """Per-client models served at test time (None: only the global model is served), and the
         global model's per-client training loss when computing it came for free (else None)."""
         return None, None
+
+
+def clip_per_client(g: Params, max_norm: float | None) -> Params:
+    """Scales each client's gradient (leading dim = clients) to norm <= max_norm, with
+    torch.nn.utils.clip_grad_norm_'s rule (scale max_norm / (norm + 1e-6) when below 1)."""
+    if not max_norm:
+        return g
+    sq = sum(v.flatten(1).pow(2).sum(1) for v in g.values())
+    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return {k: v * scale.view(-1, *[1] * (v.dim() - 1)) for k, v in g.items()}
 
 
 def sgd(params: Params, grads: Params, lr: float) -> Params:

@@ -35,23 +35,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, weighted_mean
+from ..functional import Engine, Params, stack, weighted_mean
 from .adaptation import make_adaptation
-from .base import Algorithm, EvalContext, Local, ServerState, check_positive
+from .base import Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client
+
+EVAL_MODELS = ("server", "clients_mean")
 
 
 def expand(params: Params, m: int) -> Params:
     """m views of the same params along a new leading client dimension (no copy)."""
     return {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in params.items()}
-
-
-def clip_per_client(g: Params, max_norm: float | None) -> Params:
-    """Scales each client's gradient to norm <= max_norm (torch.nn.utils.clip_grad_norm_'s rule)."""
-    if not max_norm:
-        return g
-    sq = sum(v.flatten(1).pow(2).sum(1) for v in g.values())
-    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
-    return {k: v * scale.view(-1, *[1] * (v.dim() - 1)) for k, v in g.items()}
 
 
 def _zeros(params: Params, n: int) -> Params:
@@ -69,55 +62,99 @@ class MetaSGD(Algorithm):
 
     def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None,
                  adaptation: str = "none", inner_lr: float = 0.01, inner_steps: int = 1, first_order: bool = False,
-                 test_steps: int | None = None):
+                 test_steps: int | None = None, eval_model: str | None = "server"):
         check_positive("algo.lr", lr)
         check_positive("algo.lr_decay", lr_decay)
         check_positive("algo.weight_decay", weight_decay, allow_zero=True)
         check_positive("algo.clip", clip or 0, allow_zero=True)
-        self.adapt = make_adaptation(adaptation, inner_lr, inner_steps, first_order, test_steps)
+        check_choice("algo.eval_model", eval_model or "server", EVAL_MODELS)
+        self.adapt = make_adaptation(adaptation, inner_lr, inner_steps, first_order, test_steps, weight_decay, clip)
         self.adaptation = adaptation
         self.lr, self.lr_decay, self.weight_decay, self.clip = lr, lr_decay, weight_decay, clip or 0
+        self.eval_model = eval_model or "server"
         self.batches_per_step = self.adapt.batches
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * self.lr_decay ** (rnd - 1)
 
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        clients = {"last": stack(params, num_clients)} if self.eval_model == "clients_mean" else {}
+        return ServerState(params=params, clients=clients)
+
+    def eval_params(self, state: ServerState) -> Params:
+        if self.eval_model == "clients_mean":
+            return {k: v.mean(0) for k, v in state.clients["last"].items()}
+        return state.params
+
+    def keep_last(self, clients_state: dict, ids: Tensor, w: Params) -> dict:
+        """`clients_state` with the sampled clients' new models as their latest (eval_model=clients_mean)."""
+        if "last" not in clients_state:
+            return clients_state
+        return {**clients_state, "last": _scatter(clients_state["last"], ids, w)}
+
     def linear_term(self, local: Local) -> Params | None:
-        """Gradient of the regularizer's linear part (clipped with the loss gradient)."""
+        """Gradient of the regularizer's linear part."""
         return None
 
     def proximal_term(self, local: Local) -> Params | None:
         return None
 
+    def meta_loss(self, engine: Engine, local: Local):
+        return self.adapt.meta_loss(engine)
+
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         w = local["params"]
-        g, _ = engine.value_and_grad(self.adapt.meta_loss(engine), w, *[t for b in batches for t in b])
-        lin = self.linear_term(local)
-        if lin is not None:
-            g = {k: g[k] + lin[k] for k in g}
+        g, _ = engine.value_and_grad(self.meta_loss(engine, local), w, *[t for b in batches for t in b])
+        for term in (self.linear_term(local), self.proximal_term(local)):
+            if term is not None:
+                g = {k: g[k] + term[k] for k in g}
         g = clip_per_client(g, self.clip)
-        prox = self.proximal_term(local)
-        if prox is not None:
-            g = {k: g[k] + prox[k] for k in g}
         if self.weight_decay:
             g = {k: g[k] + self.weight_decay * w[k] for k in g}
         lr = self.lr_at(rnd)
         out = {**local, "params": {k: w[k] - lr * g[k] for k in w}}
-        if "lr_sum" in local:
-            out["lr_sum"] = local["lr_sum"] + lr
+        if "steps" in local:
+            out["steps"] = local["steps"] + 1
         return out
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        w = {k: v[selected] for k, v in local["params"].items()}
+        return ServerState(params=weighted_mean(w, weights), extra=state.extra,
+                           clients=self.keep_last(state.clients, clients[selected], w))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         batches = None
         if ctx.personalize_batch and self.adaptation == "maml":
             batches = ctx.train_batch(steps=(self.adapt.test_steps,))
-        return self.adapt.personalize(engine, state.params, ctx.data.train, batches)
+        return self.adapt.personalize(engine, self.eval_params(state), ctx.data.train, batches)
 
 
 class PAvg(MetaSGD):
-    """P-Avg (Proto) / Per-FedAvg (MAML) of paper 004's experiments: FedAvg on the meta-loss."""
+    """P-Avg (Proto) / Per-FedAvg (MAML) of paper 004's experiments: FedAvg on the meta-loss.
+
+    `proto_first_step_only` (adaptation=proto) reproduces the authors' P-Avg (Proto) training
+    loop, which switches the model's Proto mode off inside its step loop: only each round's first
+    local step embeds with the last hidden layer, the later ones with the network's outputs.
+    """
 
     name = "pavg"
+
+    def __init__(self, proto_first_step_only: bool | None = False, **options):
+        check_choice("algo.proto_first_step_only", bool(proto_first_step_only), [True, False])
+        super().__init__(**options)
+        self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        local = super().client_init(state, clients, rnd)
+        if self.proto_first_step_only:
+            local["steps"] = torch.zeros(len(clients), 1, device=clients.device)
+        return local
+
+    def meta_loss(self, engine: Engine, local: Local):
+        if self.proto_first_step_only and bool(local["steps"][0] > 0):
+            return self.adapt.meta_loss(engine, logits=True)
+        return self.adapt.meta_loss(engine)
 
 
 class PFLDyn(MetaSGD):
@@ -131,8 +168,9 @@ class PFLDyn(MetaSGD):
         self.alpha = alpha
 
     def init(self, params: Params, num_clients: int) -> ServerState:
+        state = super().init(params, num_clients)
         h = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"h": h}, clients={"g": _zeros(params, num_clients)})
+        return ServerState(params=params, extra={"h": h}, clients={**state.clients, "g": _zeros(params, num_clients)})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)
@@ -155,8 +193,10 @@ class PFLDyn(MetaSGD):
         h = {k: state.extra["h"][k] - self.alpha / m * delta[k].sum(0) for k in w}
         avg = weighted_mean(w, weights)
         params = {k: avg[k] - h[k] / self.alpha for k in w}
+        ids = clients[selected]
+        kept = self.keep_last(state.clients, ids, w)
         return ServerState(params=params, extra={**state.extra, "h": h},
-                           clients={**state.clients, "g": _scatter(state.clients["g"], clients[selected], g_new)})
+                           clients={**kept, "g": _scatter(state.clients["g"], ids, g_new)})
 
 
 class PFLScaf(MetaSGD):
@@ -166,8 +206,9 @@ class PFLScaf(MetaSGD):
     models_per_round = 2
 
     def init(self, params: Params, num_clients: int) -> ServerState:
+        state = super().init(params, num_clients)
         c = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"c": c}, clients={"c": _zeros(params, num_clients)})
+        return ServerState(params=params, extra={"c": c}, clients={**state.clients, "c": _zeros(params, num_clients)})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)
@@ -175,7 +216,7 @@ class PFLScaf(MetaSGD):
         first = next(iter(state.params.values()))
         return {**local, "start": expand(state.params, m), "c": expand(state.extra["c"], m),
                 "ci": {k: v[clients] for k, v in state.clients["c"].items()},
-                "lr_sum": torch.zeros(m, 1, dtype=first.dtype, device=first.device)}
+                "steps": torch.zeros(m, 1, dtype=first.dtype, device=first.device)}
 
     def linear_term(self, local: Local) -> Params:
         return {k: local["c"][k] - local["ci"][k] for k in local["c"]}
@@ -183,14 +224,16 @@ class PFLScaf(MetaSGD):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         w = {k: v[selected] for k, v in local["params"].items()}
-        lr_sum = local["lr_sum"][selected].squeeze(1)
+        scale = local["steps"][selected].squeeze(1) * self.lr  # K beta, beta the configured (undecayed) lr
         ci = {k: local["ci"][k][selected] for k in w}
-        ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / lr_sum.view(-1, *[1] * (w[k].dim() - 1))
+        ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / scale.view(-1, *[1] * (w[k].dim() - 1))
                   for k in w}
         m = state.clients["c"][next(iter(w))].shape[0]
         c = {k: state.extra["c"][k] + (ci_new[k] - ci[k]).sum(0) / m for k in w}
+        ids = clients[selected]
+        kept = self.keep_last(state.clients, ids, w)
         return ServerState(params=weighted_mean(w, weights), extra={**state.extra, "c": c},
-                           clients={**state.clients, "c": _scatter(state.clients["c"], clients[selected], ci_new)})
+                           clients={**kept, "c": _scatter(state.clients["c"], ids, ci_new)})
 
 
 class FedDyn(PFLDyn):
@@ -199,8 +242,9 @@ class FedDyn(PFLDyn):
     name = "feddyn"
 
     def __init__(self, alpha: float = 0.01, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0,
-                 clip: float | None = None):
-        super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip)
+                 clip: float | None = None, eval_model: str | None = "server"):
+        super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip,
+                         eval_model=eval_model)
 
 
 class Scaffold(PFLScaf):
@@ -208,5 +252,6 @@ class Scaffold(PFLScaf):
 
     name = "scaffold"
 
-    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None):
-        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip)
+    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None,
+                 eval_model: str | None = "server"):
+        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip, eval_model=eval_model)
