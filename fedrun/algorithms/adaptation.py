@@ -43,6 +43,10 @@ class NoAdaptation:
     name = "none"
     batches = 1  # minibatches a local step draws per client
 
+    def unused(self, engine: Engine, params: Params, x: Tensor, logits: bool = False) -> frozenset:
+        """Names of the parameters the meta-loss does not depend on (none: it is the model's loss)."""
+        return frozenset()
+
     def meta_loss(self, engine: Engine) -> MetaLoss:
         return engine.loss
 
@@ -95,6 +99,9 @@ class Proto(NoAdaptation):
     name = "proto"
     batches = 2
 
+    def __init__(self):
+        self._unused: dict = {}
+
     def meta_loss(self, engine: Engine, logits: bool = False) -> MetaLoss:
         k = engine.num_classes
         embed = engine.logits if logits else engine.features
@@ -104,6 +111,19 @@ class Proto(NoAdaptation):
             logits = proto_logits(embed(p, xq), centers, present)
             return proto_cross_entropy(logits, yq, present)
         return loss
+
+    def unused(self, engine: Engine, params: Params, x: Tensor, logits: bool = False) -> frozenset:
+        """Names of the parameters the meta-loss does not depend on (with features: the output
+        layer), found once per model by differentiating one row's embedding (stacked params and
+        inputs [m, ...] are given; the first client's first row is used)."""
+        key = (id(engine.model), logits)
+        if key not in self._unused:
+            p = {k: v[0].detach().requires_grad_(True) for k, v in params.items()}
+            with torch.enable_grad():
+                out = (engine.logits if logits else engine.features)(p, x[0][:1])
+                grads = torch.autograd.grad(out.sum(), list(p.values()), allow_unused=True)
+            self._unused[key] = frozenset(k for k, g in zip(p, grads) if g is None)
+        return self._unused[key]
 
     def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
         with torch.no_grad():

@@ -4,7 +4,7 @@ FedAvg counterpart P-Avg / Per-FedAvg, and the non-personalized FedDyn and SCAFF
 Every algorithm here runs the same local optimizer (Alg. 2, Update): K = `tau` steps, each on a
 support batch D and a query batch D' (one batch without adaptation),
 
-    w <- w - lr_t * ( clip( grad L(w; D, D') + linear term ) + proximal term + weight_decay * w )
+    w <- w - lr_t * ( clip( grad L(w; D, D') + linear term + proximal term ) + weight_decay * w )
 
 with L the adaptation's meta-loss (`adaptation.py`: none | maml | proto), lr_t = lr * lr_decay^(t-1)
 in round t, and clip a per-client gradient-norm clip (0/None: off). Per algorithm:
@@ -14,10 +14,11 @@ in round t, and clip a per-client gradient-norm clip (0/None: off). Per algorith
   pfldyn   R_i(w) = -<w, g_i> + alpha/2 ||w - w^t||^2 (Alg. 2, Regularizer, eq. 3): linear term -g_i,
            proximal alpha (w - w^t). After training g_i <- g_i - alpha (w_i - w^t). Server, Update_1:
                h <- h - alpha/m sum_{i in P_t} (w_i - w^t),   w^{t+1} = mean_{i in P_t} w_i - h / alpha
-           (FedDyn's server; m = all clients; Alg. 2 writes the sum ambiguously as
-           "sum_i w_i - w^t": we take the sum of the differences, as FedDyn does).
+           (FedDyn's server; m = all clients; h = the mean of all clients' g_i, as the authors'
+           code computes it; Alg. 2 writes the sum ambiguously as "sum_i w_i - w^t").
   pflscaf  R_i(w) = <w, g - g_i> (eq. 2): linear term c - c_i. Control variates, SCAFFOLD option II
-           (Alg. 2): c_i <- c_i - c + (w^t - w_i) / (sum of the round's local lrs  = K lr_t).
+           (Alg. 2): c_i <- c_i - c + (w^t - w_i) / (K beta), beta the configured `lr` (undecayed,
+           as in Alg. 2 and the authors' code, also when lr_decay shrinks the steps' lr).
            Server, Update_2: c <- c + 1/m sum_{i in P_t} (c_i^new - c_i), w^{t+1} = mean w_i.
            A client sends its model AND its control variate: models_per_round = 2.
   feddyn, scaffold   pfldyn / pflscaf without adaptation and without personalized models.
@@ -26,9 +27,22 @@ The per-client states g_i / c_i persist for EVERY client in `ServerState.clients
 on the device, checkpointed with the run); a round gathers the sampled clients' rows and scatters
 them back, so unsampled clients keep theirs unchanged ("freeze stale devices", Alg. 1).
 
-Clipping, as in the authors' FedDyn/SCAFFOLD code where the linear term is part of the loss that is
-clipped while the proximal alpha*w and weight decay come from the optimizer unclipped: the
-meta-loss gradient plus the linear term are clipped; the proximal term and weight decay are not.
+What follows the authors' code (github.com/alpemreacar/PFL), checked number by number against
+traces of it (tests/test_golden_pfl.py, scripts/golden/record_pfl.py):
+  * clipping: their regularizer is part of the loss, so the meta-loss gradient, the linear AND the
+    proximal term are clipped together; weight decay (their optimizer's) is added unclipped.
+  * weight decay skips parameters the loss does not use (torch.optim.SGD skips parameters without
+    a gradient): P-Avg (Proto)'s output layer, which no regularizer touches, is not decayed.
+  * MAML: the inner steps during training include weight decay, test-time steps do not and are
+    clipped (`adaptation.MAML`).
+  * the server averages uniformly (the paper-004 presets set aggregate=uniform).
+Two choices of that code differ from the paper and are options, on under protocol=official:
+  * eval_model=clients_mean: the model scored ("global") and personalized is the mean of EVERY
+    client's latest local model (clients never sampled: the initial model), which is what the
+    paper's curves plot; the honest default is the server model w^t (Alg. 1's output). It keeps
+    one model per client in `ServerState.clients["last"]`.
+  * PAvg(proto_first_step_only=True): their P-Avg (Proto) loop switches the model's Proto mode off
+    inside its step loop, so each round's steps after the first embed with the network's outputs.
 """
 from __future__ import annotations
 
@@ -99,18 +113,24 @@ class MetaSGD(Algorithm):
     def proximal_term(self, local: Local) -> Params | None:
         return None
 
-    def meta_loss(self, engine: Engine, local: Local):
-        return self.adapt.meta_loss(engine)
+    def logits_embedding(self, local: Local) -> bool:
+        """Proto: embed with the network's outputs in this step (see PAvg.proto_first_step_only)."""
+        return False
 
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         w = local["params"]
-        g, _ = engine.value_and_grad(self.meta_loss(engine, local), w, *[t for b in batches for t in b])
-        for term in (self.linear_term(local), self.proximal_term(local)):
-            if term is not None:
-                g = {k: g[k] + term[k] for k in g}
+        logits = self.logits_embedding(local)
+        meta_loss = self.adapt.meta_loss(engine, logits=True) if logits else self.adapt.meta_loss(engine)
+        g, _ = engine.value_and_grad(meta_loss, w, *[t for b in batches for t in b])
+        terms = [t for t in (self.linear_term(local), self.proximal_term(local)) if t is not None]
+        for term in terms:
+            g = {k: g[k] + term[k] for k in g}
         g = clip_per_client(g, self.clip)
         if self.weight_decay:
-            g = {k: g[k] + self.weight_decay * w[k] for k in g}
+            # as torch.optim.SGD, which skips parameters without a gradient: a layer the loss does
+            # not use (Proto's output layer when no regularizer touches all parameters) is not decayed
+            skip = self.adapt.unused(engine, w, batches[0][0], logits) if not terms else frozenset()
+            g = {k: g[k] + self.weight_decay * w[k] if k not in skip else g[k] for k in g}
         lr = self.lr_at(rnd)
         out = {**local, "params": {k: w[k] - lr * g[k] for k in w}}
         if "steps" in local:
@@ -151,10 +171,8 @@ class PAvg(MetaSGD):
             local["steps"] = torch.zeros(len(clients), 1, device=clients.device)
         return local
 
-    def meta_loss(self, engine: Engine, local: Local):
-        if self.proto_first_step_only and bool(local["steps"][0] > 0):
-            return self.adapt.meta_loss(engine, logits=True)
-        return self.adapt.meta_loss(engine)
+    def logits_embedding(self, local: Local) -> bool:
+        return self.proto_first_step_only and bool(local["steps"][0] > 0)
 
 
 class PFLDyn(MetaSGD):
