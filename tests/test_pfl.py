@@ -133,8 +133,15 @@ def test_pfldyn_with_vanishing_alpha_trains_like_pavg(tiny, adaptation):
         _, trained, idx = sample_round(data, sched, algo.batches_per_step, 0, 1)
         state = algo.init(params_of(model), data.num_clients)
         out.append(local_training(algo, engine, algo.client_init(state, trained, 1), data, idx, 1)["params"])
+    head = {"net.2.weight", "net.2.bias"} if adaptation == "proto" else set()
     for k in out[0]:
-        torch.testing.assert_close(out[0][k], out[1][k], rtol=1e-9, atol=1e-10)
+        if k in head:  # Proto never uses the output layer: only PFLDyn's regularizer touches it, so
+            # only PFLDyn weight-decays it (as torch SGD skips parameters without a gradient)
+            w0 = params_of(model)[k]
+            torch.testing.assert_close(out[1][k], w0.expand_as(out[1][k]))
+            torch.testing.assert_close(out[0][k], (w0 * (1 - 0.1 * 0.01) ** 3).expand_as(out[0][k]), rtol=1e-9, atol=1e-10)
+        else:
+            torch.testing.assert_close(out[0][k], out[1][k], rtol=1e-9, atol=1e-10)
 
 
 def test_scaffold_control_variates_on_quadratic():
@@ -266,12 +273,15 @@ def test_state_resumes_to_the_same_numbers(tiny):
     (dict(lr=0), "algo.lr"), (dict(lr_decay=-1), "algo.lr_decay"), (dict(weight_decay=-0.1), "algo.weight_decay"),
     (dict(clip=-1), "algo.clip"), (dict(adaptation="reptile"), "algo.adaptation"), (dict(inner_lr=0), "algo.inner_lr"),
     (dict(inner_steps=0), "algo.inner_steps"), (dict(first_order="yes"), "algo.first_order"),
-    (dict(test_steps=0), "algo.test_steps"), (dict(alpha=0), "algo.alpha"),
+    (dict(test_steps=0), "algo.test_steps"), (dict(alpha=0), "algo.alpha"), (dict(eval_model="best"), "algo.eval_model"),
 ])
 def test_bad_options_are_one_line_naming_the_option(bad, option):
     with pytest.raises(ConfigError) as e:
         PFLDyn(**bad)
     assert str(e.value).startswith(option) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        PAvg(proto_first_step_only="yes")
+    assert str(e.value).startswith("algo.proto_first_step_only") and "\n" not in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ class PAvg(MetaSGD):
     name = "pavg"
 
     def __init__(self, proto_first_step_only: bool | None = False, **options):
-        check_choice("algo.proto_first_step_only", bool(proto_first_step_only), [True, False])
+        check_choice("algo.proto_first_step_only", proto_first_step_only, [True, False, None])
         super().__init__(**options)
         self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
 
