@@ -1,12 +1,15 @@
 """Golden traces: fedrun against numbers recorded by running the authors' paper-004 code
 (alpemreacar/PFL; scripts/golden/record_pfl.py, fixtures in tests/fixtures/golden/pfl_*.json).
 
-Each test rebuilds the recorder's tiny problem (scripts/golden/pfl_problem.py: 3 CIFAR-shaped
-devices, the CIFAR CNN with fixed initial weights), composes the method's paper preset with
-protocol=official through Hydra, feeds fedrun the devices and minibatches the authors' code used
-(by replacing `fedrun.simulate.sample_round`), runs 3 rounds and checks every recorded number:
-each trained device model, the server model, the per-device and server states (g_i and h; c_i and
-c), and the personalized accuracy and loss of every device.
+Each test rebuilds the recorder's tiny problem (scripts/golden/pfl_problem.py, the one helper both
+import: 3 CIFAR-shaped devices, the CIFAR CNN with fixed initial weights), composes the method's
+paper preset with protocol=official through Hydra, feeds fedrun the devices and minibatches the
+authors' code used (by replacing `fedrun.simulate.sample_round`), runs the 2 recorded rounds in
+float64 (as recorded) and checks every recorded number: each trained device model, the server
+model, the evaluated model, the per-device and server states (g_i and h; c_i and c), and the
+personalized test accuracy and loss of every device. Two more tests show what protocol=honest
+changes: the model evaluated (the server's: the authors' "sel" numbers) and, for P-Avg (Proto),
+the embedding after each round's first step.
 """
 import functools
 import json
@@ -109,9 +112,9 @@ def run_fedrun(method, trace, overrides=()):
     if changed:
         cfg = compose_cfg(method, trace, [*changed, *overrides])
     assert cfg.algo.weight_decay == trace["weight_decay"] and cfg.algo.clip == trace["clip"]
+    check_problem(trace)
     data = problem_data()
     model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes).double()
-    check_problem(trace)
     params = {k: v.clone() for k, v in problem()[1].items()}
     assert {k: tuple(v.shape) for k, v in model.named_parameters()} == {k: tuple(v.shape) for k, v in params.items()}
     engine = ENGINES[cfg.engine](model, max_chunks=cfg.max_chunks)

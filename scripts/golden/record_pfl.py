@@ -24,10 +24,11 @@ averaged and per device.
 Run-time patches (precision, data, loaders, bookkeeping; the math is left alone):
   0. float64: their modules are imported from a temporary copy in which the dtype names float32 /
      .float() read float64 / .double() (and torch's default dtype is float64, so their model is
-     built in float64). In float32 their own rounding dominates: one device's 3 MAML steps from
-     the same weights move their first conv layer 1.5e-5 away from their float64 result (fedrun
-     float32: 1e-7), and the problem amplifies such differences ~1e5 over 3 rounds. In float64
-     their code and fedrun agree to ~1e-15 per step, so the traces can be checked tightly.
+     built in float64). In float32 their own rounding dominates: from the same weights, one
+     device's 3 Per-FedAvg steps (5 MAML steps each) moved their first conv layer 1.5e-5 away
+     from their own float64 result (fedrun float32: 1e-7 away), and in a 3-round version of this
+     problem a 1e-7 perturbation of the initial weights grew to 1e-2. In float64 their code and
+     fedrun agree to ~1e-15 per step, so the traces can be checked tightly.
   1. utils_dataset.DatasetObject.mean/std = 0/1: their Normalize becomes the identity (the problem's
      images are already what the model sees).
   2. torch.utils.data.DataLoader: a loader with shuffle=True (their training loaders) yields the
