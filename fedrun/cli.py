@@ -72,7 +72,7 @@ def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
         _int_option(cfg, key, low)
 
 
-DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed")
+DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed", "size_factor")
 
 
 def validate(cfg: DictConfig) -> list[str]:

@@ -89,6 +89,7 @@ def test_overrides_reach_the_run(tmp_path):
     (["clients_per_round=7"], "clients_per_round=7 exceeds the 6 clients of the data; allowed: 1..6"),
     (["taux=3"], "unknown option 'taux'; top-level options:"),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
+    (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
     r = fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
