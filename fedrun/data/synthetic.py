@@ -12,7 +12,8 @@ np.random.seed(seed):
   data/synthetic_{0_0,0.5_0.5,1_1}/generate_synthetic.py, which do not seed): sizes, u (all
   clients), B (all clients), v_k for every client, then per client k in turn W_k, b_k, x_k;
 - iid (FedProx data/synthetic_iid/generate_iid.py): sizes, one W and b shared by all clients,
-  then x_k per client with v_k = 0; alpha and beta take no part (both must be 0).
+  then x_k per client with v_k = 0; alpha and beta take no part (both must be 0). (The iid=1
+  branch inside the non-iid files, never called by their main(), draws otherwise; not offered.)
 pFedMe's setting is the default (100 clients, size_factor 5, alpha = beta = 0.5; seed 0 gives its
 205,795 samples); FedProx's is num_clients=30, size_factor=1.
 
@@ -23,6 +24,8 @@ touches the draws' stream. Rows per client (train and test together) therefore e
 reference's exactly (x stored as float32); which of them are test rows differs.
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -107,6 +110,4 @@ def rows_digest(x: np.ndarray, y: np.ndarray) -> str:
     y = np.asarray(y).astype("<i8").reshape(len(y), 1)
     rows = np.concatenate([x.astype("<f4").view(np.uint8), y.view(np.uint8)], axis=1)
     rows = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1]))).ravel()
-    import hashlib
-
     return hashlib.sha256(np.sort(rows).tobytes()).hexdigest()
