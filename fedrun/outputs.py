@@ -56,6 +56,32 @@ def write_json(path: str, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+# ---------------------------------------------------------------------------- a run's tables
+
+def write_partition(data, path: str) -> None:
+    """partition.csv: per client, its training and test rows and their label counts."""
+    k = data.num_classes
+    tr, te = data.train.label_counts(k).cpu(), data.test.label_counts(k).cpu()
+    rows = []
+    for c in range(data.num_clients):
+        row = {"client": c, "n_train": int(tr[c].sum()), "n_test": int(te[c].sum())}
+        row.update({f"train_label_{j}": int(tr[c, j]) for j in range(k)})
+        row.update({f"test_label_{j}": int(te[c, j]) for j in range(k)})
+        rows.append(row)
+    write_csv(path, rows)
+
+
+def write_clients(data, ev, path: str) -> None:
+    """clients.csv: per client, its rows and its metrics of the last evaluation `ev`."""
+    n_tr, n_te = data.train.sizes.cpu(), data.test.sizes.cpu()
+    rows = []
+    for c in range(data.num_clients):
+        row = {"client": c, "n_train": int(n_tr[c]), "n_test": int(n_te[c])}
+        row.update({k: float(v[c]) for k, v in ev.per_client.items()})
+        rows.append(row)
+    write_csv(path, rows)
+
+
 # ---------------------------------------------------------------------------- checkpoints
 
 CHECKPOINT_VERSION = 1

@@ -1,0 +1,69 @@
+"""Resuming a run: the settings a checkpoint must match (its fingerprint) and finding the checkpoint."""
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from . import outputs
+from .algorithms.base import ConfigError
+
+
+# Options that may change between a run and its resumption without changing its numbers.
+RESUMABLE_CHANGES = ("resume", "progress", "plot", "rounds", "checkpoint_every", "device", "engine", "max_chunks",
+                     "client_chunk", "on_diverge", "cache_dir")
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in RESUMABLE_CHANGES:
+        c.pop(k, None)
+    c.get("data", {}).pop("cache_dir", None)
+    return c
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def _checkpoint_folder(path: str) -> str:
+    if os.path.isfile(path):
+        return os.path.dirname(path)
+    sub = os.path.join(path, "checkpoints")
+    return sub if os.path.isdir(sub) else path
+
+
+def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
+    """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
+    mode = cfg.resume
+    if mode is False or mode in ("false", "False"):
+        return None
+    explicit = mode not in (True, "auto", "true", "True")
+    folder = _checkpoint_folder(str(mode)) if explicit else os.path.join(out_dir, "checkpoints")
+    if explicit and not os.path.exists(str(mode)):
+        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / checkpoint path")
+    warn = lambda msg: print(msg, file=sys.stderr)
+    try:
+        ck = outputs.load_checkpoint(folder, warn=warn)
+    except outputs.CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if ck is None:
+        if explicit or mode in (True, "true", "True"):
+            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
+        return None
+    diff = _diff(ck["config"], fingerprint(cfg))
+    if diff:
+        raise ConfigError(
+            f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
+            f"run elsewhere (hydra.run.dir=...) or start over with resume=false"
+        )
+    return ck
