@@ -8,20 +8,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .algorithms.base import ConfigError
+from .config import NEUTRAL_OPTIONS, drop_options
 
 
-# Options that may change between a run and its resumption without changing its numbers.
-RESUMABLE_CHANGES = ("resume", "progress", "plot", "rounds", "checkpoint_every", "device", "engine", "max_chunks",
-                     "client_chunk", "on_diverge", "cache_dir")
+# Options that may change between a run and its resumption: those that do not change the numbers,
+# and `rounds` (a finished run continues to more rounds).
+RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 
 
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for k in RESUMABLE_CHANGES:
-        c.pop(k, None)
-    c.get("data", {}).pop("cache_dir", None)
-    return c
+    return drop_options(OmegaConf.to_container(cfg, resolve=True), RESUMABLE_CHANGES)
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -60,7 +57,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(ck["config"], fingerprint(cfg))
+    diff = _diff(drop_options(ck["config"], RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import OmegaConf
 
+from ..config import neutral_options
+
 PREFIXES = ("global", "pers")
 MODEL_NAMES = {"global": "global model", "pers": "personalized"}
 GROUPS = ("experiment", "algo", "data", "model")  # config groups (experiment: a preset, when one was used)
-# Options that do not change a run's numbers: never part of a configuration's identity.
-NEUTRAL_KEYS = {
-    "seed", "device", "progress", "plot", "cache_dir", "max_chunks", "client_chunk", "checkpoint_every",
-    "resume", "on_diverge", "data.cache_dir", "data.download", "data.chunk_len",
-}
+# Never part of a configuration's identity: the seed (seeds are averaged) and the options that do
+# not change the numbers (fedrun.config.NEUTRAL_OPTIONS).
+NEUTRAL_KEYS = frozenset(neutral_options("seed"))
 
 
 @dataclass
