@@ -5,9 +5,58 @@ import os
 
 from omegaconf import OmegaConf
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+def _conf_dir() -> str:
+    """The shipped configs: `fedrun/conf` in an installed package (the wheel carries the repository's
+    top-level conf/ as package data, see setup.py), else `conf/` beside the package in a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "conf"), os.path.join(os.path.dirname(here), "conf")):
+        if os.path.isfile(os.path.join(d, "config.yaml")):
+            return d
+    raise FileNotFoundError(f"fedrun's configs (config.yaml) are neither in {here}/conf nor beside {here}")
+
+
+CONF_DIR = _conf_dir()
 GROUPS = ("algo", "data", "model")
 PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
+
+
+def search_roots(argv: list[str] | None = None) -> list[str]:
+    """Config folders in Hydra's order: the shipped ones first, then the user's, from a
+    `hydra.searchpath=[file://DIR,pkg://module]` argument (DIR relative to the current folder)."""
+    import importlib.util
+
+    roots = [CONF_DIR]
+    for arg in argv or []:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "hydra.searchpath":
+            continue
+        for entry in value.strip().strip("[]").split(","):
+            entry = entry.strip().strip("'\"")
+            if entry.startswith("file://"):
+                roots.append(os.path.abspath(entry[len("file://"):]))
+            elif entry.startswith("pkg://"):
+                spec = importlib.util.find_spec(entry[len("pkg://"):])
+                roots += list(spec.submodule_search_locations or []) if spec else []
+    return roots
+
+
+def group_options(group: str, roots: list[str] | None = None) -> list[str]:
+    """The options of a config group (the yaml files of `group/` in every root), sorted."""
+    names = set()
+    for root in roots or [CONF_DIR]:
+        folder = os.path.join(root, group)
+        if os.path.isdir(folder):
+            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")}
+    return sorted(names)
+
+
+def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
+    """The yaml of option `name` of `group`: the first root that has it, as Hydra picks it."""
+    for root in roots or [CONF_DIR]:
+        path = os.path.join(root, group, f"{name}.yaml")
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{group}/{name}.yaml is in none of {', '.join(roots or [CONF_DIR])}")
 
 # Options that do not change a run's numbers, as dotted paths of the composed config. They are
 # never part of a configuration's identity: the resume fingerprint, fedrun-report's grouping,

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, GROUPS, PRESETS
+from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search_roots
 from .data import DataMissingError
 from .device import resolve_device
 from .functional import ENGINES
@@ -106,6 +106,7 @@ def precheck(argv: list[str]) -> str | None:
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
     """
+    roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
@@ -113,13 +114,13 @@ def precheck(argv: list[str]) -> str | None:
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
         if key in (*GROUPS, PRESETS):
-            allowed = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, key)) if f.endswith(".yaml"))
+            allowed = group_options(key, roots)
             for v in value.split(","):
                 if v not in allowed:
                     return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
             choices[key] = value.split(",")[0]
     if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
-        preset = OmegaConf.load(os.path.join(CONF_DIR, PRESETS, f"{choices[PRESETS]}.yaml"))
+        preset = OmegaConf.load(group_file(PRESETS, choices[PRESETS], roots))
         for d in preset.get("defaults", []):
             for k, v in (d.items() if not isinstance(d, str) else []):
                 group = k.replace("override", "").strip(" /")
@@ -135,7 +136,7 @@ def precheck(argv: list[str]) -> str | None:
         if head.split("/")[0] == "hydra" or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups
             continue
         if head in GROUPS and rest:
-            group_cfg = OmegaConf.load(os.path.join(CONF_DIR, head, f"{choices[head] or defaults[head]}.yaml"))
+            group_cfg = OmegaConf.load(group_file(head, choices[head] or defaults[head], roots))
             if rest.split(".")[0] not in group_cfg:
                 known = sorted(k for k in group_cfg if not str(k).startswith("_"))
                 return f"{key} is not an option of {head}={choices[head] or defaults[head]}; its options: {', '.join(known)}"

@@ -46,3 +46,82 @@ def test_checkpoint_of_an_older_fingerprint_with_more_options_is_accepted(tmp_pa
     old.pop("resume")
     _checkpoint(tmp_path, cfg, config=old)
     assert find_resume_point(composed("data=cifar10_acid", "data.download=false"), str(tmp_path)) is not None
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["rounds=1", "tau=1", "data.num_clients=4", "clients_per_round=2", "device=cpu", "progress=false", "plot=false"]
+
+
+def test_wheel_ships_the_configs_and_runs_from_an_empty_folder(tmp_path):
+    """`pip wheel` + `pip install --target`, then fedrun from an empty folder, off the repository."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the repository
+    for name in ("fedrun", "conf"):
+        shutil.copytree(os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, name), src / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "dist")],
+                   check=True, capture_output=True, cwd=tmp_path)
+    wheel, = (tmp_path / "dist").glob("fedrun-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    assert (tmp_path / "site" / "fedrun" / "conf" / "algo" / "fedavg.yaml").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1", "FEDRUN_CACHE": str(empty / "c")}
+    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *SMALL, "hydra.run.dir=run"], cwd=empty, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (empty / "run" / "metrics.csv").is_file()
+    assert str(tmp_path / "site" / "fedrun" / "conf") in (empty / "run" / ".hydra" / "hydra.yaml").read_text()
+
+
+USER_ALGO = '''
+import torch
+from fedrun.algorithms.base import Algorithm, check_positive
+
+
+class SignSGD(Algorithm):
+    """Local steps along the sign of the gradient; serves the global model only."""
+
+    name = "signsgd"
+
+    def __init__(self, lr: float):
+        check_positive("algo.lr", lr)
+        self.lr = lr
+
+    def client_step(self, engine, local, batches, rnd):
+        (x, y), = batches
+        g, _ = engine.grad(local["params"], x, y)
+        return {**local, "params": {k: v - self.lr * torch.sign(g[k]) for k, v in local["params"].items()}}
+'''
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """A user's own algorithm: one module and one yaml in a folder of their own, nothing else edited."""
+    (tmp_path / "my_algos.py").write_text(USER_ALGO)
+    (tmp_path / "my_conf" / "algo").mkdir(parents=True)
+    (tmp_path / "my_conf" / "algo" / "signsgd.yaml").write_text("_target_: my_algos.SignSGD\nlr: 0.01\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_an_algorithm_from_a_user_folder_runs_through_the_search_path(user_folder):
+    from fedrun.runner import run
+    from fedrun.validation import precheck
+
+    args = ["algo=signsgd", "hydra.searchpath=[file://my_conf]", *SMALL]
+    assert precheck(args) is None
+    assert "signsgd" in precheck(["algo=nope", "hydra.searchpath=[file://my_conf]"])
+    assert "its options: lr" in precheck(["algo=signsgd", "algo.beta=1", "hydra.searchpath=[file://my_conf]"])
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[*args, f"cache_dir={user_folder / 'cache'}"])
+    summary = run(cfg, str(user_folder / "run"))
+    assert summary["status"] == "finished" and "global_acc_last_round" in summary
+    assert (user_folder / "run" / "metrics.csv").read_text().count("\n") == 2
