@@ -125,3 +125,60 @@ def test_an_algorithm_from_a_user_folder_runs_through_the_search_path(user_folde
     summary = run(cfg, str(user_folder / "run"))
     assert summary["status"] == "finished" and "global_acc_last_round" in summary
     assert (user_folder / "run" / "metrics.csv").read_text().count("\n") == 2
+
+
+def _algo_names():
+    from fedrun.config import group_options
+
+    return group_options("algo")
+
+
+def _state(obj):
+    """An algorithm's settings, nested objects (its adaptation) included, for comparison."""
+    if hasattr(obj, "__dict__"):
+        return (type(obj).__name__, {k: _state(v) for k, v in vars(obj).items()})
+    return obj
+
+
+@pytest.mark.parametrize("name", _algo_names())
+def test_python_construction_equals_the_command_line_algorithm(name):
+    """Every conf/algo yaml: hydra's instantiate equals the class called with no argument (its
+    options come from that yaml, the one source of defaults), and the class has no defaults."""
+    import inspect
+
+    from hydra.utils import get_class, instantiate
+
+    from fedrun.algorithms.options import signature_options
+
+    node = OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
+    cls = get_class(node._target_)
+    assert all(p.default is inspect.Parameter.empty for p in signature_options(cls).values())
+    assert set(signature_options(cls)) == {k for k in node if not k.startswith("_")}
+    assert _state(instantiate(node)) == _state(cls())
+
+
+def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
+    from fedrun.algorithms import PerFedAvg, PFLDyn, PFLScaf
+
+    assert PerFedAvg().beta == 0.02 and PFLDyn().alpha == 0.1
+    p = PFLScaf()
+    assert (p.lr_decay, p.weight_decay, p.clip, p.adapt.inner_steps) == (0.997, 0.001, 10, 1)
+    assert PerFedAvg(beta=0.5).beta == 0.5
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["algo.beta=abc"], "fedrun: error: algo.beta='abc' must be a number"),
+    (["algo=pfedme", "algo.K=2.5"], "fedrun: error: algo.K=2.5 must be an integer"),
+    (["algo=pavg", "algo.first_order=3"], "fedrun: error: algo.first_order=3 must be true or false"),
+    (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
+                        "test_time, variant"),
+])
+def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
+    from fedrun.cli import _hydra_main  # noqa: F401 - registers the resolvers the config uses
+    from fedrun.runner import run
+
+    cfg = composed(*args, "rounds=1", "device=cpu")
+    with pytest.raises(ConfigError) as e:
+        run(cfg, str(tmp_path))
+    assert f"fedrun: error: {e.value}" == expected
+
