@@ -18,7 +18,7 @@ from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .simulate import Diverged, Progress, simulate
-from .validation import instantiate_checked, schedule, validate
+from .validation import check_model_fits, instantiate_checked, schedule, validate
 
 
 def run(cfg: DictConfig, out_dir: str) -> dict:
@@ -42,7 +42,10 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
             return done
     data = data.to(device)
     torch.manual_seed(cfg.seed)
-    model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes).to(device)
+    model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    check_model_fits(model, data, choices.get("model", cfg.model._target_), choices.get("data", data.name))
+    model = model.to(device)
     engine = ENGINES[cfg.engine](model, max_chunks=cfg.max_chunks)
 
     os.makedirs(out_dir, exist_ok=True)

@@ -91,6 +91,30 @@ def validate(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def check_model_fits(model, data, model_name: str, data_name: str) -> None:
+    """One line when `model` cannot take `data`'s rows (e.g. model=cnn on the synthetic vectors),
+    naming the models of conf/model that do fit them."""
+    import torch
+
+    x = data.train.x[:1].cpu()
+    try:
+        with torch.no_grad():
+            model.cpu()(x)
+    except RuntimeError as e:
+        fits = []
+        for name in group_options("model"):
+            try:
+                with torch.no_grad():
+                    instantiate(OmegaConf.load(group_file("model", name)), in_features=data.in_features,
+                                num_classes=data.num_classes)(x)
+                fits.append(name)
+            except Exception:  # noqa: BLE001 - any failure means it does not fit
+                pass
+        raise ConfigError(f"model={model_name} does not fit data={data_name}, whose rows have shape "
+                          f"{list(x.shape[1:])} ({str(e).splitlines()[0][:120]}); models that fit it: "
+                          f"{', '.join(fits) or 'none'}") from None
+
+
 def instantiate_checked(node: DictConfig, **kwargs):
     try:
         return instantiate(node, **kwargs)

@@ -182,3 +182,66 @@ def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, cap
         run(cfg, str(tmp_path))
     assert f"fedrun: error: {e.value}" == expected
 
+
+def test_a_model_that_does_not_fit_the_data_gets_one_line(tmp_path):
+    from fedrun.runner import run
+
+    with pytest.raises(ConfigError) as e:
+        run(composed("model=cnn", "rounds=1", "device=cpu", f"cache_dir={tmp_path}"), str(tmp_path / "run"))
+    msg = str(e.value)
+    assert "\n" not in msg and "does not fit data=synthetic" in msg and "shape [60]" in msg
+    assert msg.endswith("models that fit it: dnn, mlp, mlr")
+
+
+class _NotPlain:
+    pass
+
+
+def test_checkpoints_load_tensors_only_and_refuse_pickled_objects(tmp_path):
+    import torch
+
+    folder = str(tmp_path / "checkpoints")
+    good = {"config": {"a": [1, 2]}, "state": {"params": {"w": torch.ones(2)}}, "history": [{"round": 1, "x": 0.5}]}
+    outputs.save_checkpoint(folder, 1, good)
+    ck = outputs.load_checkpoint(folder)
+    assert ck["round"] == 1 and torch.equal(ck["state"]["params"]["w"], torch.ones(2)) and ck["history"] == good["history"]
+    outputs.save_checkpoint(folder, 2, {**good, "extra": _NotPlain()})  # newest: holds a pickled object
+    warnings = []
+    assert outputs.load_checkpoint(folder, warn=warnings.append)["round"] == 1  # refused, falls back to round 1
+    assert len(warnings) == 1 and "round_0000002.pt" in warnings[0]
+    assert "objects other than tensors and plain containers; refused" in warnings[0]
+    os.remove(os.path.join(folder, "round_0000001.pt"))
+    with pytest.raises(outputs.CheckpointError, match="no readable checkpoint"):
+        outputs.load_checkpoint(folder, warn=warnings.append)
+
+
+def test_metrics_keep_full_float_precision(tmp_path):
+    import csv
+
+    row = {"round": 1, "loss": 3e-7, "acc": 0.1 + 0.2, "big": 123456.789012345}
+    log = outputs.CsvLog(str(tmp_path / "m.csv"), list(row))
+    log.write(row)
+    log.close()
+    outputs.write_csv(str(tmp_path / "w.csv"), [row])
+    for name in ("m.csv", "w.csv"):
+        back, = csv.DictReader(open(tmp_path / name))
+        assert [float(back[k]) for k in ("loss", "acc", "big")] == [3e-7, 0.1 + 0.2, 123456.789012345]
+
+
+def test_summary_md_leads_with_the_columns_a_reader_compares():
+    import pandas as pd
+
+    from fedrun.report import Group, Job, markdown, summarize
+
+    def job(seed, accs):
+        m = pd.DataFrame({"round": [1, 2], "models_transmitted": [2, 4]})
+        for p in ("global", "pers"):
+            m[f"{p}_acc"], m[f"{p}_acc_min"], m[f"{p}_acc_max"] = accs, [a - 0.1 for a in accs], [a + 0.1 for a in accs]
+        return Job(path=f"j{seed}", seed=seed, metrics=m)
+
+    table = summarize([Group("algo=fedavg", {"algo": "fedavg"}, [job(0, [0.5, 0.6]), job(1, [0.7, 0.6])])], [])
+    head = markdown(table, [], [], [], "t").splitlines()[4]
+    assert head == ("| configuration | seeds | rounds | global model: last round | global model: best round | "
+                    "global model: lowest client | personalized: last round | personalized: best round | "
+                    "personalized: lowest client |")
+    assert {"global_acc_client_max_last_round_mean", "pers_acc_client_min_best_round_std"} <= set(table.columns)

@@ -9,6 +9,10 @@ from .jobs import MODEL_NAMES, PREFIXES, Job
 from .stats import target_name
 
 
+# What summary.md shows per model, first: the numbers a reader compares (the rest is in summary.csv).
+MD_COLUMNS = {"acc_last_round": "last round", "acc_best_round": "best round", "acc_client_min_last_round": "lowest client"}
+
+
 def _pm(mean, std, scale=100.0, digits=2) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return ""
@@ -33,8 +37,9 @@ def markdown(table: pd.DataFrame, left_out: list[Job], missing: list[str], targe
     baseline = table["baseline"].iloc[0] if "baseline" in table and len(table) else None
     lines = [f"# {title}", "",
              "Accuracy in %, mean ± std (sample std) over seeds. *last round*: the final round's accuracy; "
-             "*best round*: the highest accuracy over the evaluated rounds; *lowest/highest client*: over "
-             "clients, at the last round and at the best round; *rounds to X%*: first round whose accuracy "
+             "*best round*: the highest accuracy over the evaluated rounds; *lowest client*: the lowest client "
+             "accuracy at the last round (summary.csv also has the highest client, both at the best round, "
+             "and every std); *rounds to X%*: first round whose accuracy "
              "reached X% (empty unless every seed reached it); *transmissions to X%*: models sent to the server "
              "up to that round (metrics.csv `models_transmitted`); *not reached (> N sent)*: N is the mean over "
              "seeds of what each sent, counting all a run sent when it never got there."
@@ -43,10 +48,10 @@ def markdown(table: pd.DataFrame, left_out: list[Job], missing: list[str], targe
     prefixes = [p for p in PREFIXES if f"{p}_acc_last_round_mean" in table]
     sent = {p: bool(targets) and f"{p}_transmitted_to_{target_name(targets[0])}_mean" in table for p in prefixes}
     head = ["configuration", "seeds", "rounds"]
+    for p in prefixes:  # first what every reader compares, for each model; then the targets
+        head += [f"{MODEL_NAMES[p]}: {what}" for what in MD_COLUMNS.values()]
     for p in prefixes:
         name = MODEL_NAMES[p]
-        head += [f"{name}: last round", f"{name}: best round", f"{name}: lowest client", f"{name}: highest client",
-                 f"{name}: lowest client (best round)", f"{name}: highest client (best round)"]
         head += [f"{name}: rounds to {t * 100:g}%" for t in targets]
         if sent[p]:
             head += [f"{name}: transmissions to {t * 100:g}%" for t in targets]
@@ -56,9 +61,9 @@ def markdown(table: pd.DataFrame, left_out: list[Job], missing: list[str], targe
     for _, r in table.iterrows():
         cells = [str(r["config"]), str(r["n_seeds"]), str(r["rounds"])]
         for p in prefixes:
-            for what in ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round",
-                         "acc_client_min_best_round", "acc_client_max_best_round"):
+            for what in MD_COLUMNS:
                 cells.append(_pm(r[f"{p}_{what}_mean"], r[f"{p}_{what}_std"]))
+        for p in prefixes:
             for t in targets:
                 c = f"{p}_rounds_to_{target_name(t)}"
                 val = _pm(r[f"{c}_mean"], r[f"{c}_std"], scale=1.0, digits=1)
