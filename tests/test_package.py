@@ -167,9 +167,10 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["algo.beta=abc"], "fedrun: error: algo.beta='abc' must be a number"),
-    (["algo=pfedme", "algo.K=2.5"], "fedrun: error: algo.K=2.5 must be an integer"),
-    (["algo=pavg", "algo.first_order=3"], "fedrun: error: algo.first_order=3 must be true or false"),
+    (["algo.beta=abc"], "fedrun: error: algo.beta='abc' must be a number > 0"),  # the range check speaks first
+    (["algo=pfedme", "algo.train_all=yes"], "fedrun: error: algo.train_all='yes' must be true or false or null"),
+    (["algo=pavg", "algo.test_steps=2.5"], "fedrun: error: algo.test_steps=2.5 must be an integer >= 1"),
+    (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
                         "test_time, variant"),
 ])

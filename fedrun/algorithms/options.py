@@ -4,7 +4,8 @@ conf/algo/<name>.yaml holds the one set of defaults, for the command line and fo
 `AlgorithmMeta` makes `PerFedAvg(beta=0.1)` in Python the same algorithm as `fedrun algo=perfedavg
 algo.beta=0.1`: arguments left out are filled from the algorithm's yaml (the one in the shipped
 configs whose `_target_` is the class, `<Class.name>.yaml` first); unknown options and wrong types
-get one line naming the option, before the class's own range checks (which stay beside the fields).
+get one line naming the option; the class's own range checks (beside the fields) speak first when
+they catch the value, since they also say the allowed range.
 """
 from __future__ import annotations
 
@@ -98,9 +99,19 @@ class AlgorithmMeta(type):
         given = {**dict(zip(names, args)), **kwargs}
         defaults = conf_defaults(cls)
         filled = {k: defaults[k] for k in names if k not in given and k in defaults}
-        hints = _hints(cls)
+        hints, problem = _hints(cls), None
         for k, v in {**given, **filled}.items():
             ok, words = _type_ok(v, hints.get(k, inspect.Parameter.empty))
             if not ok:
-                raise ConfigError(f"algo.{k}={v!r} must be {words}")
-        return super().__call__(*args, **kwargs, **filled)
+                problem = problem or f"algo.{k}={v!r} must be {words}"
+        try:  # the class's own range checks first: their messages also say the allowed range
+            obj = super().__call__(*args, **kwargs, **filled)
+        except ConfigError:
+            raise
+        except Exception:
+            if problem:
+                raise ConfigError(problem) from None
+            raise
+        if problem:  # a wrong type no range check covers (e.g. train_all='yes')
+            raise ConfigError(problem)
+        return obj
