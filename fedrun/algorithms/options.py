@@ -70,7 +70,8 @@ def _type_ok(value, hint) -> tuple[bool, str]:
 
 @lru_cache(maxsize=None)
 def conf_defaults(cls) -> dict:
-    """The option values of the shipped conf/algo yaml whose `_target_` is `cls` ({} if none)."""
+    """The option values of the shipped conf/algo yaml whose `_target_` is `cls`, else the nearest
+    base class's (a subclass made in Python, e.g. in a test); {} if none."""
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
@@ -78,14 +79,17 @@ def conf_defaults(cls) -> dict:
 
     names = group_options("algo")
     first = getattr(cls, "name", None)
+    targets = {}
     for name in ([first] if first in names else []) + [n for n in names if n != first]:
         node = OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
         try:
             target = get_class(node.get("_target_", ""))
         except Exception:  # noqa: BLE001 - another algorithm's module that does not import here
             continue
-        if target is cls:
-            return {k: v for k, v in OmegaConf.to_container(node).items() if not k.startswith("_")}
+        targets.setdefault(target, node)
+    for klass in cls.__mro__:
+        if klass in targets:
+            return {k: v for k, v in OmegaConf.to_container(targets[klass]).items() if not k.startswith("_")}
     return {}
 
 
