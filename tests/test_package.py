@@ -157,6 +157,18 @@ def test_python_construction_equals_the_command_line_algorithm(name):
     assert _state(instantiate(node)) == _state(cls())
 
 
+def test_the_list_of_algorithms_is_conf_algo(user_folder):
+    from fedrun.algorithms import build, names
+    from fedrun.config import search_roots
+
+    assert names() == sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algo")))
+    assert build("perfedavg", beta=0.5).beta == 0.5 and build("perfedavg").variant == "fo"
+    roots = search_roots(["hydra.searchpath=[file://my_conf]"])
+    assert "signsgd" in names(roots) and build("signsgd", roots).lr == 0.01
+    with pytest.raises(ConfigError, match="algo='signsgd' is not a known algo; choose one of: fedavg"):
+        build("signsgd")
+
+
 def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     from fedrun.algorithms import PerFedAvg, PFLDyn, PFLScaf
 
