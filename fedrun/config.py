@@ -40,6 +40,16 @@ def search_roots(argv: list[str] | None = None) -> list[str]:
     return roots
 
 
+def with_env_searchpath(argv: list[str], env: dict | None = None) -> list[str]:
+    """`argv` plus `hydra.searchpath=[file://DIR,...]` from $FEDRUN_CONF_PATH (folders separated by
+    os.pathsep), unless `argv` sets hydra.searchpath itself (the command line wins)."""
+    value = (os.environ if env is None else env).get("FEDRUN_CONF_PATH", "")
+    dirs = [d for d in value.split(os.pathsep) if d]
+    if not dirs or any(a.partition("=")[0].lstrip("+") == "hydra.searchpath" for a in argv):
+        return list(argv)
+    return [*argv, f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in dirs)}]"]
+
+
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     """The options of a config group (the yaml files of `group/` in every root), sorted."""
     names = set()

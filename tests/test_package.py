@@ -258,3 +258,15 @@ def test_summary_md_leads_with_the_columns_a_reader_compares():
                     "global model: lowest client | personalized: last round | personalized: best round | "
                     "personalized: lowest client |")
     assert {"global_acc_client_max_last_round_mean", "pers_acc_client_min_best_round_std"} <= set(table.columns)
+
+
+def test_fedrun_conf_path_adds_the_users_folders_unless_the_command_line_sets_them(user_folder):
+    from fedrun.config import with_env_searchpath
+    from fedrun.validation import precheck
+
+    env = {"FEDRUN_CONF_PATH": "my_conf"}
+    argv = with_env_searchpath(["algo=signsgd"], env)
+    assert argv == ["algo=signsgd", f"hydra.searchpath=[file://{user_folder / 'my_conf'}]"]
+    assert precheck(argv) is None and "not a known algo" in precheck(with_env_searchpath(["algo=signsgd"], {}))
+    mine = ["algo=signsgd", "hydra.searchpath=[file://elsewhere]"]
+    assert with_env_searchpath(mine, env) == mine
