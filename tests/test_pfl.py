@@ -143,7 +143,7 @@ def test_scaffold_control_variates_on_quadratic():
     (x, y) = batches[0]
     engine = VmapEngine(model, criterion=half_squared)
     lr, K, C = 0.1, 2, 3
-    algo = Scaffold(lr=lr)
+    algo = Scaffold(lr=lr, lr_decay=1.0, weight_decay=0.0, clip=None)  # plain SGD, as the reference below
     w0 = params["weight"][0]
     state = algo.init({"weight": w0}, C)
     # reference
@@ -176,7 +176,7 @@ def test_feddyn_state_on_quadratic_and_unsampled_clients_keep_theirs():
     (x, y) = batches[0]
     engine = VmapEngine(model, criterion=half_squared)
     lr, alpha, C = 0.1, 0.5, 3
-    algo = FedDyn(alpha=alpha, lr=lr)
+    algo = FedDyn(alpha=alpha, lr=lr, lr_decay=1.0, weight_decay=0.0, clip=None)  # plain SGD, as the reference
     w0 = params["weight"][0]
     state = algo.init({"weight": w0}, C)
     ids = torch.tensor([0, 1])
