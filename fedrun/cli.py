@@ -1,10 +1,8 @@
 """`fedrun`: compose (Hydra) -> instantiate data, model, algorithm -> simulate -> write outputs."""
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 import hydra
 import torch
@@ -14,11 +12,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
-from .algorithms.base import ConfigError, ServerState, check_choice
+from .algorithms.base import ConfigError, check_choice
 from .data import DataMissingError, FederatedData
-from .functional import ENGINES, params_of
-from .protocol import apply_protocol
-from .simulate import Diverged, Progress, Schedule, simulate
+from .functional import ENGINES
+from .simulate import Diverged, Schedule
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 GROUPS = ("algo", "data", "model")
@@ -181,98 +178,14 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
 
 
 def run(cfg: DictConfig, out_dir: str) -> dict:
-    """One experiment; writes its files into `out_dir` and returns the summary it writes."""
-    t0 = time.time()
-    protocol = apply_protocol(cfg)
-    problems = validate(cfg)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    device = resolve_device(str(cfg.device))
-    algo = _instantiate(cfg.algo)
-    data: FederatedData = _instantiate(cfg.data)
-    sched = schedule(cfg, data.num_clients)
-    ck = find_resume_point(cfg, out_dir)
-    summary_path = os.path.join(out_dir, "summary.json")
-    if ck is not None and ck["round"] >= sched.rounds and os.path.exists(summary_path):
-        with open(summary_path) as f:
-            done = json.load(f)
-        if done.get("status") == "finished" and done.get("rounds") == ck["round"] == sched.rounds:
-            print(f"fedrun: already finished ({sched.rounds} rounds) in {out_dir}; resume=false starts over")
-            return done
-    data = data.to(device)
-    torch.manual_seed(cfg.seed)
-    model = _instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes).to(device)
-    engine = ENGINES[cfg.engine](model, max_chunks=cfg.max_chunks)
+    """One experiment; writes its files into `out_dir` and returns the summary it writes
+    (`fedrun.batched.run_jobs` with one job: the same code runs a batched sweep's groups)."""
+    from .batched import run_jobs
 
-    os.makedirs(out_dir, exist_ok=True)
-    _write_partition(data, os.path.join(out_dir, "partition.csv"))
-    metrics_path = os.path.join(out_dir, "metrics.csv")
-    history: list[dict] = []
-    start = None
-    if ck is not None:
-        history = list(ck["history"])
-        st = ck["state"]
-        state = ServerState(
-            params={k: v.to(device) for k, v in st["params"].items()},
-            extra=_to_device(st["extra"], device),
-            clients=_to_device(st.get("clients", {}), device),
-        )
-        start = Progress(state, ck["round"], ck["transmitted"])
-        # metrics.csv becomes exactly the rows the checkpoint saw; later rows (if a kill left any)
-        # are recomputed identically.
-        if history:
-            outputs.write_csv(metrics_path, history)
-        elif os.path.exists(metrics_path):
-            os.remove(metrics_path)
-        print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
-    elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
-        os.replace(metrics_path, metrics_path + ".previous")
-    log: outputs.CsvLog | None = None
-    fp = fingerprint(cfg)
-
-    def on_eval(rnd: int, transmitted: int, ev) -> None:
-        nonlocal log
-        row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
-        if log is None:
-            log = outputs.CsvLog(metrics_path, list(row))
-        log.write(row)
-        history.append(row)
-
-    def on_checkpoint(at: Progress) -> None:
-        outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
-            "config": fp,
-            "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
-            "transmitted": at.transmitted,
-            "history": history,
-            "torch_rng": torch.get_rng_state(),
-        })
-
-    try:
-        _, last = simulate(algo, engine, data, params_of(model), sched, cfg.seed, on_eval=on_eval,
-                           progress=cfg.progress, start=start, on_checkpoint=on_checkpoint,
-                           checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
-    except Diverged as e:
-        summary = {"status": "diverged", "error": str(e), **(_summary(history, time.time() - t0, cfg, device) if history else {})}
-        outputs.write_json(summary_path, summary)
-        if cfg.on_diverge == "record":
-            print(f"fedrun: diverged (recorded, on_diverge=record): {e}", file=sys.stderr)
-            return summary
-        raise
-    finally:
-        if log is not None:
-            log.close()
-    if last is not None:
-        _write_clients(data, last, os.path.join(out_dir, "clients.csv"))
-    summary = {"status": "finished", **_summary(history, time.time() - t0, cfg, device),
-               "protocol": cfg.protocol, "protocol_choices": protocol}
-    outputs.write_json(summary_path, summary)
-    if cfg.plot:
-        from .plots import plot_run
-
-        plot_run(metrics_path, os.path.join(out_dir, "metrics.png"),
-                 title=f"{HydraConfig.get().runtime.choices.get('algo', '') if HydraConfig.initialized() else ''}"
-                       f" on {data.name}, seed {cfg.seed}")
-    return summary
+    result, = run_jobs([(cfg, out_dir)])
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def _to_device(obj, device):
