@@ -203,3 +203,20 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
                 job.log.close()
                 job.log = None
     return [job.finish(run, data) for job, run in zip(jobs, runs)]
+
+
+def report(result: dict | Exception, out_dir: str) -> float | None:
+    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
+    accuracy; a failed job exits the process (2: bad options or data, 3: diverged)."""
+    if isinstance(result, Exception):
+        if os.environ.get("FEDRUN_DEBUG"):
+            raise result
+        for line in str(result).splitlines():
+            print(f"fedrun: error: {line}", file=sys.stderr)
+        sys.exit(3 if isinstance(result, Diverged) else 2)
+    if result.get("status") == "finished":
+        msg = ", ".join(f"{k}={v:.4f}" for k, v in result.items()
+                        if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
+        print(f"fedrun: done in {result['seconds']:.1f}s: {msg}")
+    print(f"fedrun: outputs in {out_dir}")
+    return result.get("pers_acc_last_round", result.get("global_acc_last_round"))

@@ -15,7 +15,7 @@ from . import outputs
 from .algorithms.base import ConfigError, check_choice
 from .data import DataMissingError, FederatedData
 from .functional import ENGINES
-from .simulate import Diverged, Schedule
+from .simulate import Schedule
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 GROUPS = ("algo", "data", "model")
@@ -236,20 +236,10 @@ def _write_clients(data: FederatedData, ev, path: str) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    from .batched import report, run_jobs
+
     out_dir = HydraConfig.get().runtime.output_dir
-    try:
-        summary = run(cfg, out_dir)
-    except (ConfigError, DataMissingError, Diverged) as e:
-        if os.environ.get("FEDRUN_DEBUG"):
-            raise
-        for line in str(e).splitlines():
-            print(f"fedrun: error: {line}", file=sys.stderr)
-        sys.exit(3 if isinstance(e, Diverged) else 2)
-    if summary.get("status") == "finished":
-        msg = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
-        print(f"fedrun: done in {summary['seconds']:.1f}s: {msg}")
-    print(f"fedrun: outputs in {out_dir}")
-    return summary.get("pers_acc_last_round", summary.get("global_acc_last_round"))
+    return report(run_jobs([(cfg, out_dir)])[0], out_dir)
 
 
 def precheck(argv: list[str]) -> str | None:
