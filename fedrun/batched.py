@@ -165,24 +165,27 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
     DataMissingError before any work, a Diverged with `on_diverge=stop`). A group's other jobs go on.
     """
     results: list[dict | Exception | None] = [None] * len(jobs)
-    data_cache: dict = {}
-    groups: dict[str, list[tuple[int, Job]]] = {}
-    for i, (cfg, out_dir) in enumerate(jobs):
-        try:
-            job = Job(cfg, out_dir, data_cache)
-        except USER_ERRORS as e:
-            results[i] = e
-            continue
-        if job.done is not None:
-            results[i] = job.done
-        else:
-            groups.setdefault(group_key(cfg), []).append((i, job))
+    groups: dict[str, list[int]] = {}
+    for i, (cfg, _) in enumerate(jobs):
+        groups.setdefault(group_key(cfg), []).append(i)
     for members in groups.values():
         size = max_group or len(members)
         for s in range(0, len(members), size):
-            part = members[s : s + size]
-            for (i, _), res in zip(part, _run_together([job for _, job in part])):
-                results[i] = res
+            data_cache: dict = {}  # one dataset per group in memory
+            part = []
+            for i in members[s : s + size]:
+                try:
+                    job = Job(*jobs[i], data_cache)
+                except USER_ERRORS as e:
+                    results[i] = e
+                    continue
+                if job.done is not None:
+                    results[i] = job.done
+                else:
+                    part.append((i, job))
+            if part:
+                for (i, _), res in zip(part, _run_together([job for _, job in part])):
+                    results[i] = res
     return results
 
 

@@ -220,12 +220,15 @@ def simulate_group(
             idx = torch.cat([d[2] for d in draws])
             aug = None if augs[0] is None else tuple(torch.cat(parts) for parts in zip(*augs))
         local = train(algo, engine, local, data, idx, rnd, aug)
+        bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
         offset = 0
         for r, (clients, trained, _) in zip(active, draws):
-            mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + len(trained)], local)
-            offset += len(trained)
+            n = len(trained)
+            mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + n], local)
+            bad = [i - offset for i in bad_all if offset <= i < offset + n]
+            offset += n
             try:
-                _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, checkpoint_every)
+                _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
             except Diverged as e:
                 r.error = e
         if bar is not None:
@@ -241,10 +244,10 @@ def simulate_group(
 
 
 def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, r: Replica, rnd: int,
-                  clients: torch.Tensor, trained: torch.Tensor, local: Local, checkpoint_every: int) -> None:
-    """One replica's part of round `rnd` after local training: the divergence guard, the server
-    step, evaluation and callbacks."""
-    bad = _nonfinite_clients(local)
+                  clients: torch.Tensor, trained: torch.Tensor, local: Local, bad: list[int],
+                  checkpoint_every: int) -> None:
+    """One replica's part of round `rnd` after local training: the divergence guard (`bad`: its
+    clients with non-finite parameters), the server step, evaluation and callbacks."""
     if bad:
         raise Diverged(
             f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "

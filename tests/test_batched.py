@@ -13,13 +13,19 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from fedrun.algorithms import FedAvg
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.batched import group_key, run_jobs
 from fedrun.cli import CONF_DIR
+from fedrun.data import synthetic
+from fedrun.functional import VmapEngine, params_of
+from fedrun.models import MLP
 from fedrun.report import build
+from fedrun.simulate import Diverged, Replica, Schedule, simulate, simulate_group
 
 TOL = 2e-6
 # 5 clients with 1,330 training rows (data.seed=35), 6 features, 4 classes, a 6-5-4 DNN: seconds per case.
@@ -124,3 +130,18 @@ def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, 
         assert json.load(open(sweep / j / "summary.json"))["status"] == "finished"
     _, groups, summary = build([str(sweep)])
     assert len(groups) == 2 and list(summary["n_seeds"]) == [2, 2]
+
+
+def test_a_diverging_seed_stops_alone_and_the_group_goes_on():
+    data = synthetic(num_clients=5, dim=6, num_classes=4, seed=35, chunk_len=64)
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    sched = Schedule(rounds=2, tau=2, clients_per_round=3, batch_size=5)
+    nan = {k: torch.full_like(v, float("nan")) for k, v in params_of(model).items()}
+    runs = [Replica(0, params_of(model)), Replica(1, nan), Replica(2, params_of(model))]
+    simulate_group(FedAvg(), VmapEngine(model), data, runs, sched)
+    assert runs[0].error is None and runs[2].error is None and isinstance(runs[1].error, Diverged)
+    assert "round 1" in str(runs[1].error)
+    _, alone = simulate(FedAvg(), VmapEngine(model), data, params_of(model), sched, 2)
+    assert runs[2].last.row == pytest.approx(alone.row, abs=1e-6)
+    assert runs[2].at.round == 2 and runs[1].at.round == 0
