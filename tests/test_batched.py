@@ -116,7 +116,10 @@ def test_a_half_finished_batched_sweep_resumes_to_the_same_files(tmp_path, cache
 def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, cache):
     sweep = tmp_path / "sweep"
     args = [*TINY, "algo=fedavg", "seed=0,1", "tau=2,3", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "FEDRUN_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    # the checkout's hydra_plugins/ (an editable install made before it existed does not map it)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "FEDRUN_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
