@@ -6,7 +6,8 @@ Hydra finds launchers in the `hydra_plugins` namespace package; this one ships w
 job gets its folder and `.hydra/` files as under the basic launcher (Hydra's `run_job` makes them),
 then `fedrun.batched.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
-(null: all), and the others one after the other, as the basic launcher would.
+(null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
+only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called.
 """
 
 import logging
