@@ -90,6 +90,10 @@ def test_seeds_batched_equal_the_seeds_run_alone(overrides, tmp_path, cache):
         run_jobs([(c, str(tmp_path / f"alone{c.seed}"))])
         for name in ("metrics.csv", "clients.csv"):
             assert_same_tables(str(tmp_path / f"batched{c.seed}" / name), str(tmp_path / f"alone{c.seed}" / name))
+    if len(seeds) == 3:  # max_group=2: seeds 0 and 1 together, then seed 2 alone
+        run_jobs([(c, str(tmp_path / f"split{c.seed}")) for c in cfgs], max_group=2)
+        for c in cfgs:
+            assert_same_tables(str(tmp_path / f"split{c.seed}" / "metrics.csv"), str(tmp_path / f"alone{c.seed}" / "metrics.csv"))
     # the seeds really differ (a mix-up of replicas could not go unnoticed)
     assert table(str(tmp_path / "batched0" / "metrics.csv")) != table(str(tmp_path / "batched1" / "metrics.csv"))
 
