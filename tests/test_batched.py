@@ -35,14 +35,15 @@ TINY = ["data.num_clients=5", "data.seed=35", "data.dim=6", "data.num_classes=4"
 
 
 def _cases() -> list[list[str]]:
-    """Every algorithm config in conf/algo; for the paper-004 ones also their other adaptations; for
+    """Every algorithm config in conf/algo; for the paper-004 ones also their other adaptation; for
     those with protocol-dependent options (null: the protocol decides) also protocol=official."""
     cases = []
     for name in sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algo")) if f.endswith(".yaml")):
         algo = OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
         cases.append([f"algo={name}"])
         if "adaptation" in algo:
-            cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a != algo.adaptation]
+            # "none" is what conf/algo's feddyn and scaffold run already
+            cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a not in (algo.adaptation, "none")]
         if any(algo[k] is None for k in ("mu", "personalized", "train_all", "test_time") if k in algo):
             cases.append([f"algo={name}", "protocol=official"])
     return cases
