@@ -13,6 +13,9 @@ FederatedData of the ACID shape (100 devices x 500 training / 100 test images 3x
 K=tau=50 local steps of batch 50, every device evaluated every --eval-every rounds (train nothing real:
 the numbers time the computation, not learning):
     python -m fedrun.bench --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
+Seeds batched (issue 11, `hydra/launcher=batched`): wall time of 1, 5, 10 seeds as one computation
+against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench_seeds):
+    python -m fedrun.bench --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
 """
 from __future__ import annotations
 
@@ -90,7 +93,7 @@ def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int =
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20; --seeds: 3)")
     ap.add_argument("--loop-rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -110,9 +113,18 @@ def main(argv=None) -> None:
     ap.add_argument("--clients-per-round", type=int, default=10, help="cifar: active devices per round")
     ap.add_argument("--batch", type=int, default=50, help="cifar: batch size")
     ap.add_argument("--eval-every", type=int, default=1, help="cifar: evaluate all devices every this many rounds")
+    ap.add_argument("--seeds", default=None, metavar="N,N,...",
+                    help="seeds batched: s/round of each number of seeds trained together (e.g. 1,5,10)")
+    ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.seeds:
+        from . import bench_seeds
+
+        return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3, args.seed_settings.split(","),
+                                args.device)
+    args.rounds = args.rounds or 20
     device = torch.device(args.device)
     if args.setting == "cifar":
         return cifar_main(args, ap, device)
