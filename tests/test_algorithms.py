@@ -125,7 +125,7 @@ def test_bad_hyperparameters_raise_config_errors():
         FedAvg(beta=-1)
 
 
-# ---------------------------------------------------------------- engines agree end to end
+# ---------------------------------------------------------------- end to end on synthetic data
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
@@ -141,34 +141,17 @@ def _run(E, algo, data, personalize_batch=None, rounds=3, seed=0):
     return state, last, rows
 
 
-ALGOS = {
-    "fedavg": lambda: FedAvg(beta=0.05, alpha=0.05),
-    "perfedavg-fo": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="fo"),
-    "perfedavg-hf": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="hf"),
-    "perfedavg-exact": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="exact"),
-}
+def _perfedavg_fo():
+    return PerFedAvg(alpha=0.05, beta=0.05, variant="fo")
 
 
-@pytest.mark.parametrize("personalize_batch", [None, 16])
-@pytest.mark.parametrize("name", sorted(ALGOS))
-def test_vmap_and_loop_engines_give_the_same_numbers(small_data, name, personalize_batch):
-    sv, ev_v, rows_v = _run(VmapEngine, ALGOS[name](), small_data, personalize_batch)
-    sl, ev_l, rows_l = _run(LoopEngine, ALGOS[name](), small_data, personalize_batch)
-    for k in sv.params:
-        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=1e-4, atol=1e-5)
-    assert len(rows_v) == len(rows_l) == 3
-    for rv, rl in zip(rows_v, rows_l):
-        assert rv.keys() == rl.keys()
-        for k in rv:
-            assert rv[k] == pytest.approx(rl[k], rel=1e-4, abs=1e-5), k
-    for k in ev_v.per_client:
-        torch.testing.assert_close(ev_v.per_client[k], ev_l.per_client[k], rtol=1e-4, atol=1e-5)
+# vmap vs loop, end to end for every algorithm: test_engines_agree.py
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers(small_data):
-    _, _, a = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
-    _, _, b = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
-    _, _, c = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data, seed=1)
+    _, _, a = _run(VmapEngine, _perfedavg_fo(), small_data)
+    _, _, b = _run(VmapEngine, _perfedavg_fo(), small_data)
+    _, _, c = _run(VmapEngine, _perfedavg_fo(), small_data, seed=1)
     assert a == b
     assert a != c
 

@@ -108,16 +108,6 @@ def _close(a, b):
     return all(a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5) for k in a)
 
 
-@pytest.mark.parametrize("train_all", [False, True])
-def test_pfedme_vmap_and_loop_engines_agree(data, train_all):
-    sv, rv = _run(VmapEngine, _pfedme(train_all=train_all), data)
-    sl, rl = _run(LoopEngine, _pfedme(train_all=train_all), data)
-    for k in sv.params:
-        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=1e-4, atol=1e-5)
-    assert len(rv) == 3 and all(_close(a, b) for a, b in zip(rv, rl))
-    assert rv[-1]["pers_acc"] > rv[-1]["global_acc"]
-
-
 def _global(row):
     return {k: v for k, v in row.items() if k.startswith("global") or k == "train_loss"}
 
@@ -129,6 +119,7 @@ def _pers(row):
 def test_train_all_changes_who_trains_not_the_global_model(data):
     s0, r0 = _run(VmapEngine, _pfedme(train_all=False), data)
     s1, r1 = _run(VmapEngine, _pfedme(train_all=True), data)
+    assert r0[-1]["pers_acc"] > r0[-1]["global_acc"] and r1[-1]["pers_acc"] > r1[-1]["global_acc"]  # personalization helps
     for k in s0.params:
         torch.testing.assert_close(s0.params[k], s1.params[k])
     assert [_global(r) for r in r0] == [_global(r) for r in r1]

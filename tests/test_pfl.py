@@ -217,28 +217,7 @@ def test_pflscaf_counts_two_models_per_client_and_round(tiny):
     assert seen == [2, 4, 6]
 
 
-CASES = [(PAvg, a) for a in ("none", "maml", "proto")] + [(PFLDyn, a) for a in ("none", "maml", "proto")] + \
-        [(PFLScaf, a) for a in ("none", "maml", "proto")] + [(FedDyn, None), (Scaffold, None)]
-
-
-@pytest.mark.parametrize("cls,adaptation", CASES)
-def test_vmap_and_loop_engines_agree_end_to_end(tiny, cls, adaptation):
-    data, model = tiny
-    opts = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5)
-    if adaptation is not None:
-        opts.update(adaptation=adaptation, inner_lr=0.05, inner_steps=2, test_steps=3)
-    sched = Schedule(rounds=2, tau=2, clients_per_round=3, batch_size=5)
-    out = [simulate(cls(**opts), E(model), data, params_of(model), sched, 0) for E in ENGINES]
-    (s1, e1), (s2, e2) = out
-    for k in s1.params:
-        torch.testing.assert_close(s1.params[k], s2.params[k], rtol=1e-9, atol=1e-10)
-    for name in s1.clients:
-        for k in s1.clients[name]:
-            torch.testing.assert_close(s1.clients[name][k], s2.clients[name][k], rtol=1e-9, atol=1e-10)
-    assert e1.row.keys() == e2.row.keys()
-    assert ("pers_acc" in e1.row) == (adaptation in ("maml", "proto"))
-    for k in e1.row:  # accuracies are summed in float32 by the vmap engine's masks
-        assert e1.row[k] == pytest.approx(e2.row[k], rel=1e-6, abs=1e-7), k
+# vmap vs loop end to end for every algorithm and adaptation: test_engines_agree.py
 
 
 def test_first_and_second_order_maml_differ_end_to_end(tiny):
