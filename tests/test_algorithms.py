@@ -10,6 +10,7 @@ from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, eval_context, simulate
+from helpers import half_squared, quad_grad, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 
@@ -17,25 +18,6 @@ ENGINES = [VmapEngine, LoopEngine]
 def step(algo, engine, params, batches, rnd=1):
     """One local step of `algo` from stacked `params`; returns the new stacked params."""
     return algo.client_step(engine, {"params": params}, batches, rnd)["params"]
-
-
-def half_squared(out, y, reduction="mean"):
-    """0.5 (x.w - y)^2: a quadratic in w with Hessian X^T X / B."""
-    per = 0.5 * (out.squeeze(-1) - y) ** 2
-    return per.mean() if reduction == "mean" else per.sum() if reduction == "sum" else per
-
-
-def quadratic_setup(m=3, B=6, d=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, 1, bias=False).double()
-    w = torch.randn(m, 1, d, generator=g, dtype=torch.float64)
-    xs = [torch.randn(m, B, d, generator=g, dtype=torch.float64) for _ in range(3)]
-    ys = [torch.randn(m, B, generator=g, dtype=torch.float64) for _ in range(3)]
-    return model, {"weight": w}, list(zip(xs, ys))
-
-
-def quad_grad(w, x, y):  # w [d], x [B, d], y [B]
-    return x.T @ (x @ w - y) / len(y)
 
 
 @pytest.mark.parametrize("E", ENGINES)

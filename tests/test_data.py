@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import struct
 
 import numpy as np
 import pytest
@@ -19,50 +18,12 @@ from fedrun.data import ClientSplit, DataMissingError, generate_synthetic, mnist
 from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
                                     pfedme_mnist, split_train_test)
 from fedrun.data.sources import MNIST_FILES, load_mnist
+from helpers import write_mnist_idx
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-def _write_idx(path: str, magic: int, array: np.ndarray) -> None:
-    """Writes `array` (uint8) in the big-endian idx format MNIST uses."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    with open(path, "wb") as f:
-        f.write(struct.pack(">I", magic))
-        for d in array.shape:
-            f.write(struct.pack(">I", d))
-        f.write(array.tobytes())
-
-
-def _mnist_images(labels: np.ndarray, start: int) -> np.ndarray:
-    """uint8 [N, 28, 28] images; pixels (0, 0) and (0, 1) encode the image's global id (start + i)."""
-    rng = np.random.RandomState(start + 12345)
-    images = rng.randint(0, 256, size=(len(labels), 28, 28)).astype(np.uint8)
-    ids = start + np.arange(len(labels))
-    images[:, 0, 0] = ids % 256
-    images[:, 0, 1] = ids // 256
-    return images
-
-
-def write_mnist_idx(root, train_labels, test_labels):
-    """Writes a tiny MNIST in torchvision's raw layout under root/MNIST/raw.
-
-    Returns (train_images, test_images) as uint8 [N, 28, 28]. Train image i carries id i and test
-    image i carries id len(train_labels) + i in its first two pixels (see `_mnist_images`).
-    """
-    train_labels = np.asarray(train_labels, dtype=np.uint8)
-    test_labels = np.asarray(test_labels, dtype=np.uint8)
-    raw = os.path.join(str(root), "MNIST", "raw")
-    os.makedirs(raw, exist_ok=True)
-    train_images = _mnist_images(train_labels, 0)
-    test_images = _mnist_images(test_labels, len(train_labels))
-    _write_idx(os.path.join(raw, "train-images-idx3-ubyte"), 0x00000803, train_images)
-    _write_idx(os.path.join(raw, "train-labels-idx1-ubyte"), 0x00000801, train_labels)
-    _write_idx(os.path.join(raw, "t10k-images-idx3-ubyte"), 0x00000803, test_images)
-    _write_idx(os.path.join(raw, "t10k-labels-idx1-ubyte"), 0x00000801, test_labels)
-    return train_images, test_images
-
 
 def _check_perfedavg_structure(counts: np.ndarray, n: int, a: int) -> None:
     """counts: [n, 10] label counts per user, checked against the Per-FedAvg MNIST split."""

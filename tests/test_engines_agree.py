@@ -27,8 +27,7 @@ from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, simulate
-
-from conftest import group_options
+from helpers import group_options
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity (data_of caches per setup)

@@ -1,6 +1,4 @@
 """pFedMe and the protocol options against hand-computed numbers on toy problems."""
-import os
-
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -12,7 +10,8 @@ from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
 from fedrun.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate
-from test_algorithms import half_squared, quadratic_setup
+from fedrun.cli import CONF_DIR
+from helpers import group_options, half_squared, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 
@@ -185,7 +184,6 @@ def test_protocol_fills_only_null_options_that_exist():
 
 # ------------------------------------------------------------------ Table 1 presets
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 TABLE1 = {  # (data, model): {algo: {option: value}} from the paper's Table 1 (fine-tuned)
     ("synthetic", "mlr"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.02, "beta": 0.002}, "pfedme": {"lam": 20}},
     ("synthetic", "dnn"): {"fedavg": {"beta": 0.03}, "perfedavg": {"alpha": 0.01, "beta": 0.001}, "pfedme": {"lam": 30}},
@@ -195,7 +193,7 @@ TABLE1 = {  # (data, model): {algo: {option: value}} from the paper's Table 1 (f
 
 
 def test_every_pfedme_preset_is_tested():
-    names = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "experiment")) if f.startswith("pfedme_"))
+    names = [e for e in group_options("experiment") if e.startswith("pfedme_")]
     assert names == sorted(f"pfedme_{d}_{m}_{a}" for (d, m), algos in TABLE1.items() for a in algos)
 
 

@@ -1,9 +1,5 @@
 """Paper 004's algorithms and adaptations against hand-computed numbers; engines agree end to end;
 configs and presets compose; a 2-round CLI run of a preset writes its metrics."""
-import os
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 import torch
@@ -14,14 +10,14 @@ from torch import nn
 from fedrun.algorithms import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from fedrun.algorithms.adaptation import MAML, Proto
 from fedrun.algorithms.base import ConfigError
+from helpers import fedrun, group_options as options
 from fedrun.cli import CONF_DIR, precheck
 from fedrun.data import cifar, synthetic
 from fedrun.functional import LoopEngine, VmapEngine, class_means, params_of, proto_logits
 from fedrun.models import CNN, MLP
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
-from test_algorithms import half_squared, quad_grad, quadratic_setup
-from test_cifar import write_cifar
+from helpers import half_squared, quad_grad, quadratic_setup, write_cifar
 
 ENGINES = [VmapEngine, LoopEngine]
 
@@ -277,10 +273,6 @@ def test_pfldyn_proto_on_tiny_cifar_cnn_with_augmentation_engines_agree(c10):
     assert out[0][1].row["pers_acc"] == pytest.approx(out[1][1].row["pers_acc"], abs=1e-6)
 
 
-def options(group):
-    return sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
-
-
 @pytest.mark.parametrize("algo", ["pfldyn", "pflscaf", "pavg", "feddyn", "scaffold"])
 def test_algo_configs_compose_and_instantiate(algo):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -328,13 +320,10 @@ def test_precheck_knows_presets():
 
 
 def test_cli_runs_a_preset_for_two_rounds(c10, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
     args = ["experiment=cifar10_acid5_pflscaf_proto", f"data.root={c10}", "data.download=false", "data.num_clients=10",
             "data.classes_per_client=2", "rounds=2", "tau=2", "batch_size=3", "frac=0.2", "progress=false",
             "plot=false", f"cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
-    p = subprocess.run([sys.executable, "-m", "fedrun.cli", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = fedrun(args, tmp_path)
     assert p.returncode == 0, p.stderr
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert m["round"].tolist() == [1, 2] and m["models_transmitted"].tolist() == [4, 8]
