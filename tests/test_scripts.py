@@ -151,8 +151,9 @@ def test_missing_data_is_one_clear_error(tmp_path):
 def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
-    text = script("pfedme_table1.py", ["--quick", "--datasets", "synthetic,mnist", "--data-root", root,
-                                       "--out", str(out)], tmp_path, monkeypatch)
+    # --rounds 2 (one less than --quick's 3, over 24 jobs): still the best and the last of several rounds
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", "synthetic,mnist", "--data-root",
+                                       root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "fedrun data=mnist_pfedme" in text
     if not real:
         assert "NOT the full 70,000" in text
@@ -164,6 +165,7 @@ def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):
         assert len(jobs) == 12  # 6 presets x 2 protocols
         for key, m in jobs.items():
             ov = dict(key)
+            assert len(m) == 2
             _, data, model, algo = ov["experiment"].split("_")
             for entry, prefix in {"fedavg": [("FedAvg", "global")], "perfedavg": [("Per-FedAvg", "pers")],
                                   "pfedme": [("pFedMe GM", "global"), ("pFedMe PM", "pers")]}[algo]:
@@ -241,13 +243,16 @@ def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
 
 def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
     out = tmp_path / "all"
-    text = script("pfl_cifar.py", ["--quick", "--target", "15", "--out", str(out)], tmp_path, monkeypatch)
+    # --rounds 2 (one less than --quick's 3, over 8 methods): the count still grows round by round
+    text = script("pfl_cifar.py", ["--quick", "--rounds", "2", "--target", "15", "--out", str(out)], tmp_path,
+                  monkeypatch)
     assert "done in" in text and (out / "summary.md").exists() and (out / "figure2.png").exists()
     methods = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto",
                "feddyn", "scaffold")
     for k in methods:
         (ov, m), = job_metrics(out / "runs" / k).items()
         assert dict(ov)["experiment"] == f"cifar10_acid5_{k}"
+        assert m["round"].tolist() == [1, 2]
         per_round = (2 if k in ("pflscaf_proto", "pflscaf_maml", "scaffold") else 1) * 3  # 3 devices per round
         assert m["models_transmitted"].tolist() == [per_round * r for r in m["round"]]
         assert ("pers_acc" in m) == (k not in ("feddyn", "scaffold"))
