@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from torch.func import functional_call, stack_module_state, vmap
 
 import fedrun.data as fdata
+from fedrun.cli import CONF_DIR
 from fedrun.data import DataMissingError, cifar
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
 from fedrun.data.partitions import _spread_extras, alid_permutations, class_lists, deal_classes
@@ -24,7 +25,6 @@ from fedrun.data.sources import CIFAR_FILES, load_cifar
 from fedrun.models import CNN, MLP, MLR
 from helpers import write_cifar
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -702,8 +702,9 @@ def test_mnist_pfedme_bad_values(tiny_mnist):
 def test_mnist_pfedme_config_composes():
     from hydra import compose, initialize_config_dir
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+    from fedrun.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])
     assert cfg.data._target_ == "fedrun.data.mnist_pfedme"
     assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.train_frac) == (20, 2, 0.75)
