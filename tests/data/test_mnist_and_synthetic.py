@@ -9,7 +9,6 @@ import ctypes
 import json
 import os
 import re
-import struct
 
 import numpy as np
 import pytest
@@ -21,50 +20,12 @@ from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label
                                     pfedme_mnist, split_train_test)
 from fedrun.data.sources import MNIST_FILES, load_mnist
 from fedrun.data.synthetic import rows_digest
+from helpers import FIXTURES, write_mnist_idx
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-def _write_idx(path: str, magic: int, array: np.ndarray) -> None:
-    """Writes `array` (uint8) in the big-endian idx format MNIST uses."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    with open(path, "wb") as f:
-        f.write(struct.pack(">I", magic))
-        for d in array.shape:
-            f.write(struct.pack(">I", d))
-        f.write(array.tobytes())
-
-
-def _mnist_images(labels: np.ndarray, start: int) -> np.ndarray:
-    """uint8 [N, 28, 28] images; pixels (0, 0) and (0, 1) encode the image's global id (start + i)."""
-    rng = np.random.RandomState(start + 12345)
-    images = rng.randint(0, 256, size=(len(labels), 28, 28)).astype(np.uint8)
-    ids = start + np.arange(len(labels))
-    images[:, 0, 0] = ids % 256
-    images[:, 0, 1] = ids // 256
-    return images
-
-
-def write_mnist_idx(root, train_labels, test_labels):
-    """Writes a tiny MNIST in torchvision's raw layout under root/MNIST/raw.
-
-    Returns (train_images, test_images) as uint8 [N, 28, 28]. Train image i carries id i and test
-    image i carries id len(train_labels) + i in its first two pixels (see `_mnist_images`).
-    """
-    train_labels = np.asarray(train_labels, dtype=np.uint8)
-    test_labels = np.asarray(test_labels, dtype=np.uint8)
-    raw = os.path.join(str(root), "MNIST", "raw")
-    os.makedirs(raw, exist_ok=True)
-    train_images = _mnist_images(train_labels, 0)
-    test_images = _mnist_images(test_labels, len(train_labels))
-    _write_idx(os.path.join(raw, "train-images-idx3-ubyte"), 0x00000803, train_images)
-    _write_idx(os.path.join(raw, "train-labels-idx1-ubyte"), 0x00000801, train_labels)
-    _write_idx(os.path.join(raw, "t10k-images-idx3-ubyte"), 0x00000803, test_images)
-    _write_idx(os.path.join(raw, "t10k-labels-idx1-ubyte"), 0x00000801, test_labels)
-    return train_images, test_images
-
 
 def _check_perfedavg_structure(counts: np.ndarray, n: int, a: int) -> None:
     """counts: [n, 10] label counts per user, checked against the Per-FedAvg MNIST split."""
@@ -196,7 +157,7 @@ def test_synthetic_other_seed_differs():
 # The official data, as recorded by RUNNING the reference generators (scripts/record_synthetic_facts.py):
 # per client its train/test sizes, label histogram and rows_digest (rows = train + test, since the
 # official shuffle is unseeded). fedrun must hold the same rows per client for the same seed.
-_OFFICIAL = json.load(open(os.path.join(os.path.dirname(__file__), "fixtures", "synthetic_official.json")))
+_OFFICIAL = json.load(open(os.path.join(FIXTURES, "synthetic_official.json")))
 
 
 def _assert_official(name, train, test):
@@ -811,8 +772,9 @@ def test_mnist_pfedme_bad_values(tiny_mnist):
 def test_mnist_pfedme_config_composes():
     from hydra import compose, initialize_config_dir
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+    from fedrun.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])
     assert cfg.data._target_ == "fedrun.data.mnist_pfedme"
     assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.train_frac) == (20, 2, 0.75)
