@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 
 import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
-from fedrun.cli import CONF_DIR, schedule
+from fedrun.cli import CONF_DIR, schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
 from fedrun.functional import ENGINES
@@ -105,6 +105,7 @@ def replay(trace: dict, extra: list[str] = ()) -> dict:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=overrides(trace) + list(extra))
     apply_protocol(cfg)
+    assert not validate(cfg)
     data = golden_data()
     algo = instantiate(cfg.algo)
     model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import io
 import json
 import os
@@ -133,7 +132,7 @@ def summary(params) -> dict:
                 "head": p.detach().flatten()[:3].double().tolist()} for n, p in params}
 
 
-def record(authors: str, algorithm: str, model_name: str, data: dict, workdir: str) -> dict:
+def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
     from FLAlgorithms.servers.serveravg import FedAvg
     from FLAlgorithms.servers.serverperavg import PerAvg
     from FLAlgorithms.servers.serverpFedMe import pFedMe
@@ -284,7 +283,7 @@ def main() -> None:
         try:
             for algorithm in RUNS:
                 for model_name in MODELS:
-                    trace = record(authors, algorithm, model_name, data, tmp)
+                    trace = record(authors, algorithm, model_name, data)
                     if opts.commit:
                         trace["authors"]["commit"] = opts.commit
                     path = os.path.join(out, f"pfedme_{algorithm.lower()}_{model_name}.json")
