@@ -39,8 +39,9 @@ from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
 from fedrun.functional import ENGINES
 from fedrun.protocol import apply_protocol
+import helpers
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "golden")
+FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 RUNS = [(a, m) for a in ("fedavg", "peravg", "pfedme") for m in ("mclr", "dnn")]
 # float32 tolerance, the tightest round numbers that all six traces meet (largest |diff| seen: 3.4e-7,
 # pFedMe DNN; float32 eps is 1.2e-7). Accuracies must match exactly (smallest top-2 logit margin of

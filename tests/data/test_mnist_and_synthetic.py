@@ -154,7 +154,7 @@ def test_synthetic_other_seed_differs():
     assert not np.array_equal(tr0[0][0][:5], tr1[0][0][:5])
 
 
-# The official data, as recorded by RUNNING the reference generators (scripts/record_synthetic_facts.py):
+# The official data, as recorded by RUNNING the reference generators (scripts/golden/record_synthetic_facts.py):
 # per client its train/test sizes, label histogram and rows_digest (rows = train + test, since the
 # official shuffle is unseeded). fedrun must hold the same rows per client for the same seed.
 _OFFICIAL = json.load(open(os.path.join(FIXTURES, "synthetic_official.json")))

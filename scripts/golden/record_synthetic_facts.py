@@ -15,8 +15,8 @@ Each generator's own main() runs unmodified, in a temporary folder (it writes
 data/train/mytrain.json and data/test/mytest.json relative to the working directory); its JSON is
 then read back. Needs numpy and tqdm (the authors' imports).
 
-    python scripts/record_synthetic_facts.py --pfedme /work/ext/pfedme --fedprox /work/ext/fedprox
-    python scripts/record_synthetic_facts.py ... --compare     # also count clients fedrun matches
+    python scripts/golden/record_synthetic_facts.py --pfedme /work/ext/pfedme --fedprox /work/ext/fedprox
+    python scripts/golden/record_synthetic_facts.py ... --compare     # also count clients fedrun matches
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from fedrun.data.synthetic import generate_synthetic, rows_digest  # noqa: E402
 
@@ -111,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     checkouts = {"pfedme": args.pfedme, "fedprox": args.fedprox}
     commits = dict(kv.split("=", 1) for kv in args.commits.split(",") if kv)
-    out = {"about": "Facts of the official synthetic data, recorded by scripts/record_synthetic_facts.py "
+    out = {"about": "Facts of the official synthetic data, recorded by scripts/golden/record_synthetic_facts.py "
                     "(per client, in order: official train/test sizes, label histogram and digest of its rows, train + test "
                     "together; digest = fedrun.data.synthetic.rows_digest).",
            "numpy": np.__version__, "sources": {k: commits.get(k) or _commit(v) for k, v in checkouts.items()},
