@@ -28,12 +28,9 @@ from torch import Tensor
 
 from ..data.federated import FederatedData
 from ..functional import Engine, Params, stack, weighted_mean
+from .options import AlgorithmMeta, ConfigError  # noqa: F401 - ConfigError is imported from here
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the message names the option and what is allowed."""
 
 
 def check_choice(option: str, value, allowed) -> None:
@@ -101,7 +98,9 @@ def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator) -> tup
     return split.x[idx], split.y[idx]
 
 
-class Algorithm:
+class Algorithm(metaclass=AlgorithmMeta):
+    """Options: the __init__ signature (names, types; no defaults), defaults: conf/algo/<name>.yaml."""
+
     name = "base"
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")

@@ -69,14 +69,18 @@ def _scatter(full: Params, ids: Tensor, rows: Params) -> Params:
     return {k: v.index_copy(0, ids, rows[k].to(v.dtype)) for k, v in full.items()}
 
 
+# FedDyn and SCAFFOLD: the debiased local training with no adaptation (the MAML options are unused).
+NO_ADAPTATION = dict(adaptation="none", inner_lr=0.01, inner_steps=1, first_order=False, test_steps=None)
+
+
 class MetaSGD(Algorithm):
     """The shared local optimizer on the adaptation's meta-loss; with no correction this is pavg."""
 
     name = "pavg"
 
-    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None,
-                 adaptation: str = "none", inner_lr: float = 0.01, inner_steps: int = 1, first_order: bool = False,
-                 test_steps: int | None = None, eval_model: str | None = "server"):
+    def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, adaptation: str,
+                 inner_lr: float, inner_steps: int, first_order: bool, test_steps: int | None,
+                 eval_model: str | None):
         check_positive("algo.lr", lr)
         check_positive("algo.lr_decay", lr_decay)
         check_positive("algo.weight_decay", weight_decay, allow_zero=True)
@@ -160,7 +164,7 @@ class PAvg(MetaSGD):
 
     name = "pavg"
 
-    def __init__(self, proto_first_step_only: bool | None = False, **options):
+    def __init__(self, proto_first_step_only: bool | None, **options):
         check_choice("algo.proto_first_step_only", proto_first_step_only, [True, False, None])
         super().__init__(**options)
         self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
@@ -180,7 +184,7 @@ class PFLDyn(MetaSGD):
 
     name = "pfldyn"
 
-    def __init__(self, alpha: float = 0.01, **options):
+    def __init__(self, alpha: float, **options):
         check_positive("algo.alpha", alpha)
         super().__init__(**options)
         self.alpha = alpha
@@ -259,10 +263,10 @@ class FedDyn(PFLDyn):
 
     name = "feddyn"
 
-    def __init__(self, alpha: float = 0.01, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0,
-                 clip: float | None = None, eval_model: str | None = "server"):
+    def __init__(self, alpha: float, lr: float, lr_decay: float, weight_decay: float, clip: float | None,
+                 eval_model: str | None):
         super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip,
-                         eval_model=eval_model)
+                         eval_model=eval_model, **NO_ADAPTATION)
 
 
 class Scaffold(PFLScaf):
@@ -270,6 +274,6 @@ class Scaffold(PFLScaf):
 
     name = "scaffold"
 
-    def __init__(self, lr: float = 0.1, lr_decay: float = 1.0, weight_decay: float = 0.0, clip: float | None = None,
-                 eval_model: str | None = "server"):
-        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip, eval_model=eval_model)
+    def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, eval_model: str | None):
+        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip, eval_model=eval_model,
+                         **NO_ADAPTATION)

@@ -33,9 +33,8 @@ class PFedMe(Algorithm):
     name = "pfedme"
     PERSONALIZED = ("theta", "local")
 
-    def __init__(self, lam: float = 15.0, eta: float = 0.01, personal_lr: float = 0.01, K: int = 5,
-                 beta: float = 1.0, mu: float | None = 0.0, personalized: str | None = "theta",
-                 train_all: bool | None = False):
+    def __init__(self, lam: float, eta: float, personal_lr: float, K: int, beta: float, mu: float | None,
+                 personalized: str | None, train_all: bool | None):
         check_positive("algo.lam", lam)
         check_positive("algo.eta", eta)
         check_positive("algo.personal_lr", personal_lr)
@@ -58,10 +57,19 @@ class PFedMe(Algorithm):
         w, theta = local["params"], local["theta"]
         for _ in range(self.K):  # the inner problem, on the same minibatch
             g, _ = engine.grad(theta, x, y)
-            theta = {k: theta[k] - self.personal_lr * (g[k] + self.lam * (theta[k] - w[k]) + self.mu * theta[k])
-                     for k in theta}
-        w = {k: w[k] - self.eta * self.lam * (w[k] - theta[k]) for k in w}
+            theta = {k: theta[k] - self._inner_step(theta[k], w[k], g[k]) for k in theta}
+        w = {k: w[k] - (w[k] - theta[k]).mul_(self.eta * self.lam) for k in w}
         return {"params": w, "theta": theta}
+
+    def _inner_step(self, theta: Tensor, w: Tensor, g: Tensor) -> Tensor:
+        """personal_lr * (g + lam (theta - w) + mu theta), in place on one temporary: the same
+        operations in the same order as the formula (so the same bits), without a new tensor per
+        operation; on the CPU, with all clients' stacked parameters (or several seeds' clients),
+        allocating every intermediate cost more than the arithmetic."""
+        t = (theta - w).mul_(self.lam).add_(g)
+        if self.mu:
+            t.add_(theta * self.mu)
+        return t.mul_(self.personal_lr)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
