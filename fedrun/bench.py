@@ -17,6 +17,9 @@ fedrun against the authors' code (issue 11): pFedMe DNN at pFedMe's Table 1 synt
 fedrun's vmap engine before and after CharlieDinh/pFedMe's main.py in the same process tree, same thread count;
 PATH is a work tree of their repository (their Synthetic data is generated there first if missing):
     python -m fedrun.bench --authors PATH [--rounds 20 --authors-rounds 3 --warmup 3]
+Seeds batched (issue 11, `hydra/launcher=batched`): wall time of 1, 5, 10 seeds as one computation
+against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench_seeds):
+    python -m fedrun.bench --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
 """
 from __future__ import annotations
 
@@ -29,28 +32,38 @@ from pathlib import Path
 
 import torch
 
-from .algorithms import FedAvg, PerFedAvg, PFedMe
+from .algorithms import build, names
 from .data import ClientSplit, FederatedData, synthetic
 from .functional import ENGINES, params_of
 from .models import CNN, MLP
 from .simulate import Schedule, simulate
 
+# Named bench settings: a conf/algo entry and the options the setting changes (the rest come from
+# its yaml). Any other conf/algo name is benched with its yaml's options as they are.
 ALGOS = {
-    "fedavg": lambda: FedAvg(beta=0.02, alpha=0.02),
-    "perfedavg-fo": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="fo"),
-    "perfedavg-hf": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="hf"),
-    "perfedavg-exact": lambda: PerFedAvg(alpha=0.02, beta=0.02, variant="exact"),
-    "pfedme": lambda: PFedMe(lam=30, eta=0.01, personal_lr=0.01, K=5, beta=2.0, mu=0.001, personalized="local",
-                             train_all=True),
+    "fedavg": ("fedavg", {}),
+    "perfedavg-fo": ("perfedavg", {"variant": "fo"}),
+    "perfedavg-hf": ("perfedavg", {"variant": "hf"}),
+    "perfedavg-exact": ("perfedavg", {"variant": "exact"}),
+    "pfedme": ("pfedme", dict(lam=30, beta=2.0, mu=0.001, personalized="local", train_all=True)),
 }
 AGGREGATE = {"pfedme": "samples"}
-# Algorithms at paper 004's CIFAR settings (lr 0.1; Per-FedAvg meta lr 1e-2). Paper 004's own
-# algorithms join here as they land in fedrun.algorithms.
+# Paper 004's CIFAR settings (lr 0.1; Per-FedAvg meta lr 1e-2); its own algorithms' yamls already are.
 CIFAR_ALGOS = {
-    "fedavg": lambda: FedAvg(beta=0.1, alpha=0.1),
-    "perfedavg-fo": lambda: PerFedAvg(alpha=0.01, beta=0.1, variant="fo"),
-    "perfedavg-hf": lambda: PerFedAvg(alpha=0.01, beta=0.1, variant="hf"),
+    "fedavg": ("fedavg", {"beta": 0.1, "alpha": 0.1}),
+    "perfedavg-fo": ("perfedavg", {"alpha": 0.01, "beta": 0.1, "variant": "fo"}),
+    "perfedavg-hf": ("perfedavg", {"alpha": 0.01, "beta": 0.1, "variant": "hf"}),
 }
+
+
+def bench_algo(name: str, settings: dict):
+    """The algorithm `name` names: a bench setting of `settings`, else a conf/algo entry as it is."""
+    algo, options = settings.get(name, (name, {}))
+    return build(algo, **options)
+
+
+def _unknown(algos: str, settings: dict) -> list[str]:
+    return [a for a in algos.split(",") if a not in settings and a not in names()]
 
 
 def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classes: int = 10, k: int = 5,
@@ -88,13 +101,14 @@ def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int =
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20; --seeds: 3)")
     ap.add_argument("--loop-rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--algos", default=None,
-                    help="comma-separated (synthetic default: fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact; "
-                         f"cifar default: fedavg, from {','.join(CIFAR_ALGOS)})")
+                    help="comma-separated bench settings or conf/algo names (synthetic default: fedavg,perfedavg-fo,"
+                         f"perfedavg-hf,perfedavg-exact, from {','.join(ALGOS)}; cifar default: fedavg, from "
+                         f"{','.join(CIFAR_ALGOS)}; any of {','.join(names())})")
     ap.add_argument("--tau", type=int, default=None, help="local steps (default: synthetic 20, cifar 50)")
     ap.add_argument("--personalize-batch", type=int, default=None,
                     help="test-time adaptation on a minibatch of this size (default: all training rows)")
@@ -110,9 +124,18 @@ def main(argv=None) -> None:
     ap.add_argument("--authors", default=None, metavar="PATH",
                     help="time CharlieDinh/pFedMe's main.py (a work tree at PATH) against fedrun's pFedMe DNN")
     ap.add_argument("--authors-rounds", type=int, default=3, help="--authors: rounds of their code timed after warm-up")
+    ap.add_argument("--seeds", default=None, metavar="N,N,...",
+                    help="seeds batched: s/round of each number of seeds trained together (e.g. 1,5,10)")
+    ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.seeds:
+        from . import bench_seeds
+
+        return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3, args.seed_settings.split(","),
+                                args.device)
+    args.rounds = args.rounds or 20
     device = torch.device(args.device)
     if args.authors is not None:
         return authors_main(args, ap, device)
@@ -120,6 +143,9 @@ def main(argv=None) -> None:
         return cifar_main(args, ap, device)
     args.tau = args.tau or 20
     args.algos = args.algos or "fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact"
+    if _unknown(args.algos, ALGOS):
+        ap.error(f"--algos {','.join(_unknown(args.algos, ALGOS))}: neither a bench setting ({', '.join(ALGOS)}) "
+                 f"nor a conf/algo entry ({', '.join(names())})")
     data = synthetic(cache_dir=".cache/fedrun").to(device)
     print(f"device={device} threads={torch.get_num_threads()} clients={data.num_clients} "
           f"train_rows={int(data.train.sizes.sum())} test_rows={int(data.test.sizes.sum())}; "
@@ -131,16 +157,16 @@ def main(argv=None) -> None:
         for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
             sched = Schedule(rounds=rounds, tau=args.tau, clients_per_round=10, batch_size=20, eval_every=1,
                              personalize_batch=args.personalize_batch, aggregate=AGGREGATE.get(name, "uniform"))
-            res[eng] = time_rounds(ALGOS[name](), eng, data, sched, device, args.warmup)
+            res[eng] = time_rounds(bench_algo(name, ALGOS), eng, data, sched, device, args.warmup)
         print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
 
 
 def cifar_main(args, ap, device) -> None:
     tau = args.tau or 50
     algos = args.algos or "fedavg"
-    unknown = [a for a in algos.split(",") if a not in CIFAR_ALGOS]
-    if unknown:
-        ap.error(f"--algos {','.join(unknown)}: not in the cifar setting's list ({', '.join(CIFAR_ALGOS)})")
+    if _unknown(algos, CIFAR_ALGOS):
+        ap.error(f"--algos {','.join(_unknown(algos, CIFAR_ALGOS))}: neither a cifar bench setting "
+                 f"({', '.join(CIFAR_ALGOS)}) nor a conf/algo entry ({', '.join(names())})")
     data = cifar_like(args.clients, args.train_per_client, args.test_per_client).to(device)
     m = min(args.clients_per_round, args.clients)
     print(f"device={device} threads={torch.get_num_threads()} CIFAR-shaped random data: {data.num_clients} devices x "
@@ -154,7 +180,7 @@ def cifar_main(args, ap, device) -> None:
         for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
             sched = Schedule(rounds=rounds, tau=tau, clients_per_round=m, batch_size=args.batch,
                              eval_every=args.eval_every, personalize_batch=args.personalize_batch)
-            res[eng] = time_rounds(CIFAR_ALGOS[name](), eng, data, sched, device, args.warmup,
+            res[eng] = time_rounds(bench_algo(name, CIFAR_ALGOS), eng, data, sched, device, args.warmup,
                                    model_fn=lambda: CNN(data.in_features, data.num_classes))
         print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
 

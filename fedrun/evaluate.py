@@ -1,6 +1,7 @@
 """Global and personalized metrics for ALL clients at once (SPEC section 3).
 
-For each served model ("global": the server model; "pers": the per-client personalized models):
+For each served model ("global": the algorithm's shared model, `Algorithm.eval_params`, normally
+the server model; "pers": the per-client personalized models):
   <m>_acc             pooled accuracy over all clients' test rows (total correct / total rows)
   <m>_acc_mean/std/min/max   over clients, each client's accuracy counting once (unweighted)
   <m>_loss            pooled mean test loss; <m>_loss_mean: unweighted mean of client losses
@@ -55,12 +56,13 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
     """
     n_test = data.test.sizes.to(torch.float32)
     n_train = data.train.sizes.to(torch.float32)
-    g_loss, g_correct = _eval(engine, state.params, data.test, True)
+    shared = algo.eval_params(state)
+    g_loss, g_correct = _eval(engine, shared, data.test, True)
     per_client = {"global_acc": g_correct / n_test, "global_loss": g_loss / n_test}
     row = _summaries("global", g_loss, g_correct, n_test)
     pers, train_loss = algo.personalize(engine, state, ctx)
     if train_loss is None:
-        t_loss, _ = _eval(engine, state.params, data.train, True)
+        t_loss, _ = _eval(engine, shared, data.train, True)
         train_loss = t_loss / n_train
     if pers is not None:
         if not isinstance(pers, Prototypes):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pickle
 
 
 class CsvLog:
@@ -28,7 +29,7 @@ class CsvLog:
 
 def _fmt(v):
     if isinstance(v, float):
-        return f"{v:.6g}" if abs(v) >= 1e4 else f"{v:.6f}"
+        return repr(v)  # the shortest text that reads back as the same float (3e-07 stays 3e-07)
     return "" if v is None else v
 
 
@@ -54,6 +55,32 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 def write_json(path: str, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# ---------------------------------------------------------------------------- a run's tables
+
+def write_partition(data, path: str) -> None:
+    """partition.csv: per client, its training and test rows and their label counts."""
+    k = data.num_classes
+    tr, te = data.train.label_counts(k).cpu(), data.test.label_counts(k).cpu()
+    rows = []
+    for c in range(data.num_clients):
+        row = {"client": c, "n_train": int(tr[c].sum()), "n_test": int(te[c].sum())}
+        row.update({f"train_label_{j}": int(tr[c, j]) for j in range(k)})
+        row.update({f"test_label_{j}": int(te[c, j]) for j in range(k)})
+        rows.append(row)
+    write_csv(path, rows)
+
+
+def write_clients(data, ev, path: str) -> None:
+    """clients.csv: per client, its rows and its metrics of the last evaluation `ev`."""
+    n_tr, n_te = data.train.sizes.cpu(), data.test.sizes.cpu()
+    rows = []
+    for c in range(data.num_clients):
+        row = {"client": c, "n_train": int(n_tr[c]), "n_test": int(n_te[c])}
+        row.update({k: float(v[c]) for k, v in ev.per_client.items()})
+        rows.append(row)
+    write_csv(path, rows)
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -101,13 +128,17 @@ def load_checkpoint(folder: str, warn=print) -> dict | None:
     paths = checkpoint_paths(folder)
     for path in paths:
         try:
-            ck = torch.load(path, map_location="cpu", weights_only=False)
+            try:  # tensors and plain containers only: a checkpoint never runs code when it is read
+                ck = torch.load(path, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError:
+                raise ValueError("it holds objects other than tensors and plain containers; refused "
+                                 "(fedrun reads checkpoints with torch.load(weights_only=True))") from None
             if not isinstance(ck, dict) or ck.get("version") != CHECKPOINT_VERSION or "round" not in ck:
                 raise ValueError("not a fedrun checkpoint of this version")
             ck["path"] = path
             return ck
         except Exception as e:  # noqa: BLE001 - any unreadable file falls back to the previous one
-            warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:100]}); trying the previous one")
+            warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); trying the previous one")
     if paths:
         raise CheckpointError(f"no readable checkpoint in {folder} (tried {len(paths)}); run with resume=false to start over")
     return None

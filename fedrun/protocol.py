@@ -10,6 +10,11 @@ the algorithms as the papers describe them.
   algo.mu=0.001              (pFedMe) extra L2 term mu*theta in the inner problem
   algo.personalized=local    (pFedMe) "personalized" accuracy is that of each client's local model
   algo.test_time=test_batches  (Per-FedAvg) personalized by two SGD steps on TEST minibatches (leak)
+  algo.eval_model=clients_mean (paper 004) the model scored and personalized is the mean of every
+                             client's latest local model (never-sampled clients: the initial model),
+                             not the server model; the curves of paper 004 plot this model
+  algo.proto_first_step_only=true  (paper 004, P-Avg (Proto)) only each round's first local step
+                             uses the Proto features; the authors' loop embeds with the outputs after
 
 and papers report the MAX over rounds (summary.json always has the last and the best round).
 
@@ -23,9 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 
 CHOICES = {
     "honest": {"aggregate": "uniform", "algo.train_all": False, "algo.mu": 0.0, "algo.personalized": "theta",
-               "algo.test_time": "train"},
+               "algo.test_time": "train", "algo.eval_model": "server", "algo.proto_first_step_only": False},
     "official": {"aggregate": "samples", "algo.train_all": True, "algo.mu": 0.001, "algo.personalized": "local",
-                 "algo.test_time": "test_batches"},
+                 "algo.test_time": "test_batches", "algo.eval_model": "clients_mean",
+                 "algo.proto_first_step_only": True},
 }
 
 

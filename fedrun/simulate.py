@@ -129,6 +129,22 @@ class Progress:
     transmitted: int = 0
 
 
+@dataclass
+class Replica:
+    """One run of a group that `simulate_group` trains as one computation with the others: the same
+    algorithm, data and schedule, its own seed (initial params, sampled clients, minibatches,
+    evaluation draws), state and callbacks. `at`, `last` and `error` are filled in as it runs."""
+
+    seed: int
+    params: Params
+    start: Progress | None = None
+    on_eval: Callable[[int, int, Evaluation], None] | None = None
+    on_checkpoint: Callable[[Progress], None] | None = None
+    at: Progress | None = None
+    last: Evaluation | None = None
+    error: Diverged | None = None
+
+
 def simulate(
     algo: Algorithm,
     engine: Engine,
@@ -153,46 +169,102 @@ def simulate(
         client_chunk: train at most this many clients at once (None: all, split on out-of-memory).
     Returns the final server state and the last evaluation.
     """
-    at = start or Progress(algo.init(params, data.num_clients))
+    run = Replica(seed, params, start, on_eval, on_checkpoint)
+    simulate_group(algo, engine, data, [run], sched, progress, checkpoint_every, client_chunk)
+    if run.error is not None:
+        raise run.error
+    return run.at.state, run.last
+
+
+def simulate_group(
+    algo: Algorithm,
+    engine: Engine,
+    data: FederatedData,
+    runs: list[Replica],
+    sched: Schedule,
+    progress: bool = False,
+    checkpoint_every: int = 0,
+    client_chunk: int | None = None,
+) -> None:
+    """Runs several replicas (seeds) of one configuration as one computation: each round, every
+    replica samples its own clients and minibatches from its own (seed, round) streams, and the
+    clients of all replicas train together, stacked along the client dimension (so `client_chunk`
+    and the out-of-memory halving bound them all at once). Server updates, evaluation and
+    callbacks are per replica. A replica's numbers are those of `simulate` with its seed alone.
+
+    Replicas may start at different rounds (resumed from different checkpoints); each joins when
+    the loop reaches its round. A replica that diverges stops with its `error` set; the others go on.
+    """
+    for r in runs:
+        r.at = r.start or Progress(algo.init(r.params, data.num_clients))
     train = ChunkedTraining(client_chunk)
-    last = None
     bar = None
+    first = min(r.at.round for r in runs)
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sched.rounds, initial=at.round, desc=algo.name, unit="round", dynamic_ncols=True)
-    for rnd in range(at.round + 1, sched.rounds + 1):
-        clients, trained, idx = sample_round(data, sched, algo.batches_per_step, seed, rnd, algo.train_all)
-        aug = draw_augmentation(data.augment, tuple(idx.shape), round_generator(seed, rnd, stream=2))
-        local = train(algo, engine, algo.client_init(at.state, trained, rnd), data, idx, rnd, aug)
-        bad = _nonfinite_clients(local)
-        if bad:
-            raise Diverged(
-                f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "
-                f"{trained[bad].tolist()[:20]}{' ...' if len(bad) > 20 else ''}"
-            )
-        selected = torch.searchsorted(trained, clients)  # positions of the sampled clients (both sorted)
-        weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
-        state = algo.server_update(at.state, local, trained, selected, weights)
-        at = Progress(state, rnd, at.transmitted + len(clients) * algo.models_per_round)
-        if rnd % sched.eval_every == 0 or rnd == sched.rounds:
-            last = evaluate(algo, engine, at.state, data, eval_context(data, sched, seed, rnd))
-            if not math.isfinite(last.row["train_loss"]):
-                raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
-            if on_eval:
-                on_eval(rnd, at.transmitted, last)
-            if bar is not None:
+        desc = algo.name if len(runs) == 1 else f"{algo.name} x{len(runs)} seeds"
+        bar = tqdm(total=sched.rounds, initial=first, desc=desc, unit="round", dynamic_ncols=True)
+    for rnd in range(first + 1, sched.rounds + 1):
+        active = [r for r in runs if r.error is None and r.at.round < rnd]
+        if not active:
+            break
+        draws = [sample_round(data, sched, algo.batches_per_step, r.seed, rnd, algo.train_all) for r in active]
+        augs = [draw_augmentation(data.augment, tuple(idx.shape), round_generator(r.seed, rnd, stream=2))
+                for r, (_, _, idx) in zip(active, draws)]
+        locals_ = [algo.client_init(r.at.state, trained, rnd) for r, (_, trained, _) in zip(active, draws)]
+        if len(active) == 1:
+            local, idx, aug = locals_[0], draws[0][2], augs[0]
+        else:
+            local = tree_map(lambda *vs: torch.cat(vs), *locals_)
+            idx = torch.cat([d[2] for d in draws])
+            aug = None if augs[0] is None else tuple(torch.cat(parts) for parts in zip(*augs))
+        local = train(algo, engine, local, data, idx, rnd, aug)
+        bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
+        offset = 0
+        for r, (clients, trained, _) in zip(active, draws):
+            n = len(trained)
+            mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + n], local)
+            bad = [i - offset for i in bad_all if offset <= i < offset + n]
+            offset += n
+            try:
+                _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
+            except Diverged as e:
+                r.error = e
+        if bar is not None:
+            last = active[0].last
+            if last is not None and (rnd % sched.eval_every == 0 or rnd == sched.rounds):
                 post = {"global": f"{last.row['global_acc']:.4f}"}
                 if "pers_acc" in last.row:
                     post["pers"] = f"{last.row['pers_acc']:.4f}"
                 bar.set_postfix(post, refresh=False)
-        if on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds):
-            on_checkpoint(at)
-        if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return at.state, last
+
+
+def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, r: Replica, rnd: int,
+                  clients: torch.Tensor, trained: torch.Tensor, local: Local, bad: list[int],
+                  checkpoint_every: int) -> None:
+    """One replica's part of round `rnd` after local training: the divergence guard (`bad`: its
+    clients with non-finite parameters), the server step, evaluation and callbacks."""
+    if bad:
+        raise Diverged(
+            f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "
+            f"{trained[bad].tolist()[:20]}{' ...' if len(bad) > 20 else ''}"
+        )
+    selected = torch.searchsorted(trained, clients)  # positions of the sampled clients (both sorted)
+    weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
+    state = algo.server_update(r.at.state, local, trained, selected, weights)
+    r.at = Progress(state, rnd, r.at.transmitted + len(clients) * algo.models_per_round)
+    if rnd % sched.eval_every == 0 or rnd == sched.rounds:
+        r.last = evaluate(algo, engine, r.at.state, data, eval_context(data, sched, r.seed, rnd))
+        if not math.isfinite(r.last.row["train_loss"]):
+            raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
+        if r.on_eval:
+            r.on_eval(rnd, r.at.transmitted, r.last)
+    if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds):
+        r.on_checkpoint(r.at)
 
 
 def _nonfinite_clients(local: Local) -> list[int]:

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 
+from fedrun.config import neutral_options
+
 # Options a paper script keeps out of job folder names (they are the same for every job of the script).
-HIDDEN_IN_NAMES = ["seed", "device", "progress", "plot", "data.root", "cache_dir", "algo", "data", "model", "data.n",
-                   "data.a", "batch_size", "rounds", "on_diverge", "data.download"]
+# The seed and the options that do not change the numbers first (fedrun.config.NEUTRAL_OPTIONS).
+HIDDEN_IN_NAMES = neutral_options("seed") + ["algo", "data", "model", "data.n", "data.a", "batch_size", "rounds"]
 
 
 def common_options(ap: argparse.ArgumentParser, name: str) -> None:

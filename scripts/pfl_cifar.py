@@ -70,7 +70,7 @@ DEFAULT_METHODS = ["perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_pro
                    "feddyn", "scaffold"]
 BASELINE = "perfedavg_maml"
 # --quick: tiny generated CIFAR (per class: train, test images), few devices, tiny local work.
-QUICK_DATA = {"cifar10": (20, 10), "cifar100": (4, 3)}
+QUICK_DATA = {"cifar10": (10, 5), "cifar100": (4, 3)}
 QUICK = ["clients_per_round=3", "frac=null", "tau=2", "batch_size=8"]  # frac=null: presets set frac=0.1
 QUICK_CLIENTS = {"cifar10": 10, "cifar100": 100}
 

@@ -1,28 +1,20 @@
 """The command line as a user runs it: configs compose, a short run writes what it promises, bad
-input gets one line naming the option and what is allowed."""
+input gets one line naming the option and what is allowed.
+
+The CLI runs in this process (helpers.fedrun: fedrun.cli.main with the arguments in sys.argv); two
+smoke tests start it as a user does, `python -m fedrun.cli`: one run and one bad input."""
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from helpers import fedrun, fedrun_subprocess, group_options as options
 from fedrun.cli import CONF_DIR, precheck
 
-SMALL = ["data.num_clients=6", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]
-
-
-def options(group):
-    return sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
-
-
-def fedrun(args, tmp_path, env_extra=None):
-    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "fedrun.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+# data.seed=9: 2,435 synthetic rows for 6 clients (the default seed 0 draws 48,930)
+SMALL = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]
 
 
 @pytest.mark.parametrize("algo", options("algo"))
@@ -43,10 +35,11 @@ def test_every_data_config_composes(data):
 
 
 def test_two_round_run_writes_its_files_and_repeats_exactly(tmp_path):
+    """Smoke test: the first run is `python -m fedrun.cli` in a new process, the second in this one."""
     outs = []
-    for i in range(2):
+    for i, launch in enumerate((fedrun_subprocess, fedrun)):
         run_dir = tmp_path / f"run{i}"
-        r = fedrun([*SMALL, f"hydra.run.dir={run_dir}"], tmp_path)
+        r = launch([*SMALL, f"hydra.run.dir={run_dir}"], tmp_path)
         assert r.returncode == 0, r.stderr
         assert "outputs in" in r.stdout
         outs.append(run_dir)
@@ -89,9 +82,14 @@ def test_overrides_reach_the_run(tmp_path):
     (["clients_per_round=7"], "clients_per_round=7 exceeds the 6 clients of the data; allowed: 1..6"),
     (["taux=3"], "unknown option 'taux'; top-level options:"),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
+    (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
-    r = fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    check_one_line_error(fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path), expected)
+    assert not (tmp_path / "bad" / "metrics.csv").exists()
+
+
+def check_one_line_error(r, expected):
     assert r.returncode == 2
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1, r.stderr
@@ -99,12 +97,18 @@ def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
     assert "Traceback" not in r.stderr
 
 
+def test_bad_input_smoke_in_a_new_process(tmp_path):
+    """Smoke test: a value only the run's validation catches (not the precheck), as a user gets it."""
+    r = fedrun_subprocess([*SMALL, "frac=1.5", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    check_one_line_error(r, "frac=1.5 must be a fraction in (0, 1]")
+
+
 def test_precheck_accepts_good_overrides():
     assert precheck(["algo=fedavg,perfedavg", "seed=0,1", "algo.beta=0.1", "hydra.run.dir=x", "-m"]) is None
 
 
 def test_missing_mnist_offline_is_one_clear_line(tmp_path):
-    r = fedrun([*SMALL[1:], "data=mnist_perfedavg", f"data.root={tmp_path / 'nodata'}", "data.download=false",
+    r = fedrun([*SMALL[2:], "data=mnist_perfedavg", f"data.root={tmp_path / 'nodata'}", "data.download=false",
                 f"hydra.run.dir={tmp_path / 'm'}"], tmp_path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

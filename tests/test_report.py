@@ -1,39 +1,41 @@
 """Sweeps and reports: a tiny real multirun (2 algorithms x 2 seeds), its job folders, and the report's
 numbers checked against the jobs' own CSVs, computed here independently with pandas; jobs that did
-not finish are listed and left out; the launcher configs compose."""
+not finish are listed and left out; the launcher configs compose, and the joblib launcher runs the
+sweep in parallel worker processes. fedrun and fedrun-report run in this process (helpers.fedrun,
+fedrun.report.main)."""
+import contextlib
+import io
 import math
-import os
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from helpers import Result, fedrun
 from fedrun.cli import CONF_DIR, precheck
-from fedrun.report import Job, missing_job_numbers, parse_targets
+from fedrun.report import Job, main as report_main, missing_job_numbers, parse_targets
+from fedrun.report.markdown import MD_COLUMNS
 
-SWEEP = ["-m", "algo=fedavg,perfedavg", "seed=0,1", "data.num_clients=6", "rounds=2", "tau=2",
+# data.seed=9: 2,435 synthetic rows for 6 clients (the default seed 0 draws 48,930)
+SWEEP = ["-m", "algo=fedavg,perfedavg", "seed=0,1", "data.num_clients=6", "data.seed=9", "rounds=2", "tau=2",
          "clients_per_round=3", "progress=false", "plot=false"]
 STATS = ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round")
 
 
-def _env(tmp):
-    return {**os.environ, "FEDRUN_CACHE": str(tmp / "cache")}
-
-
 def report(args, cwd):
-    return subprocess.run([sys.executable, "-m", "fedrun.report", *args], cwd=cwd, env=_env(cwd),
-                          capture_output=True, text=True, timeout=120)
+    """`fedrun-report *args` (absolute paths): its exit status and what it prints."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report_main([str(a) for a in args])
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
-    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *SWEEP, f"hydra.sweep.dir={tmp / 'sweep'}"], cwd=tmp,
-                       env=_env(tmp), capture_output=True, text=True, timeout=300)
+    r = fedrun([*SWEEP, f"hydra.sweep.dir={tmp / 'sweep'}"], tmp)
     assert r.returncode == 0, r.stderr
     return tmp / "sweep"
 
@@ -85,7 +87,8 @@ def test_multirun_job_folders_are_named_by_their_overrides_without_the_seed(swee
     names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert len(names) == 4, names
     for n in names:
-        assert "seed=" not in n and "progress" not in n and "plot" not in n, n
+        options = n.split("_", 1)[1].split(",")
+        assert not any(o.startswith(("seed=", "progress=", "plot=")) for o in options), n
         assert "data.num_clients=6" in n and "rounds=2" in n
     # the two seeds of one algorithm differ only by the job number in front
     rest = sorted(n.split("_", 1)[1] for n in names)
@@ -116,7 +119,7 @@ def test_report_numbers_equal_the_mean_and_std_of_the_jobs_csvs(sweep, tmp_path)
         check_row(row, want)
         line = next(l for l in md.splitlines() if l.startswith(f"| algo={algo} |"))
         for p in ("global", "pers"):
-            for stat in STATS:
+            for stat in MD_COLUMNS:  # summary.md shows these; summary.csv (checked above) has all of STATS
                 m, s = want[f"{p}_{stat}_mean"], want[f"{p}_{stat}_std"]
                 assert f"{m * 100:.2f} ± {s * 100:.2f}" in line, (p, stat, line)
     assert "rounds to 1%" in md and "All jobs finished" in md
@@ -166,22 +169,20 @@ def test_targets_accept_fractions_and_percents():
 
 
 def _launcher(name, *extra):
+    """The composed hydra.launcher node (the plugins are in the test extra: a missing one fails here)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("config", overrides=[f"hydra/launcher={name}", *extra], return_hydra_config=True).hydra.launcher
 
 
 def test_local_parallel_launcher_config_composes():
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     cfg = _launcher("parallel", "hydra.launcher.n_jobs=3")
     assert cfg._target_.endswith("JoblibLauncher") and cfg.n_jobs == 3
 
 
 def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     args = [a for a in SWEEP if not a.startswith("seed=")] + ["seed=0", "hydra/launcher=parallel",
                                                               "hydra.launcher.n_jobs=2"]
-    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *args, f"hydra.sweep.dir={tmp_path / 'par'}"], cwd=tmp_path,
-                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    r = fedrun([*args, f"hydra.sweep.dir={tmp_path / 'par'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
     par, seq = jobs_of(tmp_path / "par"), jobs_of(sweep)
@@ -191,7 +192,6 @@ def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path)
 
 
 def test_slurm_launcher_config_composes():
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     cfg = _launcher("slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=120")
     assert cfg._target_.endswith("SlurmLauncher")
     assert cfg.partition == "gpu" and cfg.timeout_min == 120 and cfg.gpus_per_node == 1

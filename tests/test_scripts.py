@@ -2,10 +2,17 @@
 data comes from and where the outputs went, and their tables hold the numbers of the runs' CSVs.
 
 Real MNIST is used when $FEDRUN_DATA holds it; otherwise a tiny MNIST in torchvision's raw layout
-is written to a temporary folder (too small for the papers' `a`, so the scripts must lower it)."""
+is written to a temporary folder (too small for the papers' `a`, so the scripts must lower it).
+
+The scripts run in this process (runpy, patched argv), and so do the `python -m fedrun.cli -m ...`
+sweeps they start: _paper.run_sweep's subprocess.run gets the very argv it builds and hands it to
+fedrun.cli.main here (helpers.fedrun). One script error runs as a real process."""
+import contextlib
+import io
 import math
 import os
 import re
+import runpy
 import subprocess
 import sys
 
@@ -13,12 +20,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_data import write_mnist_idx
 
+from helpers import REPO, fedrun, write_mnist_idx
 from fedrun.data.sources import MNIST_FILES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "scripts")
+SCRIPTS = os.path.join(REPO, "scripts")
+sys.path.insert(0, SCRIPTS)
+import _paper  # noqa: E402  (the scripts' shared module: the one they import)
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +40,33 @@ def data_root(tmp_path_factory):
     return str(root), False
 
 
-def script(name, args, tmp_path):
-    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *args], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r.stdout
+class _FedrunHere:
+    """Stands in for the subprocess module in _paper: `python -m fedrun.cli ...` runs in this process."""
+
+    @staticmethod
+    def run(cmd, **kwargs):
+        assert cmd[:3] == [sys.executable, "-m", "fedrun.cli"] and not kwargs, cmd
+        r = fedrun(cmd[3:], os.getcwd())
+        print(r.stdout, end="")
+        print(r.stderr, end="", file=sys.stderr)
+        return subprocess.CompletedProcess(cmd, r.returncode)
+
+
+def script(name, args, tmp_path, monkeypatch):
+    """`python scripts/<name> *args` in `tmp_path`, in this process; returns what it prints."""
+    monkeypatch.setattr(_paper, "subprocess", _FedrunHere)
+    monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [os.path.join(SCRIPTS, name), *map(str, args)])
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(os.path.join(SCRIPTS, name), run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    assert code == 0, out.getvalue()[-3000:] + err.getvalue()[-3000:]
+    return out.getvalue()
 
 
 def job_metrics(runs_dir):
@@ -50,10 +79,10 @@ def job_metrics(runs_dir):
     return out
 
 
-def test_figure1_quick(data_root, tmp_path):
+def test_figure1_quick(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "fig"
-    text = script("perfedavg_figure1.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path)
+    text = script("perfedavg_figure1.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "data: MNIST from" in text
     if not real:
         assert re.search(r"note: a=\d+ does not fit this MNIST with n=10 users; using a=\d+", text)
@@ -78,10 +107,10 @@ def test_figure1_quick(data_root, tmp_path):
                 assert row["acc_best_round_mean"] == pytest.approx(m[col].max(), abs=1e-9)
 
 
-def test_table003_quick_and_replot_without_training(data_root, tmp_path):
+def test_table003_quick_and_replot_without_training(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "tab"
-    text = script("perfedavg_table003.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path)
+    text = script("perfedavg_table003.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "data: MNIST from" in text
     note = re.search(r"note: a=196 does not fit this MNIST with n=50 users; using a=(\d+)", text)
     assert note or real
@@ -104,13 +133,14 @@ def test_table003_quick_and_replot_without_training(data_root, tmp_path):
     # --replot redraws from the CSVs: no new run, the same table
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
     (out / "table003.csv").rename(out / "table003.first.csv")
-    again = script("perfedavg_table003.py", ["--replot", str(out)], tmp_path)
+    again = script("perfedavg_table003.py", ["--replot", str(out)], tmp_path, monkeypatch)
     assert "run: fedrun" not in again
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
     assert (out / "table003.csv").read_text() == (out / "table003.first.csv").read_text()
 
 
 def test_missing_data_is_one_clear_error(tmp_path):
+    """A real process, as a user runs a script (the smoke test of the scripts' command line)."""
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "perfedavg_table003.py"), "--quick", "--no-download", "--data-root",
                         str(tmp_path / "none"), "--out", str(tmp_path / "o")], cwd=tmp_path, env=env,
@@ -118,11 +148,12 @@ def test_missing_data_is_one_clear_error(tmp_path):
     assert r.returncode != 0 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_pfedme_table1_quick(data_root, tmp_path):
+def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
-    text = script("pfedme_table1.py", ["--quick", "--datasets", "synthetic,mnist", "--data-root", root,
-                                       "--out", str(out)], tmp_path)
+    # --rounds 2 (one less than --quick's 3, over 24 jobs): still the best and the last of several rounds
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", "synthetic,mnist", "--data-root",
+                                       root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "fedrun data=mnist_pfedme" in text
     if not real:
         assert "NOT the full 70,000" in text
@@ -134,6 +165,7 @@ def test_pfedme_table1_quick(data_root, tmp_path):
         assert len(jobs) == 12  # 6 presets x 2 protocols
         for key, m in jobs.items():
             ov = dict(key)
+            assert len(m) == 2
             _, data, model, algo = ov["experiment"].split("_")
             for entry, prefix in {"fedavg": [("FedAvg", "global")], "perfedavg": [("Per-FedAvg", "pers")],
                                   "pfedme": [("pFedMe GM", "global"), ("pFedMe PM", "pers")]}[algo]:
@@ -154,11 +186,11 @@ def _first_sent(m, col, target):
     return hit["models_transmitted"].iloc[0] if len(hit) else math.nan
 
 
-def test_pfl_cifar_quick_table_figure_and_replot(tmp_path):
+def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
     out = tmp_path / "pfl"
     args = ["--quick", "--methods", "fedavg,fedavg_update,perfedavg_fo", "--baseline", "fedavg_update",
             "--target", "15", "87.6", "--out", str(out)]
-    text = script("pfl_cifar.py", args, tmp_path)
+    text = script("pfl_cifar.py", args, tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "tiny random CIFAR-format images" in text
     for f in ("figure2.png", "table.csv", "table.md", "accuracy.csv", "accuracy.md", "summary.md", "settings.json"):
         assert (out / f).exists(), f
@@ -203,21 +235,24 @@ def test_pfl_cifar_quick_table_figure_and_replot(tmp_path):
     # --replot draws again from the CSVs, training nothing
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
     (out / "table.csv").rename(out / "table.first.csv")
-    again = script("pfl_cifar.py", ["--replot", str(out)], tmp_path)
+    again = script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
     assert "run: fedrun" not in again
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
     assert (out / "table.csv").read_text() == (out / "table.first.csv").read_text()
 
 
-def test_pfl_cifar_quick_runs_every_paper_method(tmp_path):
+def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
     out = tmp_path / "all"
-    text = script("pfl_cifar.py", ["--quick", "--target", "15", "--out", str(out)], tmp_path)
+    # --rounds 2 (one less than --quick's 3, over 8 methods): the count still grows round by round
+    text = script("pfl_cifar.py", ["--quick", "--rounds", "2", "--target", "15", "--out", str(out)], tmp_path,
+                  monkeypatch)
     assert "done in" in text and (out / "summary.md").exists() and (out / "figure2.png").exists()
     methods = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto",
                "feddyn", "scaffold")
     for k in methods:
         (ov, m), = job_metrics(out / "runs" / k).items()
         assert dict(ov)["experiment"] == f"cifar10_acid5_{k}"
+        assert m["round"].tolist() == [1, 2]
         per_round = (2 if k in ("pflscaf_proto", "pflscaf_maml", "scaffold") else 1) * 3  # 3 devices per round
         assert m["models_transmitted"].tolist() == [per_round * r for r in m["round"]]
         assert ("pers_acc" in m) == (k not in ("feddyn", "scaffold"))

@@ -28,12 +28,9 @@ from torch import Tensor
 
 from ..data.federated import FederatedData
 from ..functional import Engine, Params, stack, weighted_mean
+from .options import AlgorithmMeta, ConfigError  # noqa: F401 - ConfigError is imported from here
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the message names the option and what is allowed."""
 
 
 def check_choice(option: str, value, allowed) -> None:
@@ -101,7 +98,9 @@ def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator) -> tup
     return split.x[idx], split.y[idx]
 
 
-class Algorithm:
+class Algorithm(metaclass=AlgorithmMeta):
+    """Options: the __init__ signature (names, types; no defaults), defaults: conf/algo/<name>.yaml."""
+
     name = "base"
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
@@ -121,11 +120,25 @@ class Algorithm:
         new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
+    def eval_params(self, state: ServerState) -> Params:
+        """The shared model that evaluation scores as "global" and personalizes from."""
+        return state.params
+
     def personalize(self, engine: Engine, state: ServerState,
                     ctx: EvalContext) -> tuple[Params | Prototypes | None, Tensor | None]:
         """Per-client models served at test time (None: only the global model is served), and the
         global model's per-client training loss when computing it came for free (else None)."""
         return None, None
+
+
+def clip_per_client(g: Params, max_norm: float | None) -> Params:
+    """Scales each client's gradient (leading dim = clients) to norm <= max_norm, with
+    torch.nn.utils.clip_grad_norm_'s rule (scale max_norm / (norm + 1e-6) when below 1)."""
+    if not max_norm:
+        return g
+    sq = sum(v.flatten(1).pow(2).sum(1) for v in g.values())
+    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return {k: v * scale.view(-1, *[1] * (v.dim() - 1)) for k, v in g.items()}
 
 
 def sgd(params: Params, grads: Params, lr: float) -> Params:

@@ -26,7 +26,7 @@ class FedAvg(OneStepPersonalization, Algorithm):
 
     name = "fedavg"
 
-    def __init__(self, beta: float = 0.02, alpha: float = 0.02):
+    def __init__(self, beta: float, alpha: float):
         check_positive("algo.beta", beta)
         check_positive("algo.alpha", alpha, allow_zero=True)
         self.beta, self.alpha = beta, alpha
@@ -42,8 +42,7 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
     VARIANTS = ("fo", "hf", "exact")
     TEST_TIME = ("train", "test_batches")
 
-    def __init__(self, alpha: float = 0.02, beta: float = 0.002, variant: str = "fo", delta: float = 1e-3,
-                 test_time: str | None = "train"):
+    def __init__(self, alpha: float, beta: float, variant: str, delta: float, test_time: str | None):
         check_positive("algo.alpha", alpha, allow_zero=True)
         check_positive("algo.beta", beta)
         check_choice("algo.variant", variant, self.VARIANTS)

@@ -33,9 +33,8 @@ class PFedMe(Algorithm):
     name = "pfedme"
     PERSONALIZED = ("theta", "local")
 
-    def __init__(self, lam: float = 15.0, eta: float = 0.01, personal_lr: float = 0.01, K: int = 5,
-                 beta: float = 1.0, mu: float | None = 0.0, personalized: str | None = "theta",
-                 train_all: bool | None = False):
+    def __init__(self, lam: float, eta: float, personal_lr: float, K: int, beta: float, mu: float | None,
+                 personalized: str | None, train_all: bool | None):
         check_positive("algo.lam", lam)
         check_positive("algo.eta", eta)
         check_positive("algo.personal_lr", personal_lr)

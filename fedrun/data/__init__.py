@@ -16,7 +16,7 @@ from .augment import augment
 from .federated import ClientSplit, FederatedData
 from .partitions import alid_permutations, class_lists, deal_classes, perfedavg_mnist, pfedme_mnist, split_train_test
 from .sources import CIFAR_FILES, DataMissingError, load_cifar, load_mnist
-from .synthetic import generate_synthetic
+from .synthetic import DRAW_VERSION, check_settings, generate_synthetic
 
 __all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "mnist_pfedme", "cifar"]
 
@@ -65,6 +65,8 @@ def synthetic(
     num_clients: int = 100,
     alpha: float = 0.5,
     beta: float = 0.5,
+    iid: bool = False,
+    size_factor: int = 5,
     dim: int = 60,
     num_classes: int = 10,
     train_frac: float = 0.9,
@@ -72,15 +74,18 @@ def synthetic(
     cache_dir: str | None = None,
     chunk_len: int = 256,
 ) -> FederatedData:
-    """Power-law Synthetic(alpha, beta) (see `synthetic.generate_synthetic`)."""
-    settings = dict(num_clients=num_clients, alpha=alpha, beta=beta, dim=dim,
+    """Power-law Synthetic(alpha, beta) of FedProx / pFedMe (see `synthetic.generate_synthetic`)."""
+    settings = dict(num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, size_factor=size_factor, dim=dim,
                     num_classes=num_classes, train_frac=train_frac, seed=seed)
+    check_settings(**settings)  # before the cache lookup, which formats alpha and beta
 
     def build():
         train, test = generate_synthetic(**settings)
         return train, test, num_classes
 
-    return _cached(f"synthetic_{alpha:g}_{beta:g}", settings, cache_dir, build, chunk_len)
+    name = "synthetic_iid" if iid else f"synthetic_{alpha:g}_{beta:g}"
+    # DRAW_VERSION in the key: a cache file written by an older generator is never served
+    return _cached(name, {**settings, "draw": DRAW_VERSION}, cache_dir, build, chunk_len)
 
 
 def _mnist_x(images: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, eval_context, simulate
+from helpers import half_squared, quad_grad, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 
@@ -17,25 +18,6 @@ ENGINES = [VmapEngine, LoopEngine]
 def step(algo, engine, params, batches, rnd=1):
     """One local step of `algo` from stacked `params`; returns the new stacked params."""
     return algo.client_step(engine, {"params": params}, batches, rnd)["params"]
-
-
-def half_squared(out, y, reduction="mean"):
-    """0.5 (x.w - y)^2: a quadratic in w with Hessian X^T X / B."""
-    per = 0.5 * (out.squeeze(-1) - y) ** 2
-    return per.mean() if reduction == "mean" else per.sum() if reduction == "sum" else per
-
-
-def quadratic_setup(m=3, B=6, d=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, 1, bias=False).double()
-    w = torch.randn(m, 1, d, generator=g, dtype=torch.float64)
-    xs = [torch.randn(m, B, d, generator=g, dtype=torch.float64) for _ in range(3)]
-    ys = [torch.randn(m, B, generator=g, dtype=torch.float64) for _ in range(3)]
-    return model, {"weight": w}, list(zip(xs, ys))
-
-
-def quad_grad(w, x, y):  # w [d], x [B, d], y [B]
-    return x.T @ (x @ w - y) / len(y)
 
 
 @pytest.mark.parametrize("E", ENGINES)
@@ -125,7 +107,7 @@ def test_bad_hyperparameters_raise_config_errors():
         FedAvg(beta=-1)
 
 
-# ---------------------------------------------------------------- engines agree end to end
+# ---------------------------------------------------------------- end to end on synthetic data
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
@@ -141,34 +123,17 @@ def _run(E, algo, data, personalize_batch=None, rounds=3, seed=0):
     return state, last, rows
 
 
-ALGOS = {
-    "fedavg": lambda: FedAvg(beta=0.05, alpha=0.05),
-    "perfedavg-fo": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="fo"),
-    "perfedavg-hf": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="hf"),
-    "perfedavg-exact": lambda: PerFedAvg(alpha=0.05, beta=0.05, variant="exact"),
-}
+def _perfedavg_fo():
+    return PerFedAvg(alpha=0.05, beta=0.05, variant="fo")
 
 
-@pytest.mark.parametrize("personalize_batch", [None, 16])
-@pytest.mark.parametrize("name", sorted(ALGOS))
-def test_vmap_and_loop_engines_give_the_same_numbers(small_data, name, personalize_batch):
-    sv, ev_v, rows_v = _run(VmapEngine, ALGOS[name](), small_data, personalize_batch)
-    sl, ev_l, rows_l = _run(LoopEngine, ALGOS[name](), small_data, personalize_batch)
-    for k in sv.params:
-        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=1e-4, atol=1e-5)
-    assert len(rows_v) == len(rows_l) == 3
-    for rv, rl in zip(rows_v, rows_l):
-        assert rv.keys() == rl.keys()
-        for k in rv:
-            assert rv[k] == pytest.approx(rl[k], rel=1e-4, abs=1e-5), k
-    for k in ev_v.per_client:
-        torch.testing.assert_close(ev_v.per_client[k], ev_l.per_client[k], rtol=1e-4, atol=1e-5)
+# vmap vs loop, end to end for every algorithm: test_engines_agree.py
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers(small_data):
-    _, _, a = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
-    _, _, b = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data)
-    _, _, c = _run(VmapEngine, ALGOS["perfedavg-fo"](), small_data, seed=1)
+    _, _, a = _run(VmapEngine, _perfedavg_fo(), small_data)
+    _, _, b = _run(VmapEngine, _perfedavg_fo(), small_data)
+    _, _, c = _run(VmapEngine, _perfedavg_fo(), small_data, seed=1)
     assert a == b
     assert a != c
 

@@ -6,9 +6,9 @@ Everything here is offline and small; the only sizeable work is generating Synth
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
-import struct
 
 import numpy as np
 import pytest
@@ -19,50 +19,13 @@ from fedrun.data import ClientSplit, DataMissingError, generate_synthetic, mnist
 from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
                                     pfedme_mnist, split_train_test)
 from fedrun.data.sources import MNIST_FILES, load_mnist
+from fedrun.data.synthetic import rows_digest
+from helpers import FIXTURES, write_mnist_idx
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-def _write_idx(path: str, magic: int, array: np.ndarray) -> None:
-    """Writes `array` (uint8) in the big-endian idx format MNIST uses."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    with open(path, "wb") as f:
-        f.write(struct.pack(">I", magic))
-        for d in array.shape:
-            f.write(struct.pack(">I", d))
-        f.write(array.tobytes())
-
-
-def _mnist_images(labels: np.ndarray, start: int) -> np.ndarray:
-    """uint8 [N, 28, 28] images; pixels (0, 0) and (0, 1) encode the image's global id (start + i)."""
-    rng = np.random.RandomState(start + 12345)
-    images = rng.randint(0, 256, size=(len(labels), 28, 28)).astype(np.uint8)
-    ids = start + np.arange(len(labels))
-    images[:, 0, 0] = ids % 256
-    images[:, 0, 1] = ids // 256
-    return images
-
-
-def write_mnist_idx(root, train_labels, test_labels):
-    """Writes a tiny MNIST in torchvision's raw layout under root/MNIST/raw.
-
-    Returns (train_images, test_images) as uint8 [N, 28, 28]. Train image i carries id i and test
-    image i carries id len(train_labels) + i in its first two pixels (see `_mnist_images`).
-    """
-    train_labels = np.asarray(train_labels, dtype=np.uint8)
-    test_labels = np.asarray(test_labels, dtype=np.uint8)
-    raw = os.path.join(str(root), "MNIST", "raw")
-    os.makedirs(raw, exist_ok=True)
-    train_images = _mnist_images(train_labels, 0)
-    test_images = _mnist_images(test_labels, len(train_labels))
-    _write_idx(os.path.join(raw, "train-images-idx3-ubyte"), 0x00000803, train_images)
-    _write_idx(os.path.join(raw, "train-labels-idx1-ubyte"), 0x00000801, train_labels)
-    _write_idx(os.path.join(raw, "t10k-images-idx3-ubyte"), 0x00000803, test_images)
-    _write_idx(os.path.join(raw, "t10k-labels-idx1-ubyte"), 0x00000801, test_labels)
-    return train_images, test_images
-
 
 def _check_perfedavg_structure(counts: np.ndarray, n: int, a: int) -> None:
     """counts: [n, 10] label counts per user, checked against the Per-FedAvg MNIST split."""
@@ -191,6 +154,63 @@ def test_synthetic_other_seed_differs():
     assert not np.array_equal(tr0[0][0][:5], tr1[0][0][:5])
 
 
+# The official data, as recorded by RUNNING the reference generators (scripts/golden/record_synthetic_facts.py):
+# per client its train/test sizes, label histogram and rows_digest (rows = train + test, since the
+# official shuffle is unseeded). fedrun must hold the same rows per client for the same seed.
+_OFFICIAL = json.load(open(os.path.join(FIXTURES, "synthetic_official.json")))
+
+
+def _assert_official(name, train, test):
+    want = _OFFICIAL["variants"][name]
+    assert len(train) == len(want["digest"]), name
+    for k, ((xtr, ytr), (xte, yte)) in enumerate(zip(train, test)):
+        x, y = np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
+        assert (len(ytr), len(yte)) == (want["n_train"][k], want["n_test"][k]), (name, k)
+        assert np.bincount(y, minlength=10).tolist() == want["labels"][k], (name, k)
+        assert rows_digest(x, y) == want["digest"][k], (name, k)
+
+
+def test_synthetic_is_pfedme_official_data(synth0):
+    """Default settings, seed 0 = pFedMe's generate_synthetic_05_05.py (client 1: 855 rows, all label 2)."""
+    assert _OFFICIAL["variants"]["pfedme_0.5_0.5"]["fedrun"] == {"seed": 0}
+    _assert_official("pfedme_0.5_0.5", *synth0)
+
+
+@pytest.mark.parametrize("name", ["fedprox_0_0", "fedprox_0.5_0.5", "fedprox_1_1", "fedprox_iid"])
+def test_synthetic_is_fedprox_official_data(name):
+    """FedProx's generators (unseeded) run after np.random.seed(0) = fedrun with the recorded settings."""
+    _assert_official(name, *generate_synthetic(**_OFFICIAL["variants"][name]["fedrun"]))
+
+
+def test_rows_digest_is_order_free_and_exact():
+    x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    y = np.arange(50) % 4
+    perm = np.random.default_rng(1).permutation(50)
+    assert rows_digest(x[perm], y[perm]) == rows_digest(x, y)
+    x2 = x.copy()
+    x2[7, 2] = np.nextafter(x2[7, 2], np.float32(np.inf))
+    assert rows_digest(x2, y) != rows_digest(x, y)
+    y2 = y.copy()
+    y2[[3, 4]] = y2[[4, 3]]  # same labels, moved to other rows
+    assert rows_digest(x, y2) != rows_digest(x, y)
+
+
+@pytest.mark.parametrize("bad, option", [
+    (dict(alpha=-1), "data.alpha=-1"),
+    (dict(beta=float("nan")), "data.beta=nan"),
+    (dict(iid=True), "data.alpha=0.5: must be 0 with data.iid=true"),
+    (dict(iid="yes"), "data.iid='yes'"),
+    (dict(size_factor=0), "data.size_factor=0"),
+    (dict(num_clients=0), "data.num_clients=0"),
+    (dict(train_frac=1.0), "data.train_frac=1.0"),
+])
+def test_synthetic_bad_settings_one_line_error(bad, option):
+    for make in (generate_synthetic, fdata.synthetic):
+        with pytest.raises(ValueError) as e:
+            make(**{"num_clients": 3, **bad})
+        assert str(e.value).startswith(option) and "\n" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. cache of fedrun.data.synthetic
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +255,17 @@ def test_synthetic_cache_roundtrip(tmp_path, monkeypatch):
     # different settings are a different cache entry (and so would generate)
     with pytest.raises(AssertionError, match="generate_synthetic called"):
         fdata.synthetic(cache_dir=str(cache), num_clients=5, seed=4)
+
+
+def test_synthetic_cache_never_serves_another_draw_version(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    fdata.synthetic(cache_dir=str(cache), **_SMALL)
+    calls = []
+    real = fdata.generate_synthetic
+    monkeypatch.setattr(fdata, "generate_synthetic", lambda **kw: calls.append(kw) or real(**kw))
+    monkeypatch.setattr(fdata, "DRAW_VERSION", fdata.DRAW_VERSION + 1)
+    fdata.synthetic(cache_dir=str(cache), **_SMALL)
+    assert len(calls) == 1 and len(os.listdir(cache)) == 2
 
 
 def test_synthetic_corrupt_cache_is_rebuilt(tmp_path):
@@ -741,8 +772,9 @@ def test_mnist_pfedme_bad_values(tiny_mnist):
 def test_mnist_pfedme_config_composes():
     from hydra import compose, initialize_config_dir
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+    from fedrun.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])
     assert cfg.data._target_ == "fedrun.data.mnist_pfedme"
     assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.train_frac) == (20, 2, 0.75)

@@ -8,7 +8,6 @@ own id in its first two pixels, so a client's rows can be traced back to the wri
 from __future__ import annotations
 
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -18,43 +17,20 @@ from hydra.utils import instantiate
 from torch.func import functional_call, stack_module_state, vmap
 
 import fedrun.data as fdata
+from fedrun.cli import CONF_DIR
 from fedrun.data import DataMissingError, cifar
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
 from fedrun.data.partitions import _spread_extras, alid_permutations, class_lists, deal_classes
 from fedrun.data.sources import CIFAR_FILES, load_cifar
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import CNN, MLP, MLR
+from helpers import write_cifar
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
 # ----------------------------------------------------------------------------------------------
 # tiny CIFAR files
 # ----------------------------------------------------------------------------------------------
-
-def _images(n: int, start: int) -> np.ndarray:
-    """uint8 [n, 3072]; pixels 0 and 1 (channel 0, row 0) hold the image's global id start + i."""
-    x = np.random.RandomState(start + 7).randint(0, 256, size=(n, 3072)).astype(np.uint8)
-    ids = start + np.arange(n)
-    x[:, 0], x[:, 1] = ids % 256, ids // 256
-    return x
-
-
-def write_cifar(root, num_classes: int, train_per_class: int, test_per_class: int, batches: int = 5):
-    """Writes CIFAR-`num_classes` pickles under root; returns (train_x, train_y, test_x, test_y)
-    as load_cifar should give them (train ids 0.., test ids after them; labels shuffled)."""
-    folder, train_files, test_files, key = CIFAR_FILES[num_classes]
-    rng = np.random.RandomState(num_classes)
-    try_ = rng.permutation(np.repeat(np.arange(num_classes), train_per_class))
-    tey = rng.permutation(np.repeat(np.arange(num_classes), test_per_class))
-    trx, tex = _images(len(try_), 0), _images(len(tey), len(try_))
-    os.makedirs(os.path.join(root, folder), exist_ok=True)
-    for files, x, y in ((train_files, trx, try_), (test_files, tex, tey)):
-        for f, xs, ys in zip(files, np.array_split(x, len(files)), np.array_split(y, len(files))):
-            with open(os.path.join(root, folder, f), "wb") as fh:
-                pickle.dump({b"data": xs, key: ys.tolist(), b"batch_label": b"tiny"}, fh)
-    return trx.reshape(-1, 3, 32, 32), try_, tex.reshape(-1, 3, 32, 32), tey
-
 
 @pytest.fixture(scope="module")
 def c10(tmp_path_factory):

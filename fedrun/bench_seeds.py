@@ -1,0 +1,91 @@
+"""Wall time of seeds batched (`hydra/launcher=batched`) against one seed, per round, after warm-up.
+
+    fedrun-bench --seeds 1,5,10 [--rounds 3] [--settings pfedme,perfedavg]
+
+Settings (composed from conf/ exactly as `fedrun` would, then trained by the round loop that the
+batched launcher runs, `fedrun.simulate.simulate_group`, with 1, 5, 10 replicas):
+  pfedme     experiment=pfedme_synthetic_dnn_pfedme protocol=official (pFedMe Table 1, DNN: all 100
+             clients train every round, R=20 local rounds of K=5 inner steps, 10 aggregated)
+  perfedavg  the default `fedrun` run (Per-FedAvg FO, synthetic, DNN 60-20-10, 10 clients per round,
+             tau=10, every client evaluated every round with personalization on all training rows)
+Targets (issue 11, never asserted): 5 seeds <= 1.6x and 10 seeds <= 2.5x the time of 1 seed.
+Columns: wall s/round and its ratio to 1 seed; this process's CPU s/round and ratio (steadier on a
+shared CPU); of that CPU time, one round's evaluation of all seeds (per seed, timed after the timed
+rounds) and the rest of the round (training and server steps: what batching stacks) with its ratio.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from hydra import compose, initialize_config_dir
+
+SETTINGS = {
+    "pfedme": ["experiment=pfedme_synthetic_dnn_pfedme", "protocol=official"],
+    "perfedavg": [],
+}
+
+
+def _setup(overrides: list[str], device: str):
+    from .config import CONF_DIR
+    from .validation import instantiate_checked, schedule
+    from .protocol import apply_protocol
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, f"device={device}"])
+    apply_protocol(cfg)
+    data = instantiate_checked(cfg.data).to(torch.device(device))
+    return cfg, instantiate_checked(cfg.algo), data, schedule(cfg, data.num_clients)
+
+
+def time_seeds(cfg, algo, data, sched, seeds: int, rounds: int, warmup: int = 1) -> tuple[float, float, float]:
+    """Wall and CPU (this process's) seconds per round of `seeds` replicas trained together
+    (evaluation every round included; on a CPU shared with other jobs the CPU time is the steadier),
+    and the CPU seconds of one round's evaluation of all of them (per seed, as the round loop does)."""
+    from .validation import instantiate_checked
+    from .evaluate import evaluate
+    from .functional import ENGINES, params_of
+    from .simulate import Replica, Schedule, eval_context, simulate_group
+
+    def replicas():
+        out = []
+        for s in range(seeds):
+            torch.manual_seed(s)
+            model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+            out.append(Replica(s, params_of(model.to(data.train.x.device))))
+        return out, model
+
+    runs, model = replicas()
+    engine = ENGINES[cfg.engine](model, max_chunks=cfg.max_chunks)
+    simulate_group(algo, engine, data, runs, Schedule(**{**sched.__dict__, "rounds": warmup}))
+    runs, _ = replicas()
+    if data.train.x.is_cuda:
+        torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), time.process_time()
+    simulate_group(algo, engine, data, runs, Schedule(**{**sched.__dict__, "rounds": rounds}))
+    if data.train.x.is_cuda:
+        torch.cuda.synchronize()
+    wall, cpu = (time.perf_counter() - t0) / rounds, (time.process_time() - c0) / rounds
+    c0 = time.process_time()
+    for r in runs:
+        evaluate(algo, engine, r.at.state, data, eval_context(data, sched, r.seed, rounds))
+    if data.train.x.is_cuda:
+        torch.cuda.synchronize()
+    return wall, cpu, time.process_time() - c0
+
+
+def main(seeds: list[int], rounds: int, settings: list[str], device: str) -> None:
+    print(f"device={device} threads={torch.get_num_threads()}; {rounds} timed rounds after 1 warm-up round, "
+          f"evaluation every round; targets: 5 seeds <= 1.6x, 10 seeds <= 2.5x one seed")
+    print(f"{'setting':<11}{'seeds':>6}{'s/round':>10}{'x 1 seed':>10}{'cpu s/round':>13}{'x 1 seed':>10}"
+          f"{'cpu eval':>10}{'cpu rest':>10}{'x 1 seed':>10}")
+    for name in settings:
+        cfg, algo, data, sched = _setup(SETTINGS[name], device)
+        base = None
+        for n in seeds:
+            wall, cpu, ev = time_seeds(cfg, algo, data, sched, n, rounds)
+            t = (wall, cpu, cpu - ev)  # rest: the round's CPU time without its evaluation (training, server steps)
+            base = base or (t if n == 1 else None)
+            ratios = [f"{v / b:>10.2f}" if base else f"{'':>10}" for v, b in zip(t, base or t)]
+            print(f"{name:<11}{n:>6}{wall:>10.3f}{ratios[0]}{cpu:>13.3f}{ratios[1]}{ev:>10.3f}{cpu - ev:>10.3f}{ratios[2]}",
+                  flush=True)

@@ -1,0 +1,101 @@
+"""Where fedrun's configs live and how they are grouped (read by the CLI, validation and the report)."""
+from __future__ import annotations
+
+import os
+
+from omegaconf import OmegaConf
+
+def _conf_dir() -> str:
+    """The shipped configs: `fedrun/conf` in an installed package (the wheel carries the repository's
+    top-level conf/ as package data, see setup.py), else `conf/` beside the package in a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "conf"), os.path.join(os.path.dirname(here), "conf")):
+        if os.path.isfile(os.path.join(d, "config.yaml")):
+            return d
+    raise FileNotFoundError(f"fedrun's configs (config.yaml) are neither in {here}/conf nor beside {here}")
+
+
+CONF_DIR = _conf_dir()
+GROUPS = ("algo", "data", "model")
+PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
+
+
+def search_roots(argv: list[str] | None = None) -> list[str]:
+    """Config folders in Hydra's order: the shipped ones first, then the user's, from a
+    `hydra.searchpath=[file://DIR,pkg://module]` argument (DIR relative to the current folder)."""
+    import importlib.util
+
+    roots = [CONF_DIR]
+    for arg in argv or []:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "hydra.searchpath":
+            continue
+        for entry in value.strip().strip("[]").split(","):
+            entry = entry.strip().strip("'\"")
+            if entry.startswith("file://"):
+                roots.append(os.path.abspath(entry[len("file://"):]))
+            elif entry.startswith("pkg://"):
+                spec = importlib.util.find_spec(entry[len("pkg://"):])
+                roots += list(spec.submodule_search_locations or []) if spec else []
+    return roots
+
+
+def with_env_searchpath(argv: list[str], env: dict | None = None) -> list[str]:
+    """`argv` plus `hydra.searchpath=[file://DIR,...]` from $FEDRUN_CONF_PATH (folders separated by
+    os.pathsep), unless `argv` sets hydra.searchpath itself (the command line wins)."""
+    value = (os.environ if env is None else env).get("FEDRUN_CONF_PATH", "")
+    dirs = [d for d in value.split(os.pathsep) if d]
+    if not dirs or any(a.partition("=")[0].lstrip("+") == "hydra.searchpath" for a in argv):
+        return list(argv)
+    return [*argv, f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in dirs)}]"]
+
+
+def group_options(group: str, roots: list[str] | None = None) -> list[str]:
+    """The options of a config group (the yaml files of `group/` in every root), sorted."""
+    names = set()
+    for root in roots or [CONF_DIR]:
+        folder = os.path.join(root, group)
+        if os.path.isdir(folder):
+            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")}
+    return sorted(names)
+
+
+def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
+    """The yaml of option `name` of `group`: the first root that has it, as Hydra picks it."""
+    for root in roots or [CONF_DIR]:
+        path = os.path.join(root, group, f"{name}.yaml")
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{group}/{name}.yaml is in none of {', '.join(roots or [CONF_DIR])}")
+
+# Options that do not change a run's numbers, as dotted paths of the composed config. They are
+# never part of a configuration's identity: the resume fingerprint, fedrun-report's grouping,
+# Hydra's job folder names (conf/config.yaml interpolates `${fedrun.neutral:seed}`) and the paper
+# scripts all read this one list. `seed` is not in it (it changes the numbers; where seeds are
+# grouped or hidden, the caller adds it). `device` and `engine` give the same numbers within float
+# tolerance (checked by the engine-agreement tests), `max_chunks`, `client_chunk` and `data.chunk_len`
+# only split the same sums differently; the rest are where files live, what is printed or drawn,
+# and what happens on failure or restart.
+NEUTRAL_OPTIONS = (
+    "device", "engine", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume", "on_diverge",
+    "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len",
+)
+
+
+def neutral_options(*extra: str) -> list[str]:
+    """NEUTRAL_OPTIONS after `extra` (e.g. "seed"): the resolver `${fedrun.neutral:seed}` of conf/config.yaml."""
+    return [*extra, *(o for o in NEUTRAL_OPTIONS if o not in extra)]
+
+
+def drop_options(tree: dict, options) -> dict:
+    """A copy of the nested dict `tree` without the dotted paths in `options`."""
+    out = {}
+    for k, v in tree.items():
+        if k in options:
+            continue
+        inner = [o[len(k) + 1:] for o in options if o.startswith(f"{k}.")]
+        out[k] = drop_options(v, inner) if isinstance(v, dict) and inner else v
+    return out
+
+
+OmegaConf.register_new_resolver("fedrun.neutral", neutral_options, replace=True)

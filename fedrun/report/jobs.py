@@ -1,0 +1,194 @@
+"""Finding a sweep's jobs, reading each one's config and status, and grouping them by configuration."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from ..config import neutral_options
+
+PREFIXES = ("global", "pers")
+MODEL_NAMES = {"global": "global model", "pers": "personalized"}
+GROUPS = ("experiment", "algo", "data", "model")  # config groups (experiment: a preset, when one was used)
+# Never part of a configuration's identity: the seed (seeds are averaged) and the options that do
+# not change the numbers (fedrun.config.NEUTRAL_OPTIONS).
+NEUTRAL_KEYS = frozenset(neutral_options("seed"))
+
+
+@dataclass
+class Job:
+    path: str
+    num: int | None = None
+    seed: int | None = None
+    key: tuple = ()                      # the configuration's identity: sorted (option, value) pairs
+    settings: dict = field(default_factory=dict)
+    status: str = "ok"                   # "ok" or why the job is left out
+    metrics: pd.DataFrame | None = None
+    seconds: float | None = None
+    label: str = ""                      # the configuration as shown in the report
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class Group:
+    label: str
+    settings: dict
+    jobs: list[Job]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{name}."))
+        else:
+            out[name] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def expected_rows(rounds: int, eval_every: int) -> int:
+    """Rows a finished run's metrics.csv holds: every `eval_every` rounds and after the last."""
+    return rounds // eval_every + (1 if rounds % eval_every else 0)
+
+
+def find_job_dirs(roots: list[str]) -> list[str]:
+    out = []
+    for root in roots:
+        for dirpath, dirnames, _ in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in (".hydra", ".submitit", "checkpoints"))
+            if os.path.isfile(os.path.join(dirpath, ".hydra", "config.yaml")):
+                out.append(dirpath)
+    return sorted(set(out))
+
+
+def load_job(path: str) -> Job:
+    job = Job(path=path)
+    hydra_dir = os.path.join(path, ".hydra")
+    cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(hydra_dir, "config.yaml")), resolve=False)
+    choices = {}
+    hydra_yaml = os.path.join(hydra_dir, "hydra.yaml")
+    if os.path.isfile(hydra_yaml):
+        hy = OmegaConf.load(hydra_yaml).hydra
+        choices = {g: hy.runtime.choices.get(g) for g in GROUPS if hy.runtime.choices.get(g) is not None}
+        num = OmegaConf.select(hy, "job.num", default=None)
+        job.num = int(num) if isinstance(num, int) else None
+    job.seed = cfg.get("seed")
+    flat = _flatten(cfg)
+    settings = {g: choices[g] for g in GROUPS if g in choices}
+    for k, v in flat.items():
+        if k in NEUTRAL_KEYS or k.split(".")[-1] == "_target_" and k.split(".")[0] in choices:
+            continue
+        settings[k] = v
+    job.settings = settings
+    job.key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
+    job.status = _status(job, path, cfg)
+    return job
+
+
+def _status(job: Job, path: str, cfg: dict) -> str:
+    summary_path, metrics_path = os.path.join(path, "summary.json"), os.path.join(path, "metrics.csv")
+    if not os.path.isfile(metrics_path):
+        return "no metrics.csv (failed before the first evaluation, or never started)"
+    try:
+        job.metrics = pd.read_csv(metrics_path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        return f"unreadable metrics.csv ({type(e).__name__})"
+    rounds, every = cfg.get("rounds"), cfg.get("eval_every", 1)
+    want = expected_rows(rounds, every) if isinstance(rounds, int) and isinstance(every, int) and every > 0 else None
+    have = len(job.metrics)
+    if not os.path.isfile(summary_path):
+        return f"no summary.json (failed, killed or still running; metrics.csv has {have} of {want} rows)"
+    try:
+        with open(summary_path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return "unreadable summary.json"
+    job.seconds = summary.get("seconds")
+    if summary.get("status", "finished") != "finished":
+        err = str(summary.get("error", "")).splitlines()[0][:160] if summary.get("error") else ""
+        return f"summary.json says status={summary.get('status')!r}" + (f": {err}" if err else "")
+    if want is not None and (have < want or int(job.metrics["round"].iloc[-1]) != rounds):
+        return f"incomplete: metrics.csv has {have} of {want} rows (last round {job.metrics['round'].iloc[-1] if have else None} of {rounds})"
+    return "ok"
+
+
+def group_jobs(jobs: list[Job]) -> list[Group]:
+    """Groups the jobs that finished by configuration, labelled by the options that vary between groups."""
+    by_key: dict[tuple, list[Job]] = {}
+    for j in jobs:
+        if j.ok:
+            by_key.setdefault(j.key, []).append(j)
+    keys = list(by_key)
+    configs = [by_key[k][0].settings for k in keys]
+    varying = _varying(configs, strict=False)
+    labels = [_label(c, varying) for c in configs]
+    if len(set(labels)) < len(labels):  # options present in some configurations only tell them apart
+        varying = _varying(configs, strict=True)
+        labels = [_label(c, varying) for c in configs]
+    groups = []
+    for key, label in zip(keys, labels):
+        members = by_key[key]
+        settings = members[0].settings
+        members.sort(key=lambda j: (j.seed if isinstance(j.seed, int) else 0, j.path))
+        groups.append(Group(label=label, settings={o: settings[o] for o in varying if o in settings}, jobs=members))
+    groups.sort(key=lambda g: [_sort_key(g.settings.get(o)) for o in varying] + [g.label])
+    for g in groups:
+        for j in g.jobs:
+            j.label = g.label
+    for j in jobs:  # jobs left out: labelled the same way, for the list of what is missing
+        if not j.ok:
+            j.label = next((g.label for g in groups if g.jobs[0].key == j.key), None) or _label(j.settings, varying)
+    return groups
+
+
+def _varying(configs: list[dict], strict: bool) -> list[str]:
+    """Options whose value differs between configurations: among those that have the option, or,
+    with `strict`, counting a missing option as a value of its own. Config groups first."""
+    opts = sorted({o for c in configs for o in c})
+    missing = object()
+    out = []
+    for o in opts:
+        vals = {c.get(o, missing) for c in configs} if strict else {c[o] for c in configs if o in c}
+        if len(vals) > 1:
+            out.append(o)
+    return sorted(out, key=lambda o: (o not in GROUPS, GROUPS.index(o) if o in GROUPS else 0, o))
+
+
+def _label(config: dict, varying: list[str]) -> str:
+    shown = [o for o in varying if o in config] or [g for g in GROUPS if g in config]
+    return ", ".join(f"{o}={_short(config[o])}" for o in shown)
+
+
+def _short(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + ",".join(map(str, v)) + "]"
+    return str(v)
+
+
+def _sort_key(v):
+    if isinstance(v, bool) or v is None:
+        return (1, str(v))
+    if isinstance(v, (int, float)):
+        return (0, v)
+    return (1, str(v))
+
+
+def missing_job_numbers(jobs: list[Job]) -> list[str]:
+    """Multirun job numbers absent from a sweep folder (jobs that never wrote a folder)."""
+    out = []
+    by_sweep: dict[str, set[int]] = {}
+    for j in jobs:
+        if j.num is not None:
+            by_sweep.setdefault(os.path.dirname(j.path), set()).add(j.num)
+    for sweep, nums in sorted(by_sweep.items()):
+        gaps = sorted(set(range(max(nums) + 1)) - nums)
+        if gaps:
+            out.append(f"{sweep}: no folder for job number(s) {', '.join(map(str, gaps))} (never started?)")
+    return out

@@ -1,0 +1,66 @@
+"""Resuming a run: the settings a checkpoint must match (its fingerprint) and finding the checkpoint."""
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from . import outputs
+from .algorithms.base import ConfigError
+from .config import NEUTRAL_OPTIONS, drop_options
+
+
+# Options that may change between a run and its resumption: those that do not change the numbers,
+# and `rounds` (a finished run continues to more rounds).
+RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
+    return drop_options(OmegaConf.to_container(cfg, resolve=True), RESUMABLE_CHANGES)
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def _checkpoint_folder(path: str) -> str:
+    if os.path.isfile(path):
+        return os.path.dirname(path)
+    sub = os.path.join(path, "checkpoints")
+    return sub if os.path.isdir(sub) else path
+
+
+def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
+    """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
+    mode = cfg.resume
+    if mode is False or mode in ("false", "False"):
+        return None
+    explicit = mode not in (True, "auto", "true", "True")
+    folder = _checkpoint_folder(str(mode)) if explicit else os.path.join(out_dir, "checkpoints")
+    if explicit and not os.path.exists(str(mode)):
+        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / checkpoint path")
+    warn = lambda msg: print(msg, file=sys.stderr)
+    try:
+        ck = outputs.load_checkpoint(folder, warn=warn)
+    except outputs.CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if ck is None:
+        if explicit or mode in (True, "true", "True"):
+            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
+        return None
+    diff = _diff(drop_options(ck["config"], RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    if diff:
+        raise ConfigError(
+            f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
+            f"run elsewhere (hydra.run.dir=...) or start over with resume=false"
+        )
+    return ck

@@ -1,0 +1,262 @@
+"""One experiment, or a group of them: a sweep's jobs that differ only in `seed` train as ONE computation.
+
+`run_jobs([(cfg, out_dir), ...])` is what `fedrun` does for one configuration (`run` is a list of one) and what the `hydra/launcher=batched` launcher (hydra_plugins/fedrun_batched) does for
+a sweep. Jobs whose composed configurations are equal except for `seed` form a group: every seed's
+server state, clients' states and random streams are stacked along the client dimension of one
+round loop (`fedrun.simulate.simulate_group`), so each seed keeps its own model initialization,
+sampled clients, minibatches and evaluation draws exactly as in a run of its own, and every job
+writes its own folder (metrics.csv, clients.csv, partition.csv, summary.json, checkpoints/) as a
+single run does. The data options (`data.*`, its own `data.seed` included) are part of the
+configuration, so a group shares one dataset; `seed` never changes the data.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from . import outputs
+from .algorithms.base import ConfigError, ServerState
+from .data import DataMissingError, FederatedData
+from .device import resolve_device
+from .functional import ENGINES, params_of
+from .protocol import apply_protocol
+from .resume import find_resume_point, fingerprint
+from .simulate import Diverged, Progress, Replica, simulate_group
+from .validation import check_model_fits, instantiate_checked, schedule, validate
+
+# What may differ between the jobs of one group: the seed. Options that change nothing but how a
+# run shows itself are left out of the comparison too.
+GROUP_FREE = ("seed", "progress", "plot")
+
+
+def group_key(cfg: DictConfig) -> str:
+    """Jobs with equal keys are one configuration run with different seeds."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in GROUP_FREE:
+        c.pop(k, None)
+    return json.dumps(c, sort_keys=True, default=str)
+
+
+class Job:
+    """One run's life around the round loop: checked options, resume point, output files, summary."""
+
+    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None):
+        self.t0 = time.time()
+        self.cfg, self.out_dir = cfg, out_dir
+        self.protocol = apply_protocol(cfg)
+        problems = validate(cfg)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        self.device = resolve_device(str(cfg.device))
+        self.algo = instantiate_checked(cfg.algo)
+        data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
+        cache = {} if data_cache is None else data_cache
+        if data_key not in cache:
+            cache[data_key] = instantiate_checked(cfg.data)
+        self.data: FederatedData = cache[data_key]
+        self.sched = schedule(cfg, self.data.num_clients)
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        check_model_fits(self.model(), self.data, choices.get("model", cfg.model._target_),
+                         choices.get("data", self.data.name))  # before any file is written
+        self.ck = find_resume_point(cfg, out_dir)
+        self.done: dict | None = None  # the summary of a run that had already finished
+        summary_path = os.path.join(out_dir, "summary.json")
+        ck = self.ck
+        if ck is not None and ck["round"] >= self.sched.rounds and os.path.exists(summary_path):
+            with open(summary_path) as f:
+                done = json.load(f)
+            if done.get("status") == "finished" and done.get("rounds") == ck["round"] == self.sched.rounds:
+                print(f"fedrun: already finished ({self.sched.rounds} rounds) in {out_dir}; resume=false starts over")
+                self.done = done
+        self.history: list[dict] = []
+        self.log: outputs.CsvLog | None = None
+
+    def model(self, device: torch.device | None = None):
+        torch.manual_seed(self.cfg.seed)
+        model = instantiate_checked(self.cfg.model, in_features=self.data.in_features,
+                                    num_classes=self.data.num_classes)
+        return model if device is None else model.to(device)
+
+    def replica(self, data: FederatedData, model) -> Replica:
+        """Opens the run's files and returns its replica for the round loop (params from `model`)."""
+        cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
+        os.makedirs(out_dir, exist_ok=True)
+        outputs.write_partition(data, os.path.join(out_dir, "partition.csv"))
+        self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
+        start = None
+        if ck is not None:
+            self.history = list(ck["history"])
+            st = ck["state"]
+            state = ServerState(
+                params={k: v.to(self.device) for k, v in st["params"].items()},
+                extra=_to_device(st["extra"], self.device),
+                clients=_to_device(st.get("clients", {}), self.device),
+            )
+            start = Progress(state, ck["round"], ck["transmitted"])
+            # metrics.csv becomes exactly the rows the checkpoint saw; later rows (if a kill left any)
+            # are recomputed identically.
+            if self.history:
+                outputs.write_csv(metrics_path, self.history)
+            elif os.path.exists(metrics_path):
+                os.remove(metrics_path)
+            print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
+        elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
+            os.replace(metrics_path, metrics_path + ".previous")
+        fp = fingerprint(cfg)
+
+        def on_eval(rnd: int, transmitted: int, ev) -> None:
+            row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
+            if self.log is None:
+                self.log = outputs.CsvLog(metrics_path, list(row))
+            self.log.write(row)
+            self.history.append(row)
+
+        def on_checkpoint(at: Progress) -> None:
+            outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
+                "config": fp,
+                "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
+                "transmitted": at.transmitted,
+                "history": self.history,
+                "torch_rng": torch.get_rng_state(),
+            })
+
+        return Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint)
+
+    def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
+        """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
+        divergence when the run diverged and `on_diverge=stop`."""
+        cfg, device = self.cfg, self.device
+        if self.log is not None:
+            self.log.close()
+        summary_path = os.path.join(self.out_dir, "summary.json")
+        if run.error is not None:
+            e = run.error
+            summary = {"status": "diverged", "error": str(e),
+                       **(_summary(self.history, time.time() - self.t0, cfg, device) if self.history else {})}
+            outputs.write_json(summary_path, summary)
+            if cfg.on_diverge == "record":
+                print(f"fedrun: diverged (recorded, on_diverge=record): {e}", file=sys.stderr)
+                return summary
+            return e
+        if run.last is not None:
+            outputs.write_clients(data, run.last, os.path.join(self.out_dir, "clients.csv"))
+        summary = {"status": "finished", **_summary(self.history, time.time() - self.t0, cfg, device),
+                   "protocol": cfg.protocol, "protocol_choices": self.protocol}
+        outputs.write_json(summary_path, summary)
+        if cfg.plot:
+            from .plots import plot_run
+
+            plot_run(self.metrics_path, os.path.join(self.out_dir, "metrics.png"),
+                     title=f"{HydraConfig.get().runtime.choices.get('algo', '') if HydraConfig.initialized() else ''}"
+                           f" on {data.name}, seed {cfg.seed}")
+        return summary
+
+
+USER_ERRORS = (ConfigError, DataMissingError)
+
+
+def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -> list[dict | Exception]:
+    """Runs every (config, output dir) job; jobs equal but for `seed` run together, at most
+    `max_group` seeds at a time (None: all).
+
+    Returns, per job in order, its summary, or the exception that stopped it (a ConfigError or
+    DataMissingError before any work, a Diverged with `on_diverge=stop`). A group's other jobs go on.
+    """
+    results: list[dict | Exception | None] = [None] * len(jobs)
+    groups: dict[str, list[int]] = {}
+    for i, (cfg, _) in enumerate(jobs):
+        groups.setdefault(group_key(cfg), []).append(i)
+    for members in groups.values():
+        size = max_group or len(members)
+        for s in range(0, len(members), size):
+            data_cache: dict = {}  # one dataset per group in memory
+            part = []
+            for i in members[s : s + size]:
+                try:
+                    job = Job(*jobs[i], data_cache)
+                except USER_ERRORS as e:
+                    results[i] = e
+                    continue
+                if job.done is not None:
+                    results[i] = job.done
+                else:
+                    part.append((i, job))
+            if part:
+                for (i, _), res in zip(part, _run_together([job for _, job in part])):
+                    results[i] = res
+    return results
+
+
+def _run_together(jobs: list[Job]) -> list[dict | Exception]:
+    """One round loop for jobs that are one configuration with different seeds."""
+    head = jobs[0]
+    cfg = head.cfg
+    data = head.data.to(head.device)
+    models = [job.model(head.device) for job in jobs]
+    engine = ENGINES[cfg.engine](models[0], max_chunks=cfg.max_chunks)
+    runs = [job.replica(data, model) for job, model in zip(jobs, models)]
+    try:
+        simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
+                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
+    finally:
+        for job in jobs:
+            if job.log is not None:
+                job.log.close()
+                job.log = None
+    return [job.finish(run, data) for job, run in zip(jobs, runs)]
+
+
+def report(result: dict | Exception, out_dir: str) -> float | None:
+    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
+    accuracy; a failed job exits the process (2: bad options or data, 3: diverged)."""
+    if isinstance(result, Exception):
+        if os.environ.get("FEDRUN_DEBUG"):
+            raise result
+        for line in str(result).splitlines():
+            print(f"fedrun: error: {line}", file=sys.stderr)
+        sys.exit(3 if isinstance(result, Diverged) else 2)
+    if result.get("status") == "finished":
+        msg = ", ".join(f"{k}={v:.4f}" for k, v in result.items()
+                        if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
+        print(f"fedrun: done in {result['seconds']:.1f}s: {msg}")
+    print(f"fedrun: outputs in {out_dir}")
+    return result.get("pers_acc_last_round", result.get("global_acc_last_round"))
+
+
+def run(cfg: DictConfig, out_dir: str) -> dict:
+    """One experiment; writes its files into `out_dir` and returns the summary it writes
+    (`run_jobs` with one job: the same code runs a batched sweep's groups)."""
+    result, = run_jobs([(cfg, out_dir)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
+    last = history[-1]
+    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine}
+    for prefix in ("global", "pers"):
+        key = f"{prefix}_acc"
+        if key not in last:
+            continue
+        best = max(history, key=lambda r: r[key])
+        out[f"{prefix}_acc_last_round"] = last[key]
+        out[f"{prefix}_acc_best_round"] = best[key]
+        out[f"{prefix}_best_round"] = best["round"]
+        out[f"{prefix}_acc_client_min_last_round"] = last[f"{prefix}_acc_min"]
+        out[f"{prefix}_acc_client_max_last_round"] = last[f"{prefix}_acc_max"]
+    return out

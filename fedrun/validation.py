@@ -1,0 +1,170 @@
+"""Checks of the options before any work starts, each problem as one line naming the option."""
+from __future__ import annotations
+
+import os
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .algorithms.base import ConfigError, check_choice
+from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search_roots
+from .data import DataMissingError
+from .device import resolve_device
+from .functional import ENGINES
+from .simulate import Schedule
+
+
+def _int_option(cfg: DictConfig, key: str, low: int) -> int:
+    v = cfg[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ConfigError(f"{key}={v!r} must be an integer >= {low}")
+    return v
+
+
+def _frac(cfg: DictConfig) -> float | None:
+    f = cfg.frac
+    if f is not None and (not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1):
+        raise ConfigError(f"frac={f!r} must be a fraction in (0, 1] (or null to use clients_per_round)")
+    return f
+
+
+def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
+    """The run's schedule from the top-level knobs, each checked with a one-line message."""
+    m = _int_option(cfg, "clients_per_round", 1)
+    if _frac(cfg) is not None:
+        m = max(1, round(cfg.frac * num_clients))
+    if m > num_clients:
+        raise ConfigError(f"clients_per_round={m} exceeds the {num_clients} clients of the data; allowed: 1..{num_clients}")
+    return Schedule(
+        rounds=_int_option(cfg, "rounds", 1),
+        tau=_int_option(cfg, "tau", 1),
+        clients_per_round=m,
+        batch_size=_int_option(cfg, "batch_size", 1),
+        eval_every=_int_option(cfg, "eval_every", 1),
+        personalize_batch=None if cfg.personalize_batch is None else _int_option(cfg, "personalize_batch", 1),
+        aggregate=cfg.aggregate or "uniform",
+    )
+
+
+def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
+    if cfg[key] is not None:
+        _int_option(cfg, key, low)
+
+
+DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed", "size_factor")
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Every problem with the options that can be checked before any work starts, one line each."""
+    problems: list[str] = []
+
+    def check(fn, *args) -> None:
+        try:
+            fn(*args)
+        except ConfigError as e:
+            problems.append(str(e))
+
+    for key, low in (("rounds", 1), ("tau", 1), ("clients_per_round", 1), ("batch_size", 1), ("eval_every", 1),
+                     ("checkpoint_every", 0), ("max_chunks", 1), ("seed", 0)):
+        check(_int_option, cfg, key, low)
+    for key in ("personalize_batch", "client_chunk"):
+        check(_optional_int, cfg, key, 1)
+    check(_frac, cfg)
+    if cfg.aggregate is not None:
+        check(check_choice, "aggregate", cfg.aggregate, ["uniform", "samples"])
+    check(check_choice, "engine", cfg.engine, sorted(ENGINES))
+    check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    check(resolve_device, str(cfg.device))
+    for key in DATA_INTS:
+        v = cfg.data.get(key)
+        if key in cfg.data and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "seed" else 1)):
+            problems.append(f"data.{key}={v!r} must be an integer >= {0 if key == 'seed' else 1}")
+    if "train_frac" in cfg.data and not (isinstance(cfg.data.train_frac, (int, float)) and 0 < cfg.data.train_frac < 1):
+        problems.append(f"data.train_frac={cfg.data.train_frac!r} must be a fraction in (0, 1)")
+    for key in ("alpha", "beta"):
+        v = cfg.data.get(key)
+        if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            problems.append(f"data.{key}={v!r} must be a number >= 0")
+    check(instantiate_checked, cfg.algo)
+    check(lambda: instantiate_checked(cfg.model, in_features=4, num_classes=2))
+    return problems
+
+
+def check_model_fits(model, data, model_name: str, data_name: str) -> None:
+    """One line when `model` cannot take `data`'s rows (e.g. model=cnn on the synthetic vectors),
+    naming the models of conf/model that do fit them."""
+    import torch
+
+    x = data.train.x[:1].cpu()
+    try:
+        with torch.no_grad():
+            model.cpu()(x)
+    except RuntimeError as e:
+        fits = []
+        for name in group_options("model"):
+            try:
+                with torch.no_grad():
+                    instantiate(OmegaConf.load(group_file("model", name)), in_features=data.in_features,
+                                num_classes=data.num_classes)(x)
+                fits.append(name)
+            except Exception:  # noqa: BLE001 - any failure means it does not fit
+                pass
+        raise ConfigError(f"model={model_name} does not fit data={data_name}, whose rows have shape "
+                          f"{list(x.shape[1:])} ({str(e).splitlines()[0][:120]}); models that fit it: "
+                          f"{', '.join(fits) or 'none'}") from None
+
+
+def instantiate_checked(node: DictConfig, **kwargs):
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError)):  # bad option values
+            raise ConfigError(str(cause).splitlines()[0]) from cause
+        raise
+
+
+def precheck(argv: list[str]) -> str | None:
+    """One-line message for an unknown config group option or key in `argv`, else None.
+
+    Hydra's own messages for these are several lines long; this catches the common typos first.
+    """
+    roots = search_roots(argv)
+    choices = {g: None for g in (*GROUPS, PRESETS)}
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key in (*GROUPS, PRESETS):
+            allowed = group_options(key, roots)
+            for v in value.split(","):
+                if v not in allowed:
+                    return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
+            choices[key] = value.split(",")[0]
+    if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
+        preset = OmegaConf.load(group_file(PRESETS, choices[PRESETS], roots))
+        for d in preset.get("defaults", []):
+            for k, v in (d.items() if not isinstance(d, str) else []):
+                group = k.replace("override", "").strip(" /")
+                if group in GROUPS and choices[group] is None:
+                    choices[group] = v
+    top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
+    defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
+    for arg in argv:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key = arg.split("=", 1)[0]
+        head, _, rest = key.partition(".")
+        if head.split("/")[0] == "hydra" or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups
+            continue
+        if head in GROUPS and rest:
+            group_cfg = OmegaConf.load(group_file(head, choices[head] or defaults[head], roots))
+            if rest.split(".")[0] not in group_cfg:
+                known = sorted(k for k in group_cfg if not str(k).startswith("_"))
+                return f"{key} is not an option of {head}={choices[head] or defaults[head]}; its options: {', '.join(known)}"
+        elif head not in top:
+            known = sorted(k for k in top if k not in ("defaults", "hydra"))
+            return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join((*GROUPS, PRESETS))}"
+    return None

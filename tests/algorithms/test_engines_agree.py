@@ -1,0 +1,148 @@
+"""The vmap engine and the per-client loop give the same numbers end to end, for EVERY algorithm the
+command line knows (each `algo` config group option, read from Hydra, so a new algorithm cannot miss
+this check) and for every value of its choice options (Per-FedAvg's variant, the adaptation of
+paper 004's algorithms, pFedMe's train_all).
+
+Each algorithm runs from its own config with the test's hyperparameters merged over it; the setups
+(data, model, precision, schedule, tolerances) are the ones each family was checked with before. A
+new algorithm gets the strictest one (float64, params and client states within 1e-9) with the
+options of its config as they are."""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from fedrun.algorithms import PerFedAvg
+from fedrun.algorithms.adaptation import ADAPTATIONS
+from fedrun.cli import CONF_DIR
+from fedrun.data import synthetic
+from fedrun.functional import LoopEngine, VmapEngine, params_of
+from fedrun.models import MLP
+from fedrun.simulate import Schedule, simulate
+from helpers import group_options
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity (data_of caches per setup)
+class Setup:
+    data: Callable  # () -> FederatedData
+    model: Callable  # (data) -> nn.Module, called right after torch.manual_seed(0)
+    schedule: dict
+    tol: tuple[float, float]  # rtol, atol for server params and client states
+    row_tol: tuple[float, float]  # rel, abs for the metrics of every round and the per-client ones
+    schedule_axes: dict = field(default_factory=dict)  # {Schedule option: values}, each one a case
+
+
+def _float64(data):
+    data.train.x, data.test.x = data.train.x.double(), data.test.x.double()
+    return data
+
+
+# float32 MLP on 8 synthetic clients: FedAvg and Per-FedAvg, also with test-time minibatches
+F32 = Setup(data=lambda: synthetic(num_clients=8, seed=3, cache_dir=None, chunk_len=64),
+            model=lambda d: MLP(d.in_features, d.num_classes, hidden=[20]),
+            schedule=dict(rounds=3, tau=4, clients_per_round=4, batch_size=10), tol=(1e-4, 1e-5),
+            row_tol=(1e-4, 1e-5), schedule_axes={"personalize_batch": [None, 16]})
+# float32 MLP on 6 synthetic clients: pFedMe
+PFEDME = Setup(data=lambda: synthetic(num_clients=6, seed=2, cache_dir=None, chunk_len=64),
+               model=lambda d: MLP(d.in_features, d.num_classes, hidden=[10]),
+               schedule=dict(rounds=3, tau=3, clients_per_round=3, batch_size=8), tol=(1e-4, 1e-5),
+               row_tol=(1e-4, 1e-5))
+# float64 tiny MLP: paper 004's algorithms and any algorithm not listed below; accuracies are
+# summed in float32 by the vmap engine's masks, hence the looser metric tolerance
+F64 = Setup(data=lambda: _float64(synthetic(num_clients=6, dim=6, num_classes=4, seed=1, cache_dir=None, chunk_len=16)),
+            model=lambda d: MLP(6, 4, hidden=[5]).double(),
+            schedule=dict(rounds=2, tau=2, clients_per_round=3, batch_size=5), tol=(1e-9, 1e-10),
+            row_tol=(1e-6, 1e-7))
+
+SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME}  # others: F64
+
+# Hyperparameters merged over an algorithm's config: small steps that keep 2-3 rounds finite, and
+# options that exercise code paths the defaults leave idle (a clip that clips, a decaying lr).
+META = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, inner_lr=0.05, inner_steps=2, test_steps=3)
+OPTIONS = {
+    "fedavg": dict(beta=0.05, alpha=0.05),
+    "perfedavg": dict(alpha=0.05, beta=0.05),
+    "pfedme": dict(lam=15.0, eta=0.05, personal_lr=0.05, K=3, beta=1.5),
+    "pavg": META,
+    "pfldyn": dict(META, alpha=0.01),
+    "pflscaf": META,
+    "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
+    "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
+}
+
+# Choice options: an algorithm whose config has one is checked with every allowed value.
+CHOICES = {"variant": PerFedAvg.VARIANTS, "adaptation": ADAPTATIONS, "train_all": (False, True)}
+
+
+@functools.lru_cache(maxsize=None)
+def algo_config(name: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"algo={name}"])
+    return OmegaConf.merge(cfg.algo, OPTIONS.get(name, {}))
+
+
+def cases():
+    out = []
+    for name in group_options("algo"):
+        cfg = algo_config(name)
+        setup = SETUPS.get(name, F64)
+        axes = {k: v for k, v in CHOICES.items() if k in cfg}
+        axes.update(setup.schedule_axes)
+        for values in itertools.product(*axes.values()):
+            opts = dict(zip(axes, values))
+            label = "-".join([name, *(f"{k}={v}" for k, v in opts.items())])
+            out.append(pytest.param(name, opts, id=label))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def data_of(setup: Setup):
+    return setup.data()
+
+
+def run(setup: Setup, algo, engine_cls, **schedule):
+    data = data_of(setup)
+    torch.manual_seed(0)
+    model = setup.model(data)
+    rows = []
+    sched = Schedule(**{**setup.schedule, **schedule})
+    state, last = simulate(algo, engine_cls(model), data, params_of(model), sched, 0,
+                           on_eval=lambda r, t, ev: rows.append(ev.row))
+    return state, last, rows
+
+
+@pytest.mark.parametrize("name,opts", cases())
+def test_vmap_and_loop_engines_agree(name, opts):
+    setup = SETUPS.get(name, F64)
+    schedule = {k: v for k, v in opts.items() if k in setup.schedule_axes}
+    algo_opts = {k: v for k, v in opts.items() if k not in setup.schedule_axes}
+    cfg = OmegaConf.merge(algo_config(name), algo_opts)
+    (sv, ev_v, rows_v), (sl, ev_l, rows_l) = [run(setup, instantiate(cfg), E, **schedule) for E in (VmapEngine, LoopEngine)]
+    rtol, atol = setup.tol
+    for k in sv.params:
+        torch.testing.assert_close(sv.params[k], sl.params[k], rtol=rtol, atol=atol)
+    assert sv.clients.keys() == sl.clients.keys()
+    for state in sv.clients:  # per-client states (control variates, FedDyn's g_i)
+        for k in sv.clients[state]:
+            torch.testing.assert_close(sv.clients[state][k], sl.clients[state][k], rtol=rtol, atol=atol)
+    rounds = setup.schedule["rounds"]
+    assert len(rows_v) == len(rows_l) == rounds
+    rel, abs_ = setup.row_tol
+    for rv, rl in zip(rows_v, rows_l):
+        assert rv.keys() == rl.keys()
+        for k in rv:
+            assert rv[k] == pytest.approx(rl[k], rel=rel, abs=abs_), k
+    assert ev_v.per_client.keys() == ev_l.per_client.keys()
+    for k in ev_v.per_client:  # the vmap engine may keep per-client accuracies in float32
+        torch.testing.assert_close(ev_v.per_client[k], ev_l.per_client[k], rtol=rel, atol=abs_, check_dtype=False)
+    algo = instantiate(cfg)
+    if hasattr(algo, "adaptation"):  # paper 004's algorithms serve a personalized model iff they adapt
+        assert ("pers_acc" in ev_v.row) == (algo.adaptation != "none")
