@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from fedrun import outputs
 from fedrun.algorithms.base import ConfigError
-from fedrun.config import CONF_DIR, NEUTRAL_OPTIONS, neutral_options
+from fedrun.config import CONF_DIR, NEUTRAL_OPTIONS
 from fedrun.report.jobs import NEUTRAL_KEYS
 from fedrun.resume import find_resume_point, fingerprint
 
