@@ -24,6 +24,9 @@ def common_options(ap: argparse.ArgumentParser, name: str) -> None:
     ap.add_argument("--no-download", action="store_true",
                     help="fail instead of downloading MNIST (via torchvision) when it is not in --data-root")
     ap.add_argument("--device", default="auto", help="fedrun device= (auto, cpu, cuda, cuda:N)")
+    ap.add_argument("--launcher", default="batched", choices=("batched", "basic"),
+                    help="hydra/launcher: batched (default) trains a setting's seeds as one computation, "
+                         "basic one job after another; the numbers are the same")
     ap.add_argument("--out", default=None,
                     help=f"output folder (default: outputs/papers/{name}/<date>_<time>[_quick])")
     ap.add_argument("--replot", metavar="DIR", default=None,
@@ -82,10 +85,13 @@ def fitting_a(tr, te, n: int, wanted: int) -> int:
     return a
 
 
-def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = None) -> float:
-    """`fedrun -m <overrides>` into sweep_dir; returns its seconds. Exits if fedrun fails."""
+def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = None,
+              launcher: str = "basic") -> float:
+    """`fedrun -m <overrides>` into sweep_dir with hydra/launcher=`launcher`; returns its seconds.
+    Exits if fedrun fails."""
     keys = hidden if hidden is not None else HIDDEN_IN_NAMES
     cmd = [sys.executable, "-m", "fedrun.cli", "-m", *overrides, "progress=false", "plot=false",
+           f"hydra/launcher={launcher}",
            f"hydra.sweep.dir='{sweep_dir}'", f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"]
     print("run: fedrun " + " ".join(cmd[4:]), flush=True)
     t0 = time.time()

@@ -75,7 +75,7 @@ def train(args, out: str, pairs, seeds, rounds: int) -> None:
             f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
             f"algo.alpha={PAPER['alpha']}", f"algo.beta={PAPER['beta']}",
             f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
-        ], hidden)
+        ], hidden, args.launcher)
     print(f"training took {total:.0f}s")
 
 

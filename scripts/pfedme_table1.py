@@ -44,9 +44,9 @@ PAPER = {
 }
 
 
-def train(args, out: str, datasets, protocols, seeds, rounds: int | None) -> None:
+def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models=MODELS) -> None:
     for d in datasets:
-        presets = [f"pfedme_{d}_{m}_{a}" for m in MODELS for a in ("fedavg", "perfedavg", "pfedme")]
+        presets = [f"pfedme_{d}_{m}_{a}" for m in models for a in ("fedavg", "perfedavg", "pfedme")]
         # --quick: 10 clients of data.seed=9 (3,400 training rows; seed 0's 10 clients hold 47,513)
         extra = ["data.num_clients=10", "data.seed=9"] if args.quick and d == "synthetic" else []
         if d == "mnist":
@@ -60,7 +60,7 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None) -> Non
             f"experiment={','.join(presets)}", f"protocol={','.join(protocols)}",
             *([f"rounds={rounds}"] if rounds else []), *extra,
             f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
-        ], _paper.HIDDEN_IN_NAMES)
+        ], _paper.HIDDEN_IN_NAMES, args.launcher)
         print(f"{d}: training took {secs:.0f}s")
 
 
@@ -134,10 +134,13 @@ def main(argv=None) -> int:
     _paper.common_options(ap, NAME)
     ap.add_argument("--datasets", default="synthetic", help=f"comma-separated, from {', '.join(DATASETS)}")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated, from official, honest")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     args = ap.parse_args(argv)
     datasets = [d for d in args.datasets.split(",") if d]
     protocols = [p for p in args.protocols.split(",") if p]
-    for name, got, allowed in (("--datasets", datasets, DATASETS), ("--protocols", protocols, PROTOCOLS)):
+    models = [m for m in args.models.split(",") if m]
+    for name, got, allowed in (("--datasets", datasets, DATASETS), ("--protocols", protocols, PROTOCOLS),
+                               ("--models", models, MODELS)):
         bad = [x for x in got if x not in allowed]
         if bad or not got:
             sys.exit(f"error: {name} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
         os.makedirs(out, exist_ok=True)
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
-        train(args, out, datasets, protocols, seeds, args.rounds or (3 if args.quick else None))
+        train(args, out, datasets, protocols, seeds, args.rounds or (3 if args.quick else None), models)
     table(out)
     from fedrun.report import write_report
 

@@ -158,7 +158,7 @@ def train(args, out: str, settings: dict) -> None:
     for key in settings["methods"]:
         ov = method_overrides(key) + common
         hidden = sorted({o.lstrip("+").split("=", 1)[0] for o in ov} | {"progress", "plot"})
-        total += _paper.run_sweep(os.path.join(out, "runs", key), ov, hidden)
+        total += _paper.run_sweep(os.path.join(out, "runs", key), ov, hidden, args.launcher)
     print(f"training took {total:.0f}s")
 
 
