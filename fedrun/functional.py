@@ -12,6 +12,7 @@ engine offers the few primitives algorithms need, each over ALL clients at once:
   inner_grad(fn, p, *args)    a gradient INSIDE such a function (MAML's inner steps), differentiable
                               through when `create_graph`
   class_sums(params, split, K)  per-client, per-class sums of features and counts over all rows
+                              (and the summed loss from the same pass)
 
 `VmapEngine` is the fast path: one torch.func.vmap'd computation over clients (and over row chunks
 for full passes). `LoopEngine` is the reference: one client at a time with plain autograd. Tests
@@ -114,17 +115,33 @@ class Engine:
         correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
         return loss, correct
 
-    def _class_sums(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        feats = self.features(p, x)
+    @property
+    def _both(self) -> bool:
+        """Whether the model's forward gives features and logits from one pass (features="both")."""
+        return bool(getattr(self.model, "features_and_logits", False))
+
+    def features_logits(self, p: Params, x: Tensor) -> tuple[Tensor, Tensor]:
+        return functional_call(self.model, p, (x,), {"features": "both"})
+
+    def _class_sums(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
+        if self._both:
+            feats, logits = self.features_logits(p, x)
+        else:
+            feats = self.features(p, x)
         onehot = (y.unsqueeze(-1) == torch.arange(self.num_classes, device=y.device)).to(feats.dtype)
         onehot = onehot * mask.unsqueeze(-1)
-        return onehot.T @ feats, onehot.sum(0)
+        out = (onehot.T @ feats, onehot.sum(0))
+        return (*out, (self.criterion(logits, y, reduction="none") * mask).sum()) if self._both else out
 
-    def prototypes(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
-        """Every client's Proto prototypes [C, K, d] from ALL of its rows in `split`, and which
-        classes [C, K] it has (one full pass, features summed per class)."""
-        sums, counts = self.class_sums(params, split, shared)
-        return sums / counts.clamp(min=1).unsqueeze(-1), counts > 0
+    def prototypes(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Every client's Proto prototypes [C, K, d] from ALL of its rows in `split`, which classes
+        [C, K] it has (one full pass, features summed per class), and each client's mean loss [C]
+        over those rows from the same pass (None when the model cannot give features and logits
+        at once, see fedrun.models)."""
+        sums, counts, loss = self.class_sums(params, split, shared)
+        if loss is not None:
+            loss = loss / split.sizes.to(loss.dtype)
+        return sums / counts.clamp(min=1).unsqueeze(-1), counts > 0, loss
 
 
 class VmapEngine(Engine):
@@ -252,12 +269,13 @@ class VmapEngine(Engine):
         loss, correct = self._sum_per_client(self._chunk_eval, params, split, shared)
         return loss, correct
 
-    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
-        """Per-client sums [C, K, d] of the features of each class's rows, and counts [C, K]."""
+    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Per-client sums [C, K, d] of the features of each class's rows, counts [C, K], and summed
+        losses [C] (None when the model cannot give features and logits from one pass)."""
         if self._per_client(split):
             return self._loop.class_sums(params, split, shared)
-        sums, counts = self._sum_per_client(self._chunk_class, params, split, shared)
-        return sums, counts
+        out = self._sum_per_client(self._chunk_class, params, split, shared)
+        return (*out, None) if len(out) == 2 else tuple(out)
 
 
 class LoopEngine(Engine):
@@ -336,17 +354,21 @@ class LoopEngine(Engine):
                 correct.append((logits.argmax(-1) == split.y[rows]).sum().to(logits.dtype))
         return torch.stack(losses), torch.stack(correct)
 
-    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor]:
-        sums, counts = [], []
+    def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        sums, counts, losses = [], [], []
         with torch.no_grad():
             for c in range(split.num_clients):
                 rows = split.client_rows(c)
                 p = params if shared else self._client(params, c)
-                feats = self.features(p, split.x[rows])
+                if self._both:
+                    feats, logits = self.features_logits(p, split.x[rows])
+                    losses.append(self.criterion(logits, split.y[rows], reduction="sum"))
+                else:
+                    feats = self.features(p, split.x[rows])
                 onehot = F.one_hot(split.y[rows], self.num_classes).to(feats.dtype)
                 sums.append(onehot.T @ feats)
                 counts.append(onehot.sum(0))
-        return torch.stack(sums), torch.stack(counts)
+        return torch.stack(sums), torch.stack(counts), torch.stack(losses) if losses else None
 
 
 ENGINES = {"vmap": VmapEngine, "loop": LoopEngine}

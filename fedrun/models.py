@@ -2,7 +2,10 @@
 per-client parameters; the modules themselves hold only the initial weights.
 
 Every model's `forward(x, features=True)` returns its last hidden layer (the Proto features of paper
-004), so `functional_call(model, params, (x,), {"features": True})` gives them.
+004), so `functional_call(model, params, (x,), {"features": True})` gives them. fedrun's models
+also take `features="both"`: (features, logits) from one pass (`features_and_logits = True`), which
+Proto's test-time prototypes use to get the training loss without a second pass; other models
+need not.
 
 Fully connected models also offer `stacked_forward(params, x)`: logits [m, B, classes] for stacked
 params [m, ...] and inputs [m, B, ...] as batched matrix products. It computes what vmap over
@@ -18,6 +21,13 @@ from torch import nn
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
+
+def _outputs(h: torch.Tensor, head: nn.Module, features: bool | str):
+    """forward's result from the last hidden layer h: the logits, h (features=True), or both."""
+    if features == "both":
+        return h, head(h)
+    return h if features else head(h)
+
 class MLR(nn.Module):
     """Multinomial logistic regression (softmax regression): one linear layer."""
 
@@ -26,9 +36,11 @@ class MLR(nn.Module):
         self.num_classes = num_classes
         self.linear = nn.Linear(in_features, num_classes)
 
-    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+    features_and_logits = True
+
+    def forward(self, x: torch.Tensor, features: bool | str = False):
         x = x.flatten(1)
-        return x if features else self.linear(x)
+        return _outputs(x, self.linear, features)
 
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         return _stacked_linear(params, "linear", x.flatten(2))
@@ -115,11 +127,13 @@ class MLP(nn.Module):
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+    features_and_logits = True
+
+    def forward(self, x: torch.Tensor, features: bool | str = False):
         x = x.flatten(1)
         for layer in self.net[:-1]:
             x = layer(x)
-        return x if features else self.net[-1](x)
+        return _outputs(x, self.net[-1], features)
 
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(2)
@@ -162,10 +176,11 @@ class CNN(nn.Module):
             return x  # (inside torch.func transforms, vmap cannot choose a memory order)
         return x.contiguous(memory_format=torch.channels_last)
 
-    def forward(self, x: torch.Tensor, features: bool = False) -> torch.Tensor:
+    features_and_logits = True
+
+    def forward(self, x: torch.Tensor, features: bool | str = False):
         x = self._images(x, x.shape[0])
-        h = self.hidden(self.conv(x).flatten(1))
-        return h if features else self.head(h)
+        return _outputs(self.hidden(self.conv(x).flatten(1)), self.head, features)
 
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         """Logits [m, B, classes] for per-client params: the convolutions client by client on the

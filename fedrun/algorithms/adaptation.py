@@ -127,8 +127,8 @@ class Proto(NoAdaptation):
 
     def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
         with torch.no_grad():
-            centers, present = engine.prototypes(params, train, shared=True)
-        return Prototypes(params, centers, present), None
+            centers, present, train_loss = engine.prototypes(params, train, shared=True)
+        return Prototypes(params, centers, present), train_loss
 
 
 def proto_cross_entropy(logits: Tensor, y: Tensor, present: Tensor) -> Tensor:

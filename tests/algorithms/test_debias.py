@@ -83,6 +83,39 @@ def test_proto_meta_loss_and_test_time_prototypes(E):
 
 
 @pytest.mark.parametrize("E", ENGINES)
+@pytest.mark.parametrize("model_fn", [lambda: MLP(6, 4, hidden=[5]).double(), lambda: Features4()],
+                         ids=["features_and_logits", "features_only"])
+def test_proto_train_loss_from_the_prototype_pass(tiny, E, model_fn):
+    """Proto's test-time pass over all training rows also gives the shared model's training loss
+    (fedrun's models return features and logits at once); it equals a separate evaluation pass.
+    A model that returns only features gives None, and evaluation makes that pass itself."""
+    data, _ = tiny
+    torch.manual_seed(0)
+    model = model_fn()
+    engine = E(model)
+    p = params_of(model)
+    served, train_loss = Proto().personalize(engine, p, data.train)
+    loss_sum, _ = engine.evaluate(p, data.train, True)
+    if isinstance(model, Features4):
+        assert train_loss is None
+    else:
+        torch.testing.assert_close(train_loss, loss_sum / data.train.sizes.double(), rtol=1e-12, atol=0)
+    sums, counts, _ = engine.class_sums(p, data.train, True)
+    torch.testing.assert_close(served.centers, sums / counts.clamp(min=1).unsqueeze(-1))
+
+
+class Features4(Features):
+    """Features' forward (features only, no features="both") on 6 inputs and 4 classes."""
+
+    num_classes = 4
+
+    def __init__(self):
+        super().__init__()
+        self.A = nn.Parameter(torch.randn(6, 3, dtype=torch.float64))
+        self.head = nn.Linear(3, 4).double()
+
+
+@pytest.mark.parametrize("E", ENGINES)
 @pytest.mark.parametrize("first_order", [False, True])
 @pytest.mark.parametrize("steps", [1, 2])
 def test_maml_meta_gradient_on_quadratic(E, first_order, steps):
