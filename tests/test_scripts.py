@@ -258,3 +258,29 @@ def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
         assert ("pers_acc" in m) == (k not in ("feddyn", "scaffold"))
     acc = pd.read_csv(out / "accuracy.csv")
     assert set(acc["method"]) == set(methods)
+
+
+def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_path, monkeypatch):
+    """--launcher batched (the default) trains each setting's seeds as one computation; the table
+    equals --launcher basic's (one job after another). --models picks Table 1's rows."""
+    tables = {}
+    for launcher in ("batched", "basic"):
+        out = tmp_path / launcher
+        text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--models", "mlr", "--seeds", "0,1",
+                                           "--protocols", "official", "--launcher", launcher, "--out", str(out)], tmp_path, monkeypatch)
+        assert f"hydra/launcher={launcher}" in text
+        runs = out / "runs" / "synthetic"
+        assert len([p for p in runs.iterdir() if (p / "metrics.csv").exists()]) == 6  # 3 presets x 2 seeds
+        assert {dict(k)["experiment"].split("_")[2] for k in job_metrics(runs)} == {"mlr"}
+        tables[launcher] = pd.read_csv(out / "table1.csv")
+    assert len(tables["basic"]) == 4 and (tables["basic"]["official_seeds"] == 2).all()
+    assert tables["basic"]["official_best_std"].gt(0).all()  # the two seeds differ
+    pd.testing.assert_frame_equal(tables["batched"], tables["basic"], rtol=1e-6)
+
+
+def test_pfl_cifar_eval_every(tmp_path, monkeypatch):
+    out = tmp_path / "every"
+    script("pfl_cifar.py", ["--quick", "--methods", "pfldyn_proto", "--eval-every", "2", "--target", "15",
+                            "--out", str(out)], tmp_path, monkeypatch)
+    (ov, m), = job_metrics(out / "runs" / "pfldyn_proto").items()
+    assert dict(ov)["eval_every"] == "2" and m["round"].tolist() == [2, 3]  # every 2nd round and the last
