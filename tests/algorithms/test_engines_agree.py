@@ -80,6 +80,19 @@ OPTIONS = {
 
 # Choice options: an algorithm whose config has one is checked with every allowed value.
 CHOICES = {"variant": PerFedAvg.VARIANTS, "adaptation": ADAPTATIONS, "train_all": (False, True)}
+# Further code paths, most of them protocol=official's choices: test-time steps on test batches,
+# pFedMe's local model served and its mu term, sample-weighted aggregation (a Schedule option),
+# first-order MAML, the mean of the clients' models scored.
+EXTRA = [
+    ("perfedavg", {"test_time": "test_batches"}),
+    ("pfedme", {"personalized": "local", "mu": 0.001}),
+    ("pfedme", {"aggregate": "samples"}),
+    ("fedavg", {"aggregate": "samples"}),
+    ("pfldyn", {"adaptation": "maml", "first_order": True}),
+    ("pavg", {"adaptation": "maml", "first_order": True}),
+    ("pfldyn", {"eval_model": "clients_mean"}),
+]
+SCHEDULE_OPTIONS = {"aggregate"}  # besides each setup's schedule_axes
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,6 +113,8 @@ def cases():
             opts = dict(zip(axes, values))
             label = "-".join([name, *(f"{k}={v}" for k, v in opts.items())])
             out.append(pytest.param(name, opts, id=label))
+    for name, opts in EXTRA:
+        out.append(pytest.param(name, opts, id="-".join([name, *(f"{k}={v}" for k, v in opts.items())])))
     return out
 
 
@@ -122,8 +137,9 @@ def run(setup: Setup, algo, engine_cls, **schedule):
 @pytest.mark.parametrize("name,opts", cases())
 def test_vmap_and_loop_engines_agree(name, opts):
     setup = SETUPS.get(name, F64)
-    schedule = {k: v for k, v in opts.items() if k in setup.schedule_axes}
-    algo_opts = {k: v for k, v in opts.items() if k not in setup.schedule_axes}
+    in_schedule = SCHEDULE_OPTIONS | set(setup.schedule_axes)
+    schedule = {k: v for k, v in opts.items() if k in in_schedule}
+    algo_opts = {k: v for k, v in opts.items() if k not in in_schedule}
     cfg = OmegaConf.merge(algo_config(name), algo_opts)
     (sv, ev_v, rows_v), (sl, ev_l, rows_l) = [run(setup, instantiate(cfg), E, **schedule) for E in (VmapEngine, LoopEngine)]
     rtol, atol = setup.tol
