@@ -24,6 +24,9 @@ def common_options(ap: argparse.ArgumentParser, name: str) -> None:
     ap.add_argument("--no-download", action="store_true",
                     help="fail instead of downloading MNIST (via torchvision) when it is not in --data-root")
     ap.add_argument("--device", default="auto", help="fedrun device= (auto, cpu, cuda, cuda:N)")
+    ap.add_argument("--eval-every", type=int, default=None, metavar="N",
+                    help="evaluate every N rounds and after the last (default: every round); the best round is then "
+                         "the best evaluated round")
     ap.add_argument("--launcher", default="batched", choices=("batched", "basic"),
                     help="hydra/launcher: batched (default) trains a setting's seeds as one computation, "
                          "basic one job after another; the numbers are the same")
@@ -31,6 +34,11 @@ def common_options(ap: argparse.ArgumentParser, name: str) -> None:
                     help=f"output folder (default: outputs/papers/{name}/<date>_<time>[_quick])")
     ap.add_argument("--replot", metavar="DIR", default=None,
                     help="train nothing: redraw the figure and table from the runs already in DIR (a previous --out)")
+
+
+def eval_every(args) -> list[str]:
+    """The fedrun override for --eval-every (none when not given)."""
+    return [f"eval_every={args.eval_every}"] if args.eval_every else []
 
 
 def out_dir(args, name: str) -> str:

@@ -74,7 +74,7 @@ def train(args, out: str, pairs, seeds, rounds: int) -> None:
             f"data.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}", f"data.a={a}",
             f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
             f"algo.alpha={PAPER['alpha']}", f"algo.beta={PAPER['beta']}",
-            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
         ], hidden, args.launcher)
     print(f"training took {total:.0f}s")
 

@@ -47,7 +47,7 @@ def train(args, out: str, seeds, rounds: int) -> int:
         f"data.n={PAPER['n']}", f"data.a={a}", f"frac={PAPER['frac']}", f"batch_size={PAPER['batch_size']}",
         f"algo.beta={PAPER['beta']}", f"rounds={rounds}",
         "algo.variant=fo,hf", "tau=4,10", "algo.alpha=0.001,0.01",
-        f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+        f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
     ], _paper.HIDDEN_IN_NAMES + ["frac", "algo.beta"], args.launcher)
     print(f"training took {secs:.0f}s")
     return a

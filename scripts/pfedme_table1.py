@@ -33,6 +33,7 @@ import _paper  # noqa: E402
 NAME = "pfedme_table1"
 DATASETS = ("synthetic", "mnist")
 MODELS = ("mlr", "dnn")
+ALGOS = ("fedavg", "perfedavg", "pfedme")
 PROTOCOLS = ("official", "honest")
 # (entry, algo preset, metric prefix): the rows of Table 1 for each model.
 ENTRIES = (("FedAvg", "fedavg", "global"), ("Per-FedAvg", "perfedavg", "pers"), ("pFedMe GM", "pfedme", "global"),
@@ -44,9 +45,9 @@ PAPER = {
 }
 
 
-def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models=MODELS) -> None:
+def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models=MODELS, algos=ALGOS) -> None:
     for d in datasets:
-        presets = [f"pfedme_{d}_{m}_{a}" for m in models for a in ("fedavg", "perfedavg", "pfedme")]
+        presets = [f"pfedme_{d}_{m}_{a}" for m in models for a in algos]
         # --quick: 10 clients of data.seed=9 (3,400 training rows; seed 0's 10 clients hold 47,513)
         extra = ["data.num_clients=10", "data.seed=9"] if args.quick and d == "synthetic" else []
         if d == "mnist":
@@ -59,7 +60,7 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
         secs = _paper.run_sweep(os.path.join(out, "runs", d), [
             f"experiment={','.join(presets)}", f"protocol={','.join(protocols)}",
             *([f"rounds={rounds}"] if rounds else []), *extra,
-            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
         ], _paper.HIDDEN_IN_NAMES, args.launcher)
         print(f"{d}: training took {secs:.0f}s")
 
@@ -135,12 +136,14 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", default="synthetic", help=f"comma-separated, from {', '.join(DATASETS)}")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated, from official, honest")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
     args = ap.parse_args(argv)
     datasets = [d for d in args.datasets.split(",") if d]
     protocols = [p for p in args.protocols.split(",") if p]
     models = [m for m in args.models.split(",") if m]
+    algos = [a for a in args.algos.split(",") if a]
     for name, got, allowed in (("--datasets", datasets, DATASETS), ("--protocols", protocols, PROTOCOLS),
-                               ("--models", models, MODELS)):
+                               ("--models", models, MODELS), ("--algos", algos, ALGOS)):
         bad = [x for x in got if x not in allowed]
         if bad or not got:
             sys.exit(f"error: {name} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
         os.makedirs(out, exist_ok=True)
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
-        train(args, out, datasets, protocols, seeds, args.rounds or (3 if args.quick else None), models)
+        train(args, out, datasets, protocols, seeds, args.rounds or (3 if args.quick else None), models, algos)
     table(out)
     from fedrun.report import write_report
 

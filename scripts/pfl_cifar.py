@@ -152,7 +152,7 @@ def train(args, out: str, settings: dict) -> None:
     common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
               f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record"]
     common += ["data.download=false"] if args.quick or args.no_download else []
-    common += [f"eval_every={args.eval_every}"] if args.eval_every else []
+    common += _paper.eval_every(args)  # transmissions to a target: counted at the first evaluated round reaching it
     if args.quick:
         common += QUICK + [f"data.num_clients={QUICK_CLIENTS[dataset]}"]
     total = 0.0
@@ -341,9 +341,6 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated, from: {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
-    ap.add_argument("--eval-every", type=int, default=None, metavar="N",
-                    help="evaluate every N rounds (and after the last; default: every round). Transmissions to a "
-                         "target are then counted at the first evaluated round that reaches it")
     args = ap.parse_args(argv)
     t0 = time.time()
     out = _paper.out_dir(args, NAME)
