@@ -21,12 +21,12 @@ from torch import nn
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
-
 def _outputs(h: torch.Tensor, head: nn.Module, features: bool | str):
     """forward's result from the last hidden layer h: the logits, h (features=True), or both."""
     if features == "both":
         return h, head(h)
     return h if features else head(h)
+
 
 class MLR(nn.Module):
     """Multinomial logistic regression (softmax regression): one linear layer."""
