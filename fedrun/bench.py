@@ -244,7 +244,7 @@ def time_pfedme(data, rounds: int, warmup: int, device) -> tuple[float, float]:
     sched = Schedule(rounds=rounds, tau=20, clients_per_round=10, batch_size=20, eval_every=1,
                      aggregate=AGGREGATE["pfedme"])
     c0 = time.process_time()
-    wall = time_rounds(ALGOS["pfedme"](), "vmap", data, sched, device, warmup)
+    wall = time_rounds(bench_algo("pfedme", ALGOS), "vmap", data, sched, device, warmup)
     # the CPU time covers the warm-up rounds too (they cost as much as the others)
     return wall, (time.process_time() - c0) / (rounds + warmup)
 

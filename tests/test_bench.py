@@ -53,3 +53,12 @@ def test_authors_option_names_a_bad_path(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--authors", str(tmp_path), "--device", "cpu"])
     assert f"--authors {tmp_path}: not a work tree of CharlieDinh/pFedMe" in capsys.readouterr().err
+
+
+def test_fedrun_side_of_the_authors_comparison_runs():
+    """`--authors` times fedrun's pFedMe DNN with `time_pfedme` before and after their code."""
+    from fedrun.data import synthetic
+
+    data = synthetic(num_clients=10, seed=9, cache_dir=None)
+    wall, cpu = bench.time_pfedme(data, rounds=1, warmup=1, device=torch.device("cpu"))
+    assert wall > 0 and cpu > 0
