@@ -36,11 +36,6 @@ def common_options(ap: argparse.ArgumentParser, name: str) -> None:
                     help="train nothing: redraw the figure and table from the runs already in DIR (a previous --out)")
 
 
-def eval_every(args) -> list[str]:
-    """The fedrun override for --eval-every (none when not given)."""
-    return [f"eval_every={args.eval_every}"] if args.eval_every else []
-
-
 def out_dir(args, name: str) -> str:
     if args.replot:
         return os.path.abspath(args.replot)
@@ -93,13 +88,13 @@ def fitting_a(tr, te, n: int, wanted: int) -> int:
     return a
 
 
-def run_sweep(sweep_dir: str, overrides: list[str], hidden: list[str] | None = None,
-              launcher: str = "basic") -> float:
-    """`fedrun -m <overrides>` into sweep_dir with hydra/launcher=`launcher`; returns its seconds.
-    Exits if fedrun fails."""
+def run_sweep(args, sweep_dir: str, overrides: list[str], hidden: list[str] | None = None) -> float:
+    """`fedrun -m <overrides>` into sweep_dir, with the common options' --launcher and --eval-every;
+    returns its seconds. Exits if fedrun fails."""
     keys = hidden if hidden is not None else HIDDEN_IN_NAMES
-    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *overrides, "progress=false", "plot=false",
-           f"hydra/launcher={launcher}",
+    every = [f"eval_every={args.eval_every}"] if args.eval_every else []
+    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *overrides, *every, "progress=false", "plot=false",
+           f"hydra/launcher={args.launcher}",
            f"hydra.sweep.dir='{sweep_dir}'", f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"]
     print("run: fedrun " + " ".join(cmd[4:]), flush=True)
     t0 = time.time()

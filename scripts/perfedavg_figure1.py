@@ -69,13 +69,13 @@ def train(args, out: str, pairs, seeds, rounds: int) -> None:
     hidden = [k for k in _paper.HIDDEN_IN_NAMES if k != "algo"] + ["tau", "frac", "algo.alpha", "algo.beta"]
     total = 0.0
     for tau, r in pairs:
-        total += _paper.run_sweep(pair_dir(os.path.join(out, "runs"), tau, r), [
+        total += _paper.run_sweep(args, pair_dir(os.path.join(out, "runs"), tau, r), [
             "algo=fedavg,perfedavg", "data=mnist_perfedavg", "model=mlp",
             f"data.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}", f"data.a={a}",
             f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
             f"algo.alpha={PAPER['alpha']}", f"algo.beta={PAPER['beta']}",
-            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
-        ], hidden, args.launcher)
+            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+        ], hidden)
     print(f"training took {total:.0f}s")
 
 

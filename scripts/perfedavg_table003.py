@@ -41,14 +41,14 @@ def train(args, out: str, seeds, rounds: int) -> int:
     a = _paper.fitting_a(tr, te, PAPER["n"], PAPER["a"])
     print(f"settings: Per-FedAvg fo/hf, n={PAPER['n']}, a={a}, r={PAPER['frac']}, batch {PAPER['batch_size']}, "
           f"beta={PAPER['beta']}, {rounds} rounds, tau in (4, 10), alpha in (0.001, 0.01), seeds {seeds}")
-    secs = _paper.run_sweep(os.path.join(out, "runs"), [
+    secs = _paper.run_sweep(args, os.path.join(out, "runs"), [
         "algo=perfedavg", "data=mnist_perfedavg", "model=mlp", f"data.root={os.path.abspath(args.data_root)}",
         "data.download=false",
         f"data.n={PAPER['n']}", f"data.a={a}", f"frac={PAPER['frac']}", f"batch_size={PAPER['batch_size']}",
         f"algo.beta={PAPER['beta']}", f"rounds={rounds}",
         "algo.variant=fo,hf", "tau=4,10", "algo.alpha=0.001,0.01",
-        f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
-    ], _paper.HIDDEN_IN_NAMES + ["frac", "algo.beta"], args.launcher)
+        f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+    ], _paper.HIDDEN_IN_NAMES + ["frac", "algo.beta"])
     print(f"training took {secs:.0f}s")
     return a
 

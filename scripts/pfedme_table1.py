@@ -57,11 +57,11 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
                   f"{'' if full else ' (NOT the full 70,000: the partial copy)'}; fedrun data=mnist_pfedme")
             # data= as well: Hydra composes the non-swept overrides onto the base config first
             extra = ["data=mnist_pfedme", f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
-        secs = _paper.run_sweep(os.path.join(out, "runs", d), [
+        secs = _paper.run_sweep(args, os.path.join(out, "runs", d), [
             f"experiment={','.join(presets)}", f"protocol={','.join(protocols)}",
             *([f"rounds={rounds}"] if rounds else []), *extra,
-            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record", *_paper.eval_every(args),
-        ], _paper.HIDDEN_IN_NAMES, args.launcher)
+            f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+        ], _paper.HIDDEN_IN_NAMES)
         print(f"{d}: training took {secs:.0f}s")
 
 

@@ -152,14 +152,13 @@ def train(args, out: str, settings: dict) -> None:
     common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
               f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record"]
     common += ["data.download=false"] if args.quick or args.no_download else []
-    common += _paper.eval_every(args)  # transmissions to a target: counted at the first evaluated round reaching it
     if args.quick:
         common += QUICK + [f"data.num_clients={QUICK_CLIENTS[dataset]}"]
     total = 0.0
     for key in settings["methods"]:
         ov = method_overrides(key) + common
         hidden = sorted({o.lstrip("+").split("=", 1)[0] for o in ov} | {"progress", "plot"})
-        total += _paper.run_sweep(os.path.join(out, "runs", key), ov, hidden, args.launcher)
+        total += _paper.run_sweep(args, os.path.join(out, "runs", key), ov, hidden)
     print(f"training took {total:.0f}s")
 
 
