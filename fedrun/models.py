@@ -58,8 +58,8 @@ def _stacked_linear(params: dict, name: str, x: torch.Tensor) -> torch.Tensor:
 def _act_grad(act: nn.Module, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """grad through activation `act` from its output `out` (the derivative each one has in terms of
     its output: ReLU 1[out > 0], ELU(alpha=1) out + 1 below 0, tanh 1 - out^2, sigmoid out (1 - out))."""
-    if isinstance(act, nn.ReLU):
-        return grad * (out > 0)
+    if isinstance(act, nn.ReLU):  # the kernel autograd uses: one pass (grad * (out > 0) took ~7x longer)
+        return torch.ops.aten.threshold_backward(grad, out, 0.0)
     if isinstance(act, nn.ELU) and act.alpha == 1.0:
         return torch.where(out > 0, grad, grad * (out + 1))
     if isinstance(act, nn.Tanh):

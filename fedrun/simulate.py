@@ -71,13 +71,11 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
                    aug: tuple | None = None) -> Local:
     """tau local steps for all training clients; each step gathers every client's batches in one op
     (and augments them, when the data has an augmentation, with the round's pre-drawn `aug` params)."""
-    x, y = data.train.x, data.train.y
     for s in range(idx.shape[1]):
-        step = idx[:, s]  # [m, k, B]
-        xb, yb = x[step], y[step]
+        xb, yb = data.train.rows(idx[:, s])  # step s: [m, k, B] rows
         if aug is not None:
             xb = apply_augmentation(data.augment, xb, tuple(a[:, s] for a in aug))
-        local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(step.shape[1])], rnd)
+        local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[2])], rnd)
     return local
 
 

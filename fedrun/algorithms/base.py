@@ -94,8 +94,7 @@ def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator) -> tup
     dev = split.x.device
     clients = torch.arange(split.num_clients, device=dev)
     u = torch.rand(split.num_clients, *steps, size, generator=gen).to(dev)
-    idx = split.sample_indices(clients, u)
-    return split.x[idx], split.y[idx]
+    return split.rows(split.sample_indices(clients, u))
 
 
 class Algorithm(metaclass=AlgorithmMeta):

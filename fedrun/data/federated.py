@@ -77,6 +77,13 @@ class ClientSplit:
         n = self.sizes[clients].view(shape)
         return self.offsets[clients].view(shape) + torch.minimum((u * n).long(), n - 1)
 
+    def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """x and y of the rows `idx` (any shape): x [*idx.shape, *feature_shape], y [*idx.shape].
+        One index_select of the flattened indices (advanced indexing x[idx] took ~3x longer on the CPU)."""
+        flat = idx.reshape(-1)
+        return (self.x.index_select(0, flat).view(*idx.shape, *self.x.shape[1:]),
+                self.y.index_select(0, flat).view(idx.shape))
+
     def client_rows(self, c: int) -> slice:
         off = int(self.offsets[c])
         return slice(off, off + int(self.sizes[c]))

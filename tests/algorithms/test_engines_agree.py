@@ -162,3 +162,31 @@ def test_vmap_and_loop_engines_agree(name, opts):
     algo = instantiate(cfg)
     if hasattr(algo, "adaptation"):  # paper 004's algorithms serve a personalized model iff they adapt
         assert ("pers_acc" in ev_v.row) == (algo.adaptation != "none")
+
+
+@pytest.mark.parametrize("group_rows,max_chunks", [(16, 1024), (48, 2), (10**6, 1024)])
+def test_full_passes_in_groups_match_the_loop(monkeypatch, group_rows, max_chunks):
+    """The vmap engine's full passes over all clients (evaluation with one shared or per-client
+    models, full-batch gradients, Proto's class sums) give the loop engine's numbers whatever the
+    grouping: groups of rows that cut clients in two (a shared model's flat blocks, groups of
+    chunks), tiny groups, one group."""
+    monkeypatch.setattr(VmapEngine, "CPU_GROUP_ROWS", group_rows)
+    data = _float64(synthetic(num_clients=6, dim=6, num_classes=4, seed=1, cache_dir=None, chunk_len=16))
+    assert data.train.sizes.max() > 16 and len(data.train.y) > 2 * group_rows or group_rows > 10**5
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[5]).double()
+    vm, lp = VmapEngine(model, max_chunks=max_chunks), LoopEngine(model)
+    shared = params_of(model)
+    C = data.num_clients
+    stacked = {k: v.unsqueeze(0) + 0.1 * torch.randn(C, *v.shape, dtype=v.dtype) for k, v in shared.items()}
+    for params, is_shared in ((shared, True), (stacked, False)):
+        for split in (data.train, data.test):
+            for a, b in zip(vm.evaluate(params, split, is_shared), lp.evaluate(params, split, is_shared)):
+                torch.testing.assert_close(a.double(), b.double(), rtol=1e-9, atol=1e-9)
+        (gv, lv), (gl, ll) = vm.full_grad(params, data.train, is_shared), lp.full_grad(params, data.train, is_shared)
+        torch.testing.assert_close(lv, ll, rtol=1e-9, atol=1e-9)
+        for k in gv:
+            torch.testing.assert_close(gv[k], gl[k], rtol=1e-9, atol=1e-9)
+        for a, b in zip(vm.class_sums(params, data.train, is_shared), lp.class_sums(params, data.train, is_shared)):
+            if a is not None or b is not None:
+                torch.testing.assert_close(a.double(), b.double(), rtol=1e-9, atol=1e-9)
