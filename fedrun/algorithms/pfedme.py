@@ -54,22 +54,29 @@ class PFedMe(Algorithm):
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        w, theta = local["params"], local["theta"]
+        names = list(local["params"])
+        w, theta = [local["params"][k] for k in names], [local["theta"][k] for k in names]
         for _ in range(self.K):  # the inner problem, on the same minibatch
-            g, _ = engine.grad(theta, x, y)
-            theta = {k: theta[k] - self._inner_step(theta[k], w[k], g[k]) for k in theta}
-        w = {k: w[k] - (w[k] - theta[k]).mul_(self.eta * self.lam) for k in w}
-        return {"params": w, "theta": theta}
+            g, _ = engine.grad(dict(zip(names, theta)), x, y)
+            theta = torch._foreach_sub(theta, self._inner_step(theta, w, [g[k] for k in names]))
+        t = torch._foreach_sub(w, theta)
+        torch._foreach_mul_(t, self.eta * self.lam)
+        return {"params": dict(zip(names, torch._foreach_sub(w, t))), "theta": dict(zip(names, theta))}
 
-    def _inner_step(self, theta: Tensor, w: Tensor, g: Tensor) -> Tensor:
-        """personal_lr * (g + lam (theta - w) + mu theta), in place on one temporary: the same
-        operations in the same order as the formula (so the same bits), without a new tensor per
-        operation; on the CPU, with all clients' stacked parameters (or several seeds' clients),
-        allocating every intermediate cost more than the arithmetic."""
-        t = (theta - w).mul_(self.lam).add_(g)
+    def _inner_step(self, theta: list[Tensor], w: list[Tensor], g: list[Tensor]) -> list[Tensor]:
+        """personal_lr * (g + lam (theta - w) + mu theta) for every parameter tensor, in place on one
+        temporary each: the same operations in the same order as the formula (so the same bits as
+        the authors' optimizer, which the golden traces check), each one a single call over all
+        tensors (torch._foreach_*); on the CPU, with all clients' stacked parameters (or several
+        seeds' clients), allocating and dispatching every intermediate cost more than the arithmetic
+        (one step: 196 us as separate ops, 137 us as _foreach calls, 4 tensors of 100 clients)."""
+        t = torch._foreach_sub(theta, w)
+        torch._foreach_mul_(t, self.lam)
+        torch._foreach_add_(t, g)
         if self.mu:
-            t.add_(theta * self.mu)
-        return t.mul_(self.personal_lr)
+            torch._foreach_add_(t, torch._foreach_mul(theta, self.mu))
+        torch._foreach_mul_(t, self.personal_lr)
+        return t
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
