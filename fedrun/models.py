@@ -51,8 +51,13 @@ class MLR(nn.Module):
 
 
 def _stacked_linear(params: dict, name: str, x: torch.Tensor) -> torch.Tensor:
-    """x [m, B, in] through per-client linear layers `name` (weight [m, out, in], bias [m, out])."""
-    return torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), x, params[f"{name}.weight"].transpose(1, 2))
+    """x [m, B, in] through per-client linear layers `name` (weight [m, out, in], bias [m, out]).
+    A narrow layer (out <= 16, e.g. the 10 logits) is computed transposed, (W x^T)^T: MKL's batched
+    product with an output of so few columns took ~2x longer (CPU, 100 clients, 20x20 -> 10)."""
+    w, b = params[f"{name}.weight"], params[f"{name}.bias"]
+    if w.shape[1] <= 16 and w.shape[1] < w.shape[2]:
+        return torch.baddbmm(b.unsqueeze(2), w, x.transpose(1, 2)).transpose(1, 2)
+    return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 
 
 def _act_grad(act: nn.Module, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
