@@ -65,8 +65,8 @@ class PFedMe(Algorithm):
 
     def _inner_step(self, theta: list[Tensor], w: list[Tensor], g: list[Tensor]) -> list[Tensor]:
         """personal_lr * (g + lam (theta - w) + mu theta) for every parameter tensor, in place on one
-        temporary each: the same operations in the same order as the formula (so the same bits as
-        the authors' optimizer, which the golden traces check), each one a single call over all
+        temporary each: the same operations in the same order as the formula and the authors'
+        optimizer (so the same rounding; the golden traces check it), each one a single call over all
         tensors (torch._foreach_*); on the CPU, with all clients' stacked parameters (or several
         seeds' clients), allocating and dispatching every intermediate cost more than the arithmetic
         (one step: 196 us as separate ops, 137 us as _foreach calls, 4 tensors of 100 clients)."""
