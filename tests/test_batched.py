@@ -140,6 +140,26 @@ def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, 
     assert len(groups) == 2 and list(summary["n_seeds"]) == [2, 2]
 
 
+def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path, cache):
+    """A job's hydra.job.env_set is in the environment while it trains, as under the basic launcher:
+    here FEDRUN_CACHE (conf's cache_dir reads it) sends the generated data to the folder it names."""
+    sweep, env_cache = tmp_path / "sweep", tmp_path / "env_cache"
+    args = [*TINY, "algo=fedavg", "seed=0,1", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}",
+            f"+hydra.job.env_set.FEDRUN_CACHE={env_cache}"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {k: v for k, v in os.environ.items() if k != "FEDRUN_CACHE"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=path)
+    p = subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert env_cache.is_dir() and any(env_cache.iterdir())
+    assert not (tmp_path / ".cache").exists()  # the default cache_dir, relative to the working folder
+    for j in ("0", "1"):
+        job = next(d for d in sweep.iterdir() if d.name.split("_")[0] == j)
+        assert json.load(open(job / "summary.json"))["status"] == "finished"
+
+
 def test_a_diverging_seed_stops_alone_and_the_group_goes_on():
     data = synthetic(num_clients=5, dim=6, num_classes=4, seed=35, chunk_len=64)
     torch.manual_seed(0)

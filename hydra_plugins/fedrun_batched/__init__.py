@@ -7,7 +7,8 @@ job gets its folder and `.hydra/` files as under the basic launcher (Hydra's `ru
 then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
 (null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
-only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called.
+only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called. A job's
+`hydra.job.env_set` is in the environment while it trains, as under the basic launcher.
 """
 
 import logging
@@ -17,7 +18,8 @@ from typing import Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import (JobReturn, JobStatus, configure_log, env_override, filter_overrides, run_job,
+                              setup_globals)
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
@@ -57,6 +59,7 @@ class BatchedLauncher(Launcher):
         log.info(f"Launching {len(job_overrides)} jobs locally, seeds of one configuration batched")
         # 1. Hydra's per-job setup (folder, .hydra/ files, job config), the job itself deferred.
         jobs: list[tuple[DictConfig, str]] = []
+        envs: list[dict] = []  # each job's hydra.job.env_set, applied while it trains (as run_job does)
         rets: list[JobReturn] = []
         for idx, overrides in enumerate(job_overrides):
             idx = initial_job_idx + idx
@@ -68,12 +71,19 @@ class BatchedLauncher(Launcher):
 
             def defer(cfg: DictConfig) -> None:
                 jobs.append((cfg, HydraConfig.get().runtime.output_dir))
+                envs.append({str(k): str(v) for k, v in HydraConfig.get().job.env_set.items()})
 
             rets.append(run_job(hydra_context=self.hydra_context, task_function=defer, config=sweep_config,
                                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        # 2. The jobs themselves, grouped; 3. each job's ending as fedrun reports a single run's.
-        results = run_jobs(jobs, self.max_group)
+        # 2. The jobs themselves, grouped (jobs with different env_set never share a group);
+        # 3. each job's ending as fedrun reports a single run's.
+        results: list = [None] * len(jobs)
+        for env in [dict(e) for e in dict.fromkeys(tuple(sorted(e.items())) for e in envs)]:
+            mine = [i for i, e in enumerate(envs) if e == env]
+            with env_override(env):
+                for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group)):
+                    results[i] = res
         for ret, (_, out_dir), result in zip(rets, jobs, results):
             ret.return_value = report(result, out_dir)  # exits on a failed job, as a single run does
             ret.status = JobStatus.COMPLETED
