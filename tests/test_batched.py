@@ -118,15 +118,20 @@ def test_a_half_finished_batched_sweep_resumes_to_the_same_files(tmp_path, cache
         assert open(os.path.join(o, "metrics.csv"), "rb").read() == open(os.path.join(r, "metrics.csv"), "rb").read()
 
 
+def _sweep(args: list[str], cwd, env: dict) -> subprocess.CompletedProcess:
+    """`fedrun -m ARGS` in a subprocess with `env`, one thread, and the checkout's hydra_plugins/ on
+    the path (an editable install made before it existed does not map it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=cwd,
+                          env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}, capture_output=True, text=True,
+                          timeout=300)
+
+
 def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, cache):
     sweep = tmp_path / "sweep"
     args = [*TINY, "algo=fedavg", "seed=0,1", "tau=2,3", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}"]
-    # the checkout's hydra_plugins/ (an editable install made before it existed does not map it)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "FEDRUN_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    p = subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = _sweep(args, tmp_path, {**os.environ, "FEDRUN_CACHE": cache})
     assert p.returncode == 0, p.stderr
     jobs = sorted(j for j in os.listdir(sweep) if (sweep / j).is_dir())
     assert [j.split("_")[0] for j in jobs] == ["0", "1", "2", "3"]
@@ -146,12 +151,7 @@ def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path, cache):
     sweep, env_cache = tmp_path / "sweep", tmp_path / "env_cache"
     args = [*TINY, "algo=fedavg", "seed=0,1", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}",
             f"+hydra.job.env_set.FEDRUN_CACHE={env_cache}"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = {k: v for k, v in os.environ.items() if k != "FEDRUN_CACHE"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=path)
-    p = subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = _sweep(args, tmp_path, {k: v for k, v in os.environ.items() if k != "FEDRUN_CACHE"})
     assert p.returncode == 0, p.stderr
     assert env_cache.is_dir() and any(env_cache.iterdir())
     assert not (tmp_path / ".cache").exists()  # the default cache_dir, relative to the working folder
