@@ -78,10 +78,12 @@ class BatchedLauncher(Launcher):
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         # 2. The jobs themselves, grouped (jobs with different env_set never share a group);
         # 3. each job's ending as fedrun reports a single run's.
+        by_env: dict[tuple, list[int]] = {}
+        for i, env in enumerate(envs):
+            by_env.setdefault(tuple(sorted(env.items())), []).append(i)
         results: list = [None] * len(jobs)
-        for env in [dict(e) for e in dict.fromkeys(tuple(sorted(e.items())) for e in envs)]:
-            mine = [i for i, e in enumerate(envs) if e == env]
-            with env_override(env):
+        for env, mine in by_env.items():
+            with env_override(dict(env)):
                 for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group)):
                     results[i] = res
         for ret, (_, out_dir), result in zip(rets, jobs, results):
