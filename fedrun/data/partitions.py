@@ -307,3 +307,80 @@ def split_train_test(labels: np.ndarray, parts: list[np.ndarray], train_frac: fl
         train.append(np.sort(np.concatenate(tr)).astype(np.int64))
         test.append(np.sort(np.concatenate(te)).astype(np.int64))
     return train, test
+
+
+def _authors_sizes(total: int, size: int, rs: np.random.RandomState) -> list[int]:
+    """The pFedMe generator's `ram_dom_gen`: `size` parts of `total`, each but the last drawn from
+    [rest // (size + 1), rest // 2) of what is left."""
+    parts = []
+    for _ in range(size - 1):
+        val = int(rs.randint(total // (size + 1), total // 2))
+        parts.append(val)
+        total -= val
+    return parts + [total]
+
+
+def pfedme_mnist_authors(labels: np.ndarray, num_clients: int = 20, labels_per_client: int = 2,
+                         seed: int = 1, train_frac: float = 0.75
+                         ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
+    """pFedMe's MNIST split as the authors' generator made it when the paper was written
+    (CharlieDinh/pFedMe data/Mnist/generate_niid_20users.py at commit 1819c29, May 2020), step for
+    step. `labels` are ALL images' labels in OpenML's mnist_784 order (the 60,000 training images,
+    then the 10,000 test images, each in file order); `seed` seeds both numpy's and Python's streams,
+    as their `np.random.seed(1)` and `random.seed(1)` did.
+
+    Client u owns digits (u + j) % 10, j < labels_per_client. Each digit's count is cut into as
+    many parts as it has owners (`_authors_sizes`), and the (client, digit) pairs take those parts
+    in the generator's order, which pairs digit d's slot with another digit's draws. What they then
+    did, and what this reproduces:
+    - a client's images of digit l are digit l's images [s:n] with n its part and s = 0 or 1 (their
+      slice started at a leftover boolean mask, not at a running offset), so the owners of a digit
+      share a prefix of its images: on full MNIST, 23,536 distinct images are used, not 70,000, and
+      89% of the pooled test rows are also another client's training rows;
+    - a client's label list gets n labels l where s = 1 gave it n - 1 images, so its rows after that
+      part shift by one label and its last label is dropped: when that part is the client's first,
+      the first image of its second digit carries the first digit's label (19 such rows on full MNIST);
+    - each client's rows are shuffled with Python's `random.shuffle` and cut int(train_frac * n)
+      train / the rest test.
+    Client sizes on full MNIST: 1,165 to 3,834 training rows, the paper's range.
+
+    Returns (train, test): per client, (indices into `labels`, the labels the generator gave them).
+
+    Raises:
+        ValueError: num_clients not a positive multiple of 10, or labels_per_client not in 1..10.
+    """
+    import random
+
+    labels = np.asarray(labels)
+    if num_clients < 10 or num_clients % 10:
+        raise ValueError(f"data.num_clients={num_clients}: the authors' generator needs a positive multiple of 10")
+    if not 1 <= labels_per_client <= 10:
+        raise ValueError(f"data.labels_per_client={labels_per_client}: allowed 1..10 (MNIST has 10 labels)")
+    rs = np.random.RandomState(seed)
+    shuffle = random.Random(seed).shuffle
+    digits = [np.flatnonzero(labels == d) for d in range(10)]
+    owners = np.bincount([(u + j) % 10 for u in range(num_clients) for j in range(labels_per_client)], minlength=10)
+    draws = [_authors_sizes(len(rows), int(k), rs) for rows, k in zip(digits, owners)]
+    order = [d[i] for i in range(len(draws[0])) for d in draws]  # slot i of every digit, digit by digit
+    start = (labels[:10] == 9).astype(np.int64)  # their `idx`: the label-9 mask left over from a loop
+    train, test = [], []
+    count = 0
+    for u in range(num_clients):
+        rows, ys = [], []
+        for j in range(labels_per_client):
+            lab = (u + j) % 10
+            n = order[count]
+            count += 1
+            if start[lab] + n < len(digits[lab]):
+                rows.append(digits[lab][start[lab]:n])
+                ys.append(np.full(n, lab, dtype=np.int64))
+                start[lab] = 1  # `idx[l] += n` on a boolean array stores True
+        idx = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        y = np.concatenate(ys)[:len(idx)] if ys else np.zeros(0, np.int64)  # zip() stops at the shorter
+        perm = list(range(len(idx)))
+        shuffle(perm)  # the same swaps as shuffling their list of (x, y) pairs
+        idx, y = idx[perm], y[perm]
+        cut = int(train_frac * len(idx))
+        train.append((idx[:cut], y[:cut]))
+        test.append((idx[cut:], y[cut:]))
+    return train, test
