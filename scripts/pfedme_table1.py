@@ -4,7 +4,10 @@
 FedAvg, Per-FedAvg (first-order) and pFedMe (global model GM and personalized model PM) with the
 paper's fine-tuned hyperparameters (presets conf/experiment/pfedme_<data>_<model>_<algo>.yaml):
 |D|=20, R=20, K=5, beta=2 for pFedMe; Synthetic(0.5, 0.5): 100 clients, S=10, T=600 rounds;
-MNIST: 20 clients with 2 labels each, S=5, T=800 rounds.
+MNIST: 20 clients with 2 labels each, S=5, T=800 rounds; `--mnist-data` picks the split:
+mnist_pfedme (default; the paper's description, every image used once) or mnist_pfedme_authors
+(the authors' generator as the paper ran it: clients share images, most test rows are also
+training rows; the one to compare with the paper's numbers).
 
 Each preset runs under protocol=official (the authors' code's choices: every client trains each
 round, sample-weighted aggregation, mu=0.001, Per-FedAvg personalized on TEST batches, pFedMe PM =
@@ -14,6 +17,7 @@ best round beside it). Accuracy is pooled over all clients' test rows, mean ± s
 
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
     python scripts/pfedme_table1.py --datasets mnist --data-root /path/to/data
+    python scripts/pfedme_table1.py --datasets mnist --mnist-data mnist_pfedme_authors --protocols official ...
     python scripts/pfedme_table1.py --quick        # 3 rounds, 10 small synthetic clients, seed 0 (smoke test)
     python scripts/pfedme_table1.py --replot outputs/papers/pfedme_table1/<run>   # table only
 
@@ -35,6 +39,7 @@ DATASETS = ("synthetic", "mnist")
 MODELS = ("mlr", "dnn")
 ALGOS = ("fedavg", "perfedavg", "pfedme")
 PROTOCOLS = ("official", "honest")
+MNIST_DATA = ("mnist_pfedme", "mnist_pfedme_authors")
 # (entry, algo preset, metric prefix): the rows of Table 1 for each model.
 ENTRIES = (("FedAvg", "fedavg", "global"), ("Per-FedAvg", "perfedavg", "pers"), ("pFedMe GM", "pfedme", "global"),
            ("pFedMe PM", "pfedme", "pers"))
@@ -54,9 +59,12 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
             tr, te = _paper.mnist_labels(args.data_root, download=not args.no_download)
             full = len(tr) == 60000 and len(te) == 10000
             print(f"data: MNIST from {os.path.abspath(args.data_root)}: {len(tr)} + {len(te)} images pooled"
-                  f"{'' if full else ' (NOT the full 70,000: the partial copy)'}; fedrun data=mnist_pfedme")
+                  f"{'' if full else ' (NOT the full 70,000: the partial copy)'}; fedrun data={args.mnist_data}")
+            if args.mnist_data == "mnist_pfedme_authors":
+                print("data: the authors' split shares images between clients: most test rows are also "
+                      "training rows of another client (fedrun.data.mnist_pfedme_authors)")
             # data= as well: Hydra composes the non-swept overrides onto the base config first
-            extra = ["data=mnist_pfedme", f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra = [f"data={args.mnist_data}", f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
         secs = _paper.run_sweep(args, os.path.join(out, "runs", d), [
             f"experiment={','.join(presets)}", f"protocol={','.join(protocols)}",
             *([f"rounds={rounds}"] if rounds else []), *extra,
@@ -137,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated, from official, honest")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
+    ap.add_argument("--mnist-data", default=MNIST_DATA[0], choices=MNIST_DATA,
+                    help="the MNIST split: the paper's description (default) or the authors' generator")
     args = ap.parse_args(argv)
     datasets = [d for d in args.datasets.split(",") if d]
     protocols = [p for p in args.protocols.split(",") if p]

@@ -148,6 +148,18 @@ def test_missing_data_is_one_clear_error(tmp_path):
     assert r.returncode != 0 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monkeypatch):
+    root, _ = data_root
+    out = tmp_path / "t1a"
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "1", "--datasets", "mnist", "--mnist-data",
+                                       "mnist_pfedme_authors", "--protocols", "official", "--models", "mlr", "--algos",
+                                       "fedavg", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
+    assert "fedrun data=mnist_pfedme_authors" in text and "most test rows are also training rows" in text
+    (job,) = [p.parent for p in (out / "runs" / "mnist").rglob("metrics.csv")]
+    assert "data=mnist_pfedme_authors" in (job / ".hydra" / "overrides.yaml").read_text()
+    assert len(pd.read_csv(out / "table1.csv")) == 1
+
+
 def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
