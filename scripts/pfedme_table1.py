@@ -128,6 +128,8 @@ def table(out: str) -> list[dict]:
                 continue
             for proto, what in (("official", "best"), ("honest", "last")):
                 v = [sel[e][f"{proto}_{what}"] for e in ("FedAvg", "Per-FedAvg", "pFedMe PM")]
+                if any(x != x for x in v):  # a protocol that was not run (or a missing entry)
+                    continue
                 ok = v[0] < v[1] < v[2]
                 lines.append(f"- {d} {m.upper()}, {proto}: FedAvg < Per-FedAvg < pFedMe PM "
                              f"{'holds' if ok else 'does NOT hold'} ({' / '.join(f'{x:.2f}' for x in v)})")
