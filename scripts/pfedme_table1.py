@@ -73,6 +73,10 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
         print(f"{d}: training took {secs:.0f}s")
 
 
+def _gap(value: float, paper: float) -> str:
+    return "missing" if value != value else f"{value - paper:+.2f}"
+
+
 def table(out: str) -> list[dict]:
     from fedrun import report
     from fedrun.outputs import write_atomic, write_csv
@@ -116,9 +120,9 @@ def table(out: str) -> list[dict]:
     for r in rows:
         lines.append("| " + " | ".join([
             r["dataset"], r["model"], r["entry"], f"{r['paper']:.2f}",
-            _paper.mean_pm_std(r["official_best"], r["official_best_std"]), f"{r['official_best'] - r['paper']:+.2f}",
+            _paper.mean_pm_std(r["official_best"], r["official_best_std"]), _gap(r["official_best"], r["paper"]),
             _paper.mean_pm_std(r["honest_last"], r["honest_last_std"]), _paper.mean_pm_std(r["honest_best"], r["honest_best_std"]),
-            f"{r['honest_last'] - r['paper']:+.2f}", f"{r['official_seeds']}/{r['honest_seeds']}",
+            _gap(r["honest_last"], r["paper"]), f"{r['official_seeds']}/{r['honest_seeds']}",
             str(r["official_rounds"] or r["honest_rounds"])]) + " |")
     lines.append("")
     for d in DATASETS:
