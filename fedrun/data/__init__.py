@@ -214,8 +214,9 @@ def mnist_pfedme_authors(
         except ValueError as e:
             raise ValueError(f"mnist_pfedme_authors: {e}") from None
         x = np.concatenate([trx, tex]).reshape(len(y), -1).astype(np.float32)
-        x -= np.mean(x, 0)  # the generator's arithmetic: numpy, float32, the std of the raw pixels
-        x /= np.std(np.concatenate([trx, tex]).reshape(len(y), -1).astype(np.float32), 0) + np.float32(0.001)
+        mean, std = np.mean(x, 0), np.std(x, 0)  # the generator's arithmetic: numpy, in float32
+        x -= mean
+        x /= std + np.float32(0.001)
         return [(x[i], lab) for i, lab in train_parts], [(x[i], lab) for i, lab in test_parts], 10
 
     settings = dict(root=abs_root, num_clients=num_clients, labels_per_client=labels_per_client, seed=seed,
