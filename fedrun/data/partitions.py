@@ -2,9 +2,11 @@
 
 `perfedavg_mnist`: the MNIST split of Per-FedAvg (papers 000/001). `class_lists`, `deal_classes` and
 `alid_permutations`: the ACID/ALID splits of paper 004 (SPEC "cifar_acid / cifar_alid"). `pfedme_mnist`:
-the MNIST split of pFedMe (paper 002).
+the MNIST split of pFedMe (paper 002); `pfedme_mnist_authors`: the one its authors' generator made.
 """
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -349,8 +351,6 @@ def pfedme_mnist_authors(labels: np.ndarray, num_clients: int = 20, labels_per_c
     Raises:
         ValueError: num_clients not a positive multiple of 10, or labels_per_client not in 1..10.
     """
-    import random
-
     labels = np.asarray(labels)
     if num_clients < 10 or num_clients % 10:
         raise ValueError(f"data.num_clients={num_clients}: the authors' generator needs a positive multiple of 10")
