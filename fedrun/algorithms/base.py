@@ -38,10 +38,13 @@ def check_choice(option: str, value, allowed) -> None:
         raise ConfigError(f"{option}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
-def check_positive(option: str, value, allow_zero: bool = False) -> None:
+def check_positive(option: str, value, allow_zero: bool = False, allow_null: bool = False) -> None:
+    if allow_null and value is None:
+        return
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
     if not ok:
-        raise ConfigError(f"{option}={value!r} must be a number {'>= 0' if allow_zero else '> 0'}")
+        words = f"a number {'>= 0' if allow_zero else '> 0'}" + (" or null" if allow_null else "")
+        raise ConfigError(f"{option}={value!r} must be {words}")
 
 
 def check_int(option: str, value, low: int = 1) -> None:

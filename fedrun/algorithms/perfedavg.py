@@ -22,14 +22,22 @@ from .base import Algorithm, EvalContext, Local, OneStepPersonalization, ServerS
 
 
 class FedAvg(OneStepPersonalization, Algorithm):
-    """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update."""
+    """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update
+    ("FedAvg + update", the `pers_*` metrics); null: no test-time update, only the global model is
+    evaluated (no pers_* columns; an evaluation then skips the backward pass over every client's
+    training rows: 30 rounds of the pFedMe MNIST DNN preset, every round evaluated, 26 -> 15 s)."""
 
     name = "fedavg"
 
-    def __init__(self, beta: float, alpha: float):
+    def __init__(self, beta: float, alpha: float | None):
         check_positive("algo.beta", beta)
-        check_positive("algo.alpha", alpha, allow_zero=True)
+        check_positive("algo.alpha", alpha, allow_zero=True, allow_null=True)
         self.beta, self.alpha = beta, alpha
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        if self.alpha is None:
+            return None, None
+        return super().personalize(engine, state, ctx)
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches

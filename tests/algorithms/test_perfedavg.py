@@ -216,3 +216,22 @@ def test_hand_written_ce_gradient_equals_autograd(make):
     torch.testing.assert_close(l1, l2, rtol=1e-12, atol=1e-12)
     for k in params:
         torch.testing.assert_close(g1[k], g2[k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_fedavg_without_test_time_update_evaluates_the_global_model_only(E, small_data):
+    with_update = _run(E, FedAvg(beta=0.05, alpha=0.05), small_data)[2]
+    global_only = _run(E, FedAvg(beta=0.05, alpha=None), small_data)[2]
+    for a, b in zip(with_update, global_only):
+        assert not any(k.startswith("pers_") for k in b)
+        assert any(k.startswith("pers_") for k in a)
+        # the same training and the same global model; train_loss from the forward-only pass
+        assert {k: v for k, v in a.items() if not k.startswith("pers_") and k != "train_loss"} == \
+            {k: v for k, v in b.items() if k != "train_loss"}
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+
+
+def test_fedavg_alpha_accepts_null_and_names_it_in_errors():
+    assert FedAvg(alpha=None).alpha is None
+    with pytest.raises(ConfigError, match=r"algo.alpha='x' must be a number >= 0 or null"):
+        FedAvg(alpha="x")

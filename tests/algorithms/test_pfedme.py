@@ -185,10 +185,10 @@ def test_protocol_fills_only_null_options_that_exist():
 # ------------------------------------------------------------------ Table 1 presets
 
 TABLE1 = {  # (data, model): {algo: {option: value}} from the paper's Table 1 (fine-tuned)
-    ("synthetic", "mlr"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.02, "beta": 0.002}, "pfedme": {"lam": 20}},
-    ("synthetic", "dnn"): {"fedavg": {"beta": 0.03}, "perfedavg": {"alpha": 0.01, "beta": 0.001}, "pfedme": {"lam": 30}},
-    ("mnist", "mlr"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.03, "beta": 0.003}, "pfedme": {"lam": 15}},
-    ("mnist", "dnn"): {"fedavg": {"beta": 0.02}, "perfedavg": {"alpha": 0.02, "beta": 0.001}, "pfedme": {"lam": 30}},
+    ("synthetic", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.002}, "pfedme": {"lam": 20}},
+    ("synthetic", "dnn"): {"fedavg": {"beta": 0.03, "alpha": None}, "perfedavg": {"alpha": 0.01, "beta": 0.001}, "pfedme": {"lam": 30}},
+    ("mnist", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.03, "beta": 0.003}, "pfedme": {"lam": 15}},
+    ("mnist", "dnn"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.001}, "pfedme": {"lam": 30}},
 }
 
 
