@@ -94,7 +94,7 @@ def run_sweep(args, sweep_dir: str, overrides: list[str], hidden: list[str] | No
     keys = hidden if hidden is not None else HIDDEN_IN_NAMES
     every = [f"eval_every={args.eval_every}"] if args.eval_every else []
     cmd = [sys.executable, "-m", "fedrun.cli", "-m", *overrides, *every, "progress=false", "plot=false",
-           f"hydra/launcher={args.launcher}",
+           f"hydra/launcher={args.launcher}", "~hydra.callbacks.sweep_report",  # the script writes its own report
            f"hydra.sweep.dir='{sweep_dir}'", f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"]
     print("run: fedrun " + " ".join(cmd[4:]), flush=True)
     t0 = time.time()

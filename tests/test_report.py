@@ -33,11 +33,32 @@ def report(args, cwd):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     r = fedrun([*SWEEP, f"hydra.sweep.dir={tmp / 'sweep'}"], tmp)
     assert r.returncode == 0, r.stderr
-    return tmp / "sweep"
+    return tmp / "sweep", r
+
+
+@pytest.fixture(scope="module")
+def sweep(sweep_run):
+    return sweep_run[0]
+
+
+def test_a_multirun_ends_with_its_summary_table(sweep_run):
+    sweep, r = sweep_run
+    assert "fedrun: sweep summary (4 jobs, 4 finished, 2 configurations" in r.stdout
+    for f in ("summary.csv", "summary.md", "summary.png", "jobs.csv"):
+        assert (sweep / f).exists(), f
+    jobs = jobs_of(sweep)
+    printed = [l for l in r.stdout.splitlines() if l.startswith("| algo=")]
+    assert len(printed) == 2
+    for algo, line in zip(("fedavg", "perfedavg"), printed):
+        assert line.startswith(f"| algo={algo}")
+        want = expected([jobs[(algo, 0)], jobs[(algo, 1)]], [])
+        for p in ("global", "pers"):
+            m, s = want[f"{p}_acc_last_round_mean"], want[f"{p}_acc_last_round_std"]
+            assert f"{m * 100:.2f} ± {s * 100:.2f}" in line, (p, line)
 
 
 def jobs_of(sweep_dir):
@@ -181,12 +202,13 @@ def test_local_parallel_launcher_config_composes():
 
 def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path):
     args = [a for a in SWEEP if not a.startswith("seed=")] + ["seed=0", "hydra/launcher=parallel",
-                                                              "hydra.launcher.n_jobs=2"]
+                                                              "hydra.launcher.n_jobs=2", "~hydra.callbacks.sweep_report"]
     r = fedrun([*args, f"hydra.sweep.dir={tmp_path / 'par'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
     par, seq = jobs_of(tmp_path / "par"), jobs_of(sweep)
     assert set(par) == {("fedavg", 0), ("perfedavg", 0)}
+    assert not (tmp_path / "par" / "summary.md").exists() and "sweep summary" not in r.stdout  # callback off
     for k, m in par.items():
         pd.testing.assert_frame_equal(m, seq[k])
 
