@@ -87,18 +87,28 @@ def golden_data() -> FederatedData:
 
 
 class RecordedTestBatches(EvalContext):
-    """The test minibatches the authors' evaluate_one_step drew (two per client) in place of random ones."""
+    """The minibatches the authors' evaluate_one_step drew in place of random ones: two test batches
+    per client (their code since Nov 2020), or one test and one training batch (before)."""
 
-    def __init__(self, base: EvalContext, batches: dict):
+    def __init__(self, base: EvalContext, iteration: dict):
         super().__init__(base.data, base.gen, base.batch_size, base.tau, base.personalize_batch)
-        self.batches = batches
+        self.batches = {"test": iteration["test_batches"], "train": iteration.get("eval_train_batches")}
+
+    def _recorded(self, split_name, size, steps):
+        split, batches = getattr(self.data, split_name), self.batches[split_name]
+        assert size == self.batch_size and all(len(batches[str(c)]) == (steps[0] if steps else 1)
+                                               for c in range(split.num_clients))
+        idx = torch.stack([torch.tensor(batches[str(c)]) for c in range(split.num_clients)])
+        idx = (idx if steps else idx[:, 0]) + split.offsets.view(-1, *[1] * (idx.dim() - 1 if steps else 1))
+        return split.x[idx], split.y[idx]
 
     def test_batch(self, size, steps=()):
-        assert steps == (2,) and size == self.batch_size
-        split = self.data.test
-        idx = torch.stack([torch.tensor(self.batches[str(c)]) for c in range(split.num_clients)])
-        idx = idx + split.offsets.view(-1, 1, 1)
-        return split.x[idx], split.y[idx]
+        return self._recorded("test", size, steps)
+
+    def train_batch(self, size=None, steps=()):
+        if self.batches["train"] is None:  # the trace's test-time step drew none: fedrun's own draw
+            return super().train_batch(size, steps)
+        return self._recorded("train", size, steps)
 
 
 def replay(trace: dict, extra: list[str] = ()) -> dict:
@@ -129,7 +139,7 @@ def replay(trace: dict, extra: list[str] = ()) -> dict:
         return clients, trained, idx
 
     def eval_context(data, sched, seed, rnd):
-        return RecordedTestBatches(real_eval_context(data, sched, seed, rnd), its[rnd]["test_batches"])
+        return RecordedTestBatches(real_eval_context(data, sched, seed, rnd), its[rnd])
 
     served = []
     personalize = algo.personalize
@@ -282,3 +292,29 @@ def test_pfedme_honest_with_the_official_choices_set_one_by_one_matches():
 def test_loop_engine_replays_the_authors_code_too(algorithm):
     trace = load(f"pfedme_{algorithm}_dnn.json")
     assert not mismatched(compare(trace, replay(trace, ["engine=loop"])))
+
+
+# The authors' Per-FedAvg as of June 2020 (commit c0722e7, the code behind the pFedMe paper's numbers;
+# scripts/golden/record_pfedme.py --authors <that checkout> --algorithms PerAvg --suffix _2020).
+PERAVG_2020 = ["algo.outer_step_from=w_tilde", "algo.test_time=test_then_train"]
+
+
+@pytest.mark.parametrize("model", ("mclr", "dnn"))
+def test_the_2020_perfedavg_code_replays_with_its_two_options(model):
+    trace = load(f"pfedme_peravg_{model}_2020.json")
+    assert trace["authors"]["commit"].startswith("c0722e7")
+    worst = compare(trace, replay(trace, PERAVG_2020))
+    assert not mismatched(worst), worst
+    assert {"params", "pers_acc", "pers_train_loss", "pers_params"} <= set(worst)
+
+
+def test_each_of_the_2020_perfedavg_options_is_needed():
+    trace = load("pfedme_peravg_dnn_2020.json")
+    # the outer step from w (the paper's algorithm, their code since March 2021) moves the server model
+    assert "params" in mismatched(compare(trace, replay(trace, ["algo.test_time=test_then_train"])))
+    # the right training but another test-time step moves only the personalized models
+    other = mismatched(compare(trace, replay(trace, ["algo.outer_step_from=w_tilde", "algo.test_time=train"])))
+    assert "params" not in other and {"pers_params", "pers_acc"} & other
+    # and today's code's trace is not replayed by the 2020 options
+    assert "params" in mismatched(compare(load("pfedme_peravg_dnn.json"),
+                                          replay(load("pfedme_peravg_dnn.json"), ["algo.outer_step_from=w_tilde"])))

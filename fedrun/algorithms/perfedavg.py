@@ -14,11 +14,21 @@ client's own training data ("FedAvg + update" for FedAvg).
 `test_time=test_batches` reproduces how pFedMe's official code personalized Per-FedAvg (SPEC
 section 2): one step of lr alpha, then one of lr beta, on two minibatches of the client's TEST rows.
 That leaks test data into personalization; only `protocol=official` selects it.
+
+The pFedMe authors' Per-FedAvg as it was when the pFedMe paper's numbers were made (CharlieDinh/pFedMe
+before Nov 2020, e.g. commit c0722e7 of June 2020) differed twice from today's, and two options
+reproduce it:
+  outer_step_from=w_tilde   the outer step of lr beta is taken from the adapted model w~ instead of
+                            from w: two plain SGD steps, w <- w~ - beta grad f(w~; D') (their code
+                            restores w before it since March 2021, commit 71ae947);
+  test_time=test_then_train the test-time steps: lr alpha on a TEST minibatch, then lr beta on a
+                            TRAINING minibatch (both on test minibatches since Nov 2020, ed8e909).
 """
 from __future__ import annotations
 
 from ..functional import Engine, stack
-from .base import Algorithm, EvalContext, Local, OneStepPersonalization, ServerState, check_choice, check_positive, sgd
+from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
+                   check_positive, sgd)
 
 
 class FedAvg(OneStepPersonalization, Algorithm):
@@ -48,25 +58,36 @@ class FedAvg(OneStepPersonalization, Algorithm):
 class PerFedAvg(OneStepPersonalization, Algorithm):
     name = "perfedavg"
     VARIANTS = ("fo", "hf", "exact")
-    TEST_TIME = ("train", "test_batches")
+    TEST_TIME = ("train", "test_batches", "test_then_train")
+    OUTER_STEP_FROM = ("w", "w_tilde")
 
-    def __init__(self, alpha: float, beta: float, variant: str, delta: float, test_time: str | None):
+    def __init__(self, alpha: float, beta: float, variant: str, delta: float, test_time: str | None,
+                 outer_step_from: str):
         check_positive("algo.alpha", alpha, allow_zero=True)
         check_positive("algo.beta", beta)
         check_choice("algo.variant", variant, self.VARIANTS)
         check_positive("algo.delta", delta)
         check_choice("algo.test_time", test_time or "train", self.TEST_TIME)
+        check_choice("algo.outer_step_from", outer_step_from, self.OUTER_STEP_FROM)
+        if outer_step_from == "w_tilde" and variant != "fo":
+            raise ConfigError(f"algo.outer_step_from=w_tilde needs algo.variant=fo (got {variant!r}): "
+                              "the Hessian term belongs to the outer step from w")
         self.alpha, self.beta, self.variant, self.delta = alpha, beta, variant, delta
         self.test_time = test_time or "train"
+        self.outer_step_from = outer_step_from
         self.batches_per_step = 2 if variant == "fo" else 3
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.test_time == "train":
             return super().personalize(engine, state, ctx)
-        (x, y) = ctx.test_batch(ctx.batch_size, steps=(2,))
+        if self.test_time == "test_batches":
+            x, y = ctx.test_batch(ctx.batch_size, steps=(2,))
+            batches = [(x[:, 0], y[:, 0]), (x[:, 1], y[:, 1])]
+        else:  # test_then_train: the test batch is drawn first, as the authors' code did
+            batches = [ctx.test_batch(ctx.batch_size), ctx.train_batch(ctx.batch_size)]
         p = stack(state.params, ctx.data.num_clients)
-        for j, lr in enumerate((self.alpha, self.beta)):
-            g, _ = engine.grad(p, x[:, j], y[:, j])
+        for (x, y), lr in zip(batches, (self.alpha, self.beta)):
+            g, _ = engine.grad(p, x, y)
             p = sgd(p, g, lr)
         return p, None
 
@@ -85,4 +106,4 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             x3, y3 = batches[2]
             hv = engine.hvp(params, g2, x3, y3)
             g2 = {k: g2[k] - self.alpha * hv[k] for k in params}
-        return {**local, "params": sgd(params, g2, self.beta)}
+        return {**local, "params": sgd(w_tilde if self.outer_step_from == "w_tilde" else params, g2, self.beta)}

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -143,8 +144,10 @@ def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
     device = torch.device("cpu")
     net = Mclr_Logistic(DIM, CLASSES) if model_name == "mclr" else DNN(DIM, HIDDEN, CLASSES)
     init = fixed_init(net)
-    common = (device, DATASET, algorithm, (net, model_name), BATCH, args["learning_rate"], args["beta"],
+    common = (DATASET, algorithm, (net, model_name), BATCH, args["learning_rate"], args["beta"],
               args["lamda"], ROUNDS, LOCAL_EPOCHS, "SGD", USERS_PER_ROUND)
+    if "device" in inspect.signature(FedAvg.__init__).parameters:  # added in Dec 2020 (commit 7e52b22)
+        common = (device, *common)
     with contextlib.redirect_stdout(io.StringIO()):
         if algorithm == "FedAvg":
             server = FedAvg(*common, 0)
@@ -163,11 +166,15 @@ def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
     def current() -> dict:
         return trace[-1]
 
+    evaluating = [False]  # inside Per-FedAvg's evaluate_one_step
+
     def batch_recorder(original, split):
         def wrapped(user):
             X, y = original(user)
             idx = [rows[user.id][split][r.numpy().astype(np.float32).tobytes()] for r in X]
-            current()[f"{split}_batches"].setdefault(str(order.index(user.id)), []).append(idx)
+            # training batches its test-time step drew (their code before Nov 2020) are kept apart
+            key = "eval_train_batches" if evaluating[0] and split == "train" else f"{split}_batches"
+            current().setdefault(key, {}).setdefault(str(order.index(user.id)), []).append(idx)
             return X, y
         return wrapped
 
@@ -216,6 +223,15 @@ def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
     if algorithm == "PerAvg":
         after("evaluate_one_step", snap_pers)
         after("aggregate_parameters", snap_aggregate)
+        one_step = server.evaluate_one_step
+
+        def flagged(*a, **k):
+            evaluating[0] = True
+            try:
+                return one_step(*a, **k)
+            finally:
+                evaluating[0] = False
+        server.evaluate_one_step = flagged
     else:
         after("evaluate", snap_global)
         if algorithm == "pFedMe":
@@ -267,6 +283,8 @@ def main() -> None:
     ap.add_argument("--authors", required=True, help="a work tree of github.com/CharlieDinh/pFedMe")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "golden"))
     ap.add_argument("--commit", default=None, help="the checkout's commit, when it is not a git work tree")
+    ap.add_argument("--algorithms", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--suffix", default="", help="appended to the fixture names, e.g. _2020 for an older checkout")
     opts = ap.parse_args()
     authors = os.path.abspath(opts.authors)
     out = os.path.abspath(opts.out)
@@ -281,12 +299,12 @@ def main() -> None:
         write_authors_layout(data, tmp)
         os.chdir(tmp)
         try:
-            for algorithm in RUNS:
+            for algorithm in opts.algorithms.split(","):
                 for model_name in MODELS:
                     trace = record(authors, algorithm, model_name, data)
                     if opts.commit:
                         trace["authors"]["commit"] = opts.commit
-                    path = os.path.join(out, f"pfedme_{algorithm.lower()}_{model_name}.json")
+                    path = os.path.join(out, f"pfedme_{algorithm.lower()}_{model_name}{opts.suffix}.json")
                     _dump(path, trace)
                     print(f"wrote {os.path.relpath(path, cwd)}")
         finally:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import os
 import sys
@@ -113,8 +114,10 @@ def main() -> None:
     torch.manual_seed(0)
     f = setting["features"]
     net = DNN(f, setting["hidden"], 10) if o.model == "dnn" else Mclr_Logistic(f, 10)
-    common = (torch.device("cpu"), o.dataset, o.algorithm, (net, o.model), 20, a["learning_rate"], a["beta"],
+    common = (o.dataset, o.algorithm, (net, o.model), 20, a["learning_rate"], a["beta"],
               a["lamda"], rounds, 20, "SGD", setting["users"])
+    if "device" in inspect.signature(Server.__init__).parameters:  # added in Dec 2020 (commit 7e52b22)
+        common = (torch.device("cpu"), *common)
     with contextlib.redirect_stdout(io.StringIO()):
         if o.algorithm == "FedAvg":
             server = serveravg.FedAvg(*common, 0)
