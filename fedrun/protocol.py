@@ -17,6 +17,12 @@ the algorithms as the papers describe them.
                              uses the Proto features; the authors' loop embeds with the outputs after
 
 and papers report the MAX over rounds (summary.json always has the last and the best round).
+`official_2020`: `official`, but Per-FedAvg as the pFedMe authors' code was when the pFedMe paper's
+numbers were made (CharlieDinh/pFedMe c0722e7, June 2020; changed in Nov 2020 and March 2021):
+
+  algo.outer_step_from=w_tilde   the outer step of lr beta from the adapted model (two plain SGD steps)
+  algo.test_time=test_then_train personalized by a step of alpha on a TEST minibatch, then one of
+                                 beta on a TRAINING minibatch
 
 Every choice is its own option, left null to follow `protocol`; set one explicitly to turn it on or
 off alone (e.g. `protocol=honest aggregate=samples`). An option applies only where the composed
@@ -28,11 +34,13 @@ from omegaconf import DictConfig, OmegaConf
 
 CHOICES = {
     "honest": {"aggregate": "uniform", "algo.train_all": False, "algo.mu": 0.0, "algo.personalized": "theta",
-               "algo.test_time": "train", "algo.eval_model": "server", "algo.proto_first_step_only": False},
+               "algo.test_time": "train", "algo.outer_step_from": "w", "algo.eval_model": "server",
+               "algo.proto_first_step_only": False},
     "official": {"aggregate": "samples", "algo.train_all": True, "algo.mu": 0.001, "algo.personalized": "local",
-                 "algo.test_time": "test_batches", "algo.eval_model": "clients_mean",
+                 "algo.test_time": "test_batches", "algo.outer_step_from": "w", "algo.eval_model": "clients_mean",
                  "algo.proto_first_step_only": True},
 }
+CHOICES["official_2020"] = {**CHOICES["official"], "algo.test_time": "test_then_train", "algo.outer_step_from": "w_tilde"}
 
 
 def apply_protocol(cfg: DictConfig) -> dict:

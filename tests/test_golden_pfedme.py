@@ -296,14 +296,13 @@ def test_loop_engine_replays_the_authors_code_too(algorithm):
 
 # The authors' Per-FedAvg as of June 2020 (commit c0722e7, the code behind the pFedMe paper's numbers;
 # scripts/golden/record_pfedme.py --authors <that checkout> --algorithms PerAvg --suffix _2020).
-PERAVG_2020 = ["algo.outer_step_from=w_tilde", "algo.test_time=test_then_train"]
-
-
 @pytest.mark.parametrize("model", ("mclr", "dnn"))
-def test_the_2020_perfedavg_code_replays_with_its_two_options(model):
+@pytest.mark.parametrize("options", (["protocol=official_2020"],
+                                     ["algo.outer_step_from=w_tilde", "algo.test_time=test_then_train"]))
+def test_the_2020_perfedavg_code_replays_with_its_two_options(model, options):
     trace = load(f"pfedme_peravg_{model}_2020.json")
     assert trace["authors"]["commit"].startswith("c0722e7")
-    worst = compare(trace, replay(trace, PERAVG_2020))
+    worst = compare(trace, replay(trace, options))
     assert not mismatched(worst), worst
     assert {"params", "pers_acc", "pers_train_loss", "pers_params"} <= set(worst)
 

@@ -152,12 +152,19 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
     root, _ = data_root
     out = tmp_path / "t1a"
     text = script("pfedme_table1.py", ["--quick", "--rounds", "1", "--datasets", "mnist", "--mnist-data",
-                                       "mnist_pfedme_authors", "--protocols", "official", "--models", "mlr", "--algos",
-                                       "fedavg", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
+                                       "mnist_pfedme_authors", "--protocols", "official,official_2020", "--models", "mlr",
+                                       "--algos", "perfedavg", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
     assert "fedrun data=mnist_pfedme_authors" in text and "most test rows are also training rows" in text
-    (job,) = [p.parent for p in (out / "runs" / "mnist").rglob("metrics.csv")]
-    assert "data=mnist_pfedme_authors" in (job / ".hydra" / "overrides.yaml").read_text()
-    assert len(pd.read_csv(out / "table1.csv")) == 1
+    jobs = job_metrics(out / "runs" / "mnist")
+    assert sorted(dict(k)["protocol"] for k in jobs) == ["official", "official_2020"]
+    for job in (p.parent for p in (out / "runs" / "mnist").rglob("metrics.csv")):
+        assert "data=mnist_pfedme_authors" in (job / ".hydra" / "overrides.yaml").read_text()
+    (row,) = pd.read_csv(out / "table1.csv").to_dict("records")
+    for proto in ("official", "official_2020"):
+        m = jobs[next(k for k in jobs if dict(k)["protocol"] == proto)]
+        assert row[f"{proto}_best"] == pytest.approx(100 * m["pers_acc"].max(), abs=1e-6)
+    md = (out / "table1.md").read_text()
+    assert "| official (best round) | official - paper | official_2020 (best round) |" in md
 
 
 def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):

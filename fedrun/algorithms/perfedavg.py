@@ -17,7 +17,7 @@ That leaks test data into personalization; only `protocol=official` selects it.
 
 The pFedMe authors' Per-FedAvg as it was when the pFedMe paper's numbers were made (CharlieDinh/pFedMe
 before Nov 2020, e.g. commit c0722e7 of June 2020) differed twice from today's, and two options
-reproduce it:
+reproduce it (`protocol=official_2020` sets both):
   outer_step_from=w_tilde   the outer step of lr beta is taken from the adapted model w~ instead of
                             from w: two plain SGD steps, w <- w~ - beta grad f(w~; D') (their code
                             restores w before it since March 2021, commit 71ae947);
@@ -62,12 +62,13 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
     OUTER_STEP_FROM = ("w", "w_tilde")
 
     def __init__(self, alpha: float, beta: float, variant: str, delta: float, test_time: str | None,
-                 outer_step_from: str):
+                 outer_step_from: str | None):
         check_positive("algo.alpha", alpha, allow_zero=True)
         check_positive("algo.beta", beta)
         check_choice("algo.variant", variant, self.VARIANTS)
         check_positive("algo.delta", delta)
         check_choice("algo.test_time", test_time or "train", self.TEST_TIME)
+        outer_step_from = outer_step_from or "w"
         check_choice("algo.outer_step_from", outer_step_from, self.OUTER_STEP_FROM)
         if outer_step_from == "w_tilde" and variant != "fo":
             raise ConfigError(f"algo.outer_step_from=w_tilde needs algo.variant=fo (got {variant!r}): "

@@ -160,7 +160,7 @@ def test_test_batch_personalization_reads_test_labels_and_train_does_not(data):
     state, _ = _run(VmapEngine, PerFedAvg(alpha=0.3, beta=0.3), data, rounds=1)
     engine = VmapEngine(MLP(data.in_features, data.num_classes, hidden=[10]))
     sched = Schedule(rounds=1, tau=3, clients_per_round=3, batch_size=8)
-    for test_time, reads_test in (("train", False), ("test_batches", True)):
+    for test_time, reads_test in (("train", False), ("test_batches", True), ("test_then_train", True)):
         algo = PerFedAvg(alpha=0.3, beta=0.3, test_time=test_time)
         p0, _ = algo.personalize(engine, state, eval_context(data, sched, 0, 1))
         p1, _ = algo.personalize(engine, state, eval_context(shuffled, sched, 0, 1))
@@ -178,8 +178,20 @@ def test_protocol_fills_only_null_options_that_exist():
     honest = OmegaConf.create({"protocol": "honest", "aggregate": None, "algo": {"test_time": None}})
     apply_protocol(honest)
     assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
-    with pytest.raises(ConfigError, match="protocol='fair'.*honest, official"):
+    with pytest.raises(ConfigError, match="protocol='fair'.*honest, official, official_2020"):
         apply_protocol(OmegaConf.create({"protocol": "fair"}))
+
+
+def test_official_2020_is_official_with_the_2020_perfedavg():
+    def resolved(protocol):
+        cfg = OmegaConf.create({"protocol": protocol, "aggregate": None,
+                                "algo": {"test_time": None, "outer_step_from": None, "mu": None}})
+        return apply_protocol(cfg)
+
+    official, old = resolved("official"), resolved("official_2020")
+    assert {k for k in official if official[k] != old[k]} == {"algo.test_time", "algo.outer_step_from"}
+    assert (old["algo.test_time"], old["algo.outer_step_from"]) == ("test_then_train", "w_tilde")
+    assert official["algo.outer_step_from"] == resolved("honest")["algo.outer_step_from"] == "w"
 
 
 # ------------------------------------------------------------------ Table 1 presets
