@@ -16,6 +16,11 @@ from .config import NEUTRAL_OPTIONS, drop_options
 RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 
 
+# Options added to fedrun after checkpoints may have been written, with the value that computes what
+# a run from before them computed: a checkpoint without the option matches a run with that value.
+ADDED_OPTIONS = {"algo.outer_step_from": "w"}
+
+
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
     return drop_options(OmegaConf.to_container(cfg, resolve=True), RESUMABLE_CHANGES)
@@ -27,6 +32,8 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
             out += _diff(va, vb, f"{prefix}{k}.")
+        elif k not in a and f"{prefix}{k}" in ADDED_OPTIONS and vb == ADDED_OPTIONS[f"{prefix}{k}"]:
+            continue  # a checkpoint from before the option existed
         elif va != vb:
             out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
     return out

@@ -48,8 +48,9 @@ def sweep(sweep_run):
 def test_a_multirun_ends_with_its_summary_table(sweep_run):
     sweep, r = sweep_run
     assert "fedrun: sweep summary (4 jobs, 4 finished, 2 configurations" in r.stdout
-    for f in ("summary.csv", "summary.md", "summary.png", "jobs.csv"):
+    for f in ("summary.csv", "summary.md", "jobs.csv"):
         assert (sweep / f).exists(), f
+    assert not (sweep / "summary.png").exists()  # the sweep ran with plot=false
     jobs = jobs_of(sweep)
     printed = [l for l in r.stdout.splitlines() if l.startswith("| algo=")]
     assert len(printed) == 2
@@ -371,3 +372,13 @@ def test_not_reached_cell_is_empty_for_a_model_the_configuration_lacks():
 
     assert _not_reached(float("nan")) == ""
     assert _not_reached("0/2") == "not reached"
+
+
+def test_an_option_left_null_groups_with_jobs_from_before_it_existed(tmp_path):
+    root = tmp_path / "mixed"
+    _write_job(root / "0_a", 0, "perfedavg", 0, 10, [0.4, 0.5, 0.6, 0.7], [0.3] * 4)
+    _write_job(root / "1_a", 1, "perfedavg", 1, 10, [0.5, 0.5, 0.6, 0.6], [0.3] * 4, {"new_option": None})
+    _write_job(root / "2_a", 2, "perfedavg", 2, 10, [0.5, 0.5, 0.6, 0.6], [0.3] * 4, {"new_option": "on"})
+    r = report([str(root), "--no-figure"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "3 jobs, 3 finished, 2 configurations" in r.stdout

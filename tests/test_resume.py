@@ -275,3 +275,14 @@ def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_rest(tmp_path):
 def test_valid_frac_does_not_repeat_other_problems(tmp_path):
     code, _, err = finish([*RUN, "rounds=0", "frac=0.5", f"hydra.run.dir={tmp_path / 'v'}"], tmp_path)
     assert code == 2 and err.strip().splitlines() == ["fedrun: error: rounds=0 must be an integer >= 1"]
+
+
+def test_a_checkpoint_from_before_an_option_existed_still_matches():
+    from fedrun.resume import ADDED_OPTIONS, _diff
+
+    old = {"algo": {"alpha": 0.02}, "seed": 0}
+    for key, value in ADDED_OPTIONS.items():
+        group, name = key.split(".")
+        assert _diff(old, {"algo": {"alpha": 0.02, name: value}, "seed": 0}) == []
+        assert _diff(old, {"algo": {"alpha": 0.02, name: "other"}, "seed": 0}) == [f"{key}: None -> 'other'"]
+        assert _diff({"algo": {"alpha": 0.02, name: value}}, {"algo": {"alpha": 0.02}}) != []  # only that way round

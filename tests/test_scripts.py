@@ -153,16 +153,20 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
     out = tmp_path / "t1a"
     text = script("pfedme_table1.py", ["--quick", "--rounds", "1", "--datasets", "mnist", "--mnist-data",
                                        "mnist_pfedme_authors", "--protocols", "official,official_2020", "--models", "mlr",
-                                       "--algos", "perfedavg", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
+                                       "--algos", "fedavg,perfedavg", "--data-root", root, "--out", str(out)], tmp_path,
+                  monkeypatch)
     assert "fedrun data=mnist_pfedme_authors" in text and "most test rows are also training rows" in text
-    jobs = job_metrics(out / "runs" / "mnist")
-    assert sorted(dict(k)["protocol"] for k in jobs) == ["official", "official_2020"]
+    jobs = {**job_metrics(out / "runs" / "mnist"), **job_metrics(out / "runs" / "mnist" / "official_2020")}
+    # official_2020 differs only for Per-FedAvg: FedAvg is not run again
+    assert sorted((dict(k)["experiment"].split("_")[-1], dict(k)["protocol"]) for k in jobs) == [
+        ("fedavg", "official"), ("perfedavg", "official"), ("perfedavg", "official_2020")]
     for job in (p.parent for p in (out / "runs" / "mnist").rglob("metrics.csv")):
         assert "data=mnist_pfedme_authors" in (job / ".hydra" / "overrides.yaml").read_text()
-    (row,) = pd.read_csv(out / "table1.csv").to_dict("records")
+    rows = {r["entry"]: r for r in pd.read_csv(out / "table1.csv").to_dict("records")}
     for proto in ("official", "official_2020"):
-        m = jobs[next(k for k in jobs if dict(k)["protocol"] == proto)]
-        assert row[f"{proto}_best"] == pytest.approx(100 * m["pers_acc"].max(), abs=1e-6)
+        m = jobs[next(k for k in jobs if dict(k)["protocol"] == proto and "perfedavg" in dict(k)["experiment"])]
+        assert rows["Per-FedAvg"][f"{proto}_best"] == pytest.approx(100 * m["pers_acc"].max(), abs=1e-6)
+    assert rows["FedAvg"]["official_2020_best"] == rows["FedAvg"]["official_best"]
     md = (out / "table1.md").read_text()
     assert "| official (best round) | official - paper | official_2020 (best round) |" in md
 

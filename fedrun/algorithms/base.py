@@ -88,7 +88,7 @@ class EvalContext:
         return _draw(self.data.train, size or self.personalize_batch, steps, self.gen)
 
     def test_batch(self, size: int, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
-        """Minibatches of TEST rows: only the `official` protocol's reproductions of code that
+        """Minibatches of TEST rows: only the official protocols' reproductions of code that
         personalized on test data use this (it leaks test data into personalization)."""
         return _draw(self.data.test, size, steps, self.gen)
 

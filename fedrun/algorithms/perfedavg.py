@@ -13,7 +13,7 @@ client's own training data ("FedAvg + update" for FedAvg).
 
 `test_time=test_batches` reproduces how pFedMe's official code personalized Per-FedAvg (SPEC
 section 2): one step of lr alpha, then one of lr beta, on two minibatches of the client's TEST rows.
-That leaks test data into personalization; only `protocol=official` selects it.
+That leaks test data into personalization; only the official protocols select it (and test_then_train).
 
 The pFedMe authors' Per-FedAvg as it was when the pFedMe paper's numbers were made (CharlieDinh/pFedMe
 before Nov 2020, e.g. commit c0722e7 of June 2020) differed twice from today's, and two options
@@ -71,8 +71,9 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
         outer_step_from = outer_step_from or "w"
         check_choice("algo.outer_step_from", outer_step_from, self.OUTER_STEP_FROM)
         if outer_step_from == "w_tilde" and variant != "fo":
-            raise ConfigError(f"algo.outer_step_from=w_tilde needs algo.variant=fo (got {variant!r}): "
-                              "the Hessian term belongs to the outer step from w")
+            raise ConfigError(f"algo.outer_step_from=w_tilde (set by protocol=official_2020, or given) needs "
+                              f"algo.variant=fo, got {variant!r}: the Hessian term belongs to the outer step from w; "
+                              "set algo.outer_step_from=w for this variant")
         self.alpha, self.beta, self.variant, self.delta = alpha, beta, variant, delta
         self.test_time = test_time or "train"
         self.outer_step_from = outer_step_from

@@ -3,8 +3,10 @@
 writes summary.csv / .md / .png and jobs.csv there and prints the table. `~hydra.callbacks.sweep_report`
 on the command line turns it off (the paper scripts do: they write their own report).
 
-A report that cannot be made (e.g. every job failed) prints one line and leaves the sweep's exit
-status and its job folders alone.
+It runs only when the sweep gets to its end: a job that fails (a bad option, a crash, divergence
+with `on_diverge=stop`) stops the sweep before it, and `fedrun-report <sweep folder>` then reports
+what finished. A report that cannot be made prints one line and leaves the sweep's exit status and
+its job folders alone. `plot=false` leaves out summary.png too.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class SweepReport(Callback):
 
         sweep_dir = config.hydra.sweep.dir
         try:
-            rep = write_report([sweep_dir], figure=self.figure)
+            rep = write_report([sweep_dir], figure=self.figure and bool(config.get("plot", True)))
         except Exception as e:  # noqa: BLE001 - the sweep itself is done; its report is a courtesy
             print(f"fedrun: no sweep summary for {sweep_dir}: {e}", file=sys.stderr)
             return
@@ -35,4 +37,6 @@ class SweepReport(Callback):
         print("\n".join(table))
         for j in rep.left_out:
             print(f"fedrun: left out of the summary: {j.path}: {j.status}")
+        for m in rep.missing:
+            print(f"fedrun: missing from the summary: {m}")
         print(f"fedrun: wrote {', '.join(sorted(rep.files))} in {sweep_dir} (redo with: fedrun-report {sweep_dir})")

@@ -87,7 +87,8 @@ def load_job(path: str) -> Job:
             continue
         settings[k] = v
     job.settings = settings
-    job.key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
+    # null ("the default / the protocol's") and absent (a job from before the option existed) group together
+    job.key = tuple(sorted((k, repr(v)) for k, v in settings.items() if v is not None))
     job.status = _status(job, path, cfg)
     return job
 
