@@ -1,6 +1,8 @@
 """Golden traces of the authors' pFedMe code (github.com/CharlieDinh/pFedMe) for FedAvg, Per-FedAvg, pFedMe.
 
     python scripts/golden/record_pfedme.py --authors /path/to/pFedMe/checkout [--out tests/fixtures/golden]
+    python scripts/golden/record_pfedme.py --authors <a checkout of c0722e7> --commit c0722e7... \
+        --algorithms PerAvg --suffix _2020      # their June 2020 Per-FedAvg (protocol=official_2020)
 
 Runs the authors' own classes (FLAlgorithms.servers / users / trainmodel, imported from the checkout,
 nothing copied into fedrun) on a tiny fixed problem and writes what they computed as JSON fixtures
@@ -45,6 +47,10 @@ tests/test_golden_pfedme.py checks it):
     evaluated is the local model w_i (algo.personalized=local);
   * Per-FedAvg (first order): its personalized accuracy comes from train_one_step: one SGD step of
     learning_rate then one of beta, on the client's next two TEST minibatches (algo.test_time).
+    Their June 2020 version (c0722e7): the training step's outer update starts from the adapted
+    model (algo.outer_step_from=w_tilde), and
+    train_one_step uses a TEST then a TRAINING minibatch (algo.test_time=test_then_train); the
+    training batches it draws are recorded as `eval_train_batches`.
 Differences the traces do not cover (fedrun deliberately does not reproduce them):
   * minibatches: their DataLoaders are unshuffled and restart when exhausted, so a client cycles
     through its rows in file order, and a last short batch when B does not divide its size;
