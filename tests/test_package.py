@@ -184,7 +184,7 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     (["algo=pavg", "algo.test_steps=2.5"], "fedrun: error: algo.test_steps=2.5 must be an integer >= 1"),
     (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
-                        "test_time, variant"),
+                        "outer_step_from, test_time, variant"),
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
     from fedrun.cli import _hydra_main  # noqa: F401 - registers the resolvers the config uses
