@@ -102,7 +102,7 @@ def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int =
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20; --seeds: 3)")
-    ap.add_argument("--loop-rounds", type=int, default=5)
+    ap.add_argument("--loop-rounds", type=int, default=5, help="timed rounds of the loop engine (0: vmap only)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--algos", default=None,
@@ -154,11 +154,11 @@ def main(argv=None) -> None:
     print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}")
     for name in args.algos.split(","):
         res = {}
-        for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
+        for eng, rounds in _engine_rounds(args):
             sched = Schedule(rounds=rounds, tau=args.tau, clients_per_round=10, batch_size=20, eval_every=1,
                              personalize_batch=args.personalize_batch, aggregate=AGGREGATE.get(name, "uniform"))
             res[eng] = time_rounds(bench_algo(name, ALGOS), eng, data, sched, device, args.warmup)
-        print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
+        _print_row(name, res)
 
 
 def cifar_main(args, ap, device) -> None:
@@ -177,12 +177,22 @@ def cifar_main(args, ap, device) -> None:
     print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}")
     for name in algos.split(","):
         res = {}
-        for eng, rounds in (("vmap", args.rounds), ("loop", args.loop_rounds)):
+        for eng, rounds in _engine_rounds(args):
             sched = Schedule(rounds=rounds, tau=tau, clients_per_round=m, batch_size=args.batch,
                              eval_every=args.eval_every, personalize_batch=args.personalize_batch)
             res[eng] = time_rounds(bench_algo(name, CIFAR_ALGOS), eng, data, sched, device, args.warmup,
                                    model_fn=lambda: CNN(data.in_features, data.num_classes))
-        print(f"{name:<18}{res['vmap']:>14.4f}{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}", flush=True)
+        _print_row(name, res)
+
+
+def _engine_rounds(args):
+    """(engine, timed rounds) pairs; `--loop-rounds 0` times the vmap engine alone."""
+    return [("vmap", args.rounds)] + ([("loop", args.loop_rounds)] if args.loop_rounds > 0 else [])
+
+
+def _print_row(name: str, res: dict) -> None:
+    loop = f"{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}" if "loop" in res else f"{'-':>14}{'-':>11}"
+    print(f"{name:<18}{res['vmap']:>14.4f}{loop}", flush=True)
 
 
 # pFedMe's Table 1 synthetic DNN row as the authors' README runs it (their main.py's options), every

@@ -47,6 +47,14 @@ def _eval(engine: Engine, params, split, shared: bool):
     return engine.evaluate(params, split, shared)
 
 
+@torch.no_grad()
+def _loss_sums(engine: Engine, params, split):
+    """The shared model's per-client summed losses (the engine may skip the accuracy)."""
+    if isinstance(params, Prototypes):
+        return _eval(engine, params, split, True)[0]
+    return engine.loss_sums(params, split, True)
+
+
 def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, ctx: EvalContext) -> Evaluation:
     """Evaluates the global and personalized models on every client's test rows.
 
@@ -62,8 +70,7 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
     row = _summaries("global", g_loss, g_correct, n_test)
     pers, train_loss = algo.personalize(engine, state, ctx)
     if train_loss is None:
-        t_loss, _ = _eval(engine, shared, data.train, True)
-        train_loss = t_loss / n_train
+        train_loss = _loss_sums(engine, shared, data.train) / n_train
     if pers is not None:
         if not isinstance(pers, Prototypes):
             pers = {k: v.detach() for k, v in pers.items()}

@@ -9,7 +9,9 @@ need not.
 
 Fully connected models also offer `stacked_forward(params, x)`: logits [m, B, classes] for stacked
 params [m, ...] and inputs [m, B, ...] as batched matrix products. It computes what vmap over
-`functional_call` computes, with less per-call overhead (the engine's minibatch-gradient fast path).
+`functional_call` computes, with less per-call overhead (the engine's minibatch-gradient fast path),
+and `class_major_logits(params, x)`: one model's logits as [classes, n] (the engine's full passes with
+one model for all clients).
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class MLR(nn.Module):
     def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         return _stacked_linear(params, "linear", x.flatten(2))
 
+    def class_major_logits(self, params: dict, x: torch.Tensor) -> torch.Tensor:
+        return _class_major_logits(params, x, ["linear"])
+
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
                         shared: bool = False) -> tuple[dict, torch.Tensor]:
         return _stacked_ce_grad(params, x, y, ["linear"], weight, shared)
@@ -79,28 +84,39 @@ def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: lis
     """Per-client gradients of the cross-entropy of a stack of linear layers (names) and activations
     (modules) on x [m, B, in], y [m, B], and the per-client losses [m]: the mean over the B rows, or
     with `weight` [m, B] the weighted sum. `shared`: params are unstacked, one model for all m
-    (the gradients are still per client, [m, ...])."""
+    (the gradients are still per client, [m, ...]).
+
+    The logits and everything after them are class-major, [m, classes, B]: the softmax's reductions
+    over a few classes then run along a middle dimension over contiguous rows of B values (CPU, 100
+    clients x 20 rows x 10 classes: log_softmax 66 us instead of 117 us over the last dimension)."""
     h = x.flatten(2)
     saved = []  # the input of every linear layer, the output of every activation
-    for layer in layers:
+    for layer in layers[:-1]:
         saved.append(h)
         if isinstance(layer, str):
             h = (torch.nn.functional.linear(h, params[f"{layer}.weight"], params[f"{layer}.bias"]) if shared
                  else _stacked_linear(params, layer, h))
         else:
             h = layer(h)
-    logp = torch.log_softmax(h, -1)
-    target = y.unsqueeze(-1)
-    nll = -logp.gather(-1, target).squeeze(-1)
-    dz = logp.exp_().scatter_add_(-1, target, torch.full(target.shape, -1.0, dtype=h.dtype, device=h.device))
+    saved.append(h)
+    w, b = params[f"{layers[-1]}.weight"], params[f"{layers[-1]}.bias"]
+    z = (torch.matmul(w, h.transpose(1, 2)).add_(b.unsqueeze(1)) if shared
+         else torch.baddbmm(b.unsqueeze(2), w, h.transpose(1, 2)))  # [m, classes, B]
+    logp = torch.log_softmax(z, 1)
+    target = y.unsqueeze(1)
+    nll = -logp.gather(1, target).squeeze(1)
+    dz = logp.exp_().scatter_add_(1, target, torch.full(target.shape, -1.0, dtype=z.dtype, device=z.device))
     if weight is None:  # d(mean loss)/d logits = (softmax - onehot) / B
         losses = nll.mean(1)
         dz = dz.mul_(1.0 / y.shape[1])
     else:
         losses = (nll * weight).sum(1)
-        dz = dz.mul_(weight.unsqueeze(-1))
-    grads = {}
-    for i in range(len(layers) - 1, -1, -1):
+        dz = dz.mul_(weight.unsqueeze(1))
+    last = len(layers) - 1
+    grads = {f"{layers[last]}.weight": torch.bmm(dz, saved[last]), f"{layers[last]}.bias": dz.sum(2)}
+    if last:  # back to row-major [m, B, width] below the logits
+        dz = dz.transpose(1, 2) @ w if shared else torch.bmm(dz.transpose(1, 2), w)
+    for i in range(last - 1, -1, -1):
         layer, a = layers[i], saved[i]
         if isinstance(layer, str):
             grads[f"{layer}.weight"] = torch.bmm(dz.transpose(1, 2), a)
@@ -110,6 +126,18 @@ def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: lis
         else:
             dz = _act_grad(layer, saved[i + 1], dz)
     return {k: grads[k] for k in params}, losses
+
+
+def _class_major_logits(params: dict, x: torch.Tensor, layers: list) -> torch.Tensor:
+    """One model's (unstacked params) logits for rows x [n, ...] as [classes, n], every layer
+    feature-major, h^T <- W h^T + b. On the CPU (one thread, 16k rows of the synthetic data) the
+    product with 10 output columns took ~4x longer row-major than transposed, the 60 -> 20 layer
+    ~1.3x, and a softmax over 10 classes ~2x longer along the last dimension than along the first."""
+    h = x.flatten(1).t()
+    for layer in layers:
+        h = (torch.addmm(params[f"{layer}.bias"].unsqueeze(1), params[f"{layer}.weight"], h)
+             if isinstance(layer, str) else layer(h))
+    return h
 
 
 class MLP(nn.Module):
@@ -148,8 +176,14 @@ class MLP(nn.Module):
 
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
                         shared: bool = False) -> tuple[dict, torch.Tensor]:
-        layers = [f"net.{i}" if isinstance(layer, nn.Linear) else layer for i, layer in enumerate(self.net)]
-        return _stacked_ce_grad(params, x, y, layers, weight, shared)
+        return _stacked_ce_grad(params, x, y, self._layers(), weight, shared)
+
+    def class_major_logits(self, params: dict, x: torch.Tensor) -> torch.Tensor:
+        return _class_major_logits(params, x, self._layers())
+
+    def _layers(self) -> list:
+        """The layers as the hand-written passes take them: parameter names of linear layers, modules else."""
+        return [f"net.{i}" if isinstance(layer, nn.Linear) else layer for i, layer in enumerate(self.net)]
 
 
 class CNN(nn.Module):
