@@ -29,6 +29,15 @@ def test_cifar_bench_smoke(capsys):
     assert vmap > 0 and loop > 0
 
 
+def test_loop_rounds_zero_times_the_vmap_engine_alone(capsys):
+    bench.main(["--setting", "cifar", "--clients", "3", "--train-per-client", "6", "--test-per-client", "2",
+                "--clients-per-round", "2", "--tau", "1", "--batch", "2", "--rounds", "1", "--loop-rounds", "0",
+                "--warmup", "1", "--device", "cpu", "--algos", "fedavg"])
+    row = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("fedavg"))
+    vmap, loop, ratio = row.split()[1:]
+    assert float(vmap) > 0 and loop == ratio == "-"
+
+
 def test_authors_timing_reads_round_banners_and_stops_their_process(tmp_path):
     # a stand-in for their main.py: a banner per round, results written only after the last round
     (tmp_path / "main.py").write_text(
