@@ -86,17 +86,21 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int = 0, model_fn=None) -> float:
+def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int = 0, model_fn=None,
+                cpu: bool = False) -> float | tuple[float, float]:
+    """Wall seconds per round after `warmup` rounds (with `cpu`: and this process's CPU seconds per
+    round over the same timed rounds)."""
     torch.manual_seed(seed)
     model = (model_fn or (lambda: MLP(data.in_features, data.num_classes, hidden=[20])))().to(device)
     engine = ENGINES[engine_name](model)
     warm = Schedule(**{**sched.__dict__, "rounds": warmup})
     simulate(algo, engine, data, params_of(model), warm, seed)
     _sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     simulate(algo, engine, data, params_of(model), sched, seed)
     _sync(device)
-    return (time.perf_counter() - t0) / sched.rounds
+    wall, cpu_s = (time.perf_counter() - t0) / sched.rounds, (time.process_time() - c0) / sched.rounds
+    return (wall, cpu_s) if cpu else wall
 
 
 def main(argv=None) -> None:
@@ -253,10 +257,7 @@ def time_pfedme(data, rounds: int, warmup: int, device) -> tuple[float, float]:
     """Wall and CPU (this process) seconds per round of fedrun's pFedMe DNN, vmap engine."""
     sched = Schedule(rounds=rounds, tau=20, clients_per_round=10, batch_size=20, eval_every=1,
                      aggregate=AGGREGATE["pfedme"])
-    c0 = time.process_time()
-    wall = time_rounds(bench_algo("pfedme", ALGOS), "vmap", data, sched, device, warmup)
-    # the CPU time covers the warm-up rounds too (they cost as much as the others)
-    return wall, (time.process_time() - c0) / (rounds + warmup)
+    return time_rounds(bench_algo("pfedme", ALGOS), "vmap", data, sched, device, warmup, cpu=True)
 
 
 def authors_main(args, ap, device) -> None:
