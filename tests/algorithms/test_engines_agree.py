@@ -25,7 +25,7 @@ from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.cli import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of
-from fedrun.models import MLP
+from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, simulate
 from helpers import group_options
 
@@ -164,17 +164,25 @@ def test_vmap_and_loop_engines_agree(name, opts):
         assert ("pers_acc" in ev_v.row) == (algo.adaptation != "none")
 
 
+ARCHS = {"mlp-relu": dict(hidden=[5]), "mlp2-elu": dict(hidden=[5, 4], activation="elu"),
+         "mlp2-tanh": dict(hidden=[5, 4], activation="tanh"), "mlp2-sigmoid": dict(hidden=[5, 4], activation="sigmoid"),
+         "mlr": None}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("group_rows,max_chunks", [(16, 1024), (48, 2), (10**6, 1024)])
-def test_full_passes_in_groups_match_the_loop(monkeypatch, group_rows, max_chunks):
+def test_full_passes_in_groups_match_the_loop(monkeypatch, group_rows, max_chunks, arch):
     """The vmap engine's full passes over all clients (evaluation with one shared or per-client
-    models, full-batch gradients, Proto's class sums) give the loop engine's numbers whatever the
-    grouping: groups of rows that cut clients in two (a shared model's flat blocks, groups of
-    chunks), tiny groups, one group."""
+    models, the training-loss pass, full-batch gradients, Proto's class sums) give the loop
+    engine's numbers whatever the grouping: groups of rows that cut clients in two (a shared
+    model's flat blocks, groups of chunks), tiny groups, one group; for MLR and MLPs of one and two
+    hidden layers with each activation (the hand-written, class-major passes)."""
     monkeypatch.setattr(VmapEngine, "CPU_GROUP_ROWS", group_rows)
     data = _float64(synthetic(num_clients=6, dim=6, num_classes=4, seed=1, cache_dir=None, chunk_len=16))
     assert data.train.sizes.max() > 16 and len(data.train.y) > 2 * group_rows or group_rows > 10**5
     torch.manual_seed(0)
-    model = MLP(data.in_features, data.num_classes, hidden=[5]).double()
+    model = (MLR(data.in_features, data.num_classes) if ARCHS[arch] is None
+             else MLP(data.in_features, data.num_classes, **ARCHS[arch])).double()
     vm, lp = VmapEngine(model, max_chunks=max_chunks), LoopEngine(model)
     shared = params_of(model)
     C = data.num_clients
@@ -183,6 +191,8 @@ def test_full_passes_in_groups_match_the_loop(monkeypatch, group_rows, max_chunk
         for split in (data.train, data.test):
             for a, b in zip(vm.evaluate(params, split, is_shared), lp.evaluate(params, split, is_shared)):
                 torch.testing.assert_close(a.double(), b.double(), rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(vm.loss_sums(params, split, is_shared).double(),
+                                       lp.evaluate(params, split, is_shared)[0].double(), rtol=1e-9, atol=1e-9)
         (gv, lv), (gl, ll) = vm.full_grad(params, data.train, is_shared), lp.full_grad(params, data.train, is_shared)
         torch.testing.assert_close(lv, ll, rtol=1e-9, atol=1e-9)
         for k in gv:

@@ -218,6 +218,28 @@ def test_hand_written_ce_gradient_equals_autograd(make):
         torch.testing.assert_close(g1[k], g2[k], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("make", [lambda: MLR(7, 3)] + [lambda a=a: MLP(7, 3, hidden=[5, 4], activation=a)
+                                                       for a in ("relu", "elu", "tanh", "sigmoid")])
+def test_hand_written_ce_gradient_with_one_model_and_row_weights_equals_autograd(make):
+    # full passes: one model for every group of rows (shared), each row weighted (its chunk's mask)
+    torch.manual_seed(0)
+    model = make().double()
+    params = {k: v + 0.3 * torch.randn_like(v) for k, v in params_of(model).items()}
+    x, y = torch.randn(4, 6, 7, dtype=torch.float64), torch.randint(0, 3, (4, 6))
+    weight = torch.rand(4, 6, dtype=torch.float64) * (torch.rand(4, 6) > 0.3)
+    grads, losses = model.stacked_ce_grad(params, x, y, weight, shared=True)
+    for i in range(4):
+        p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        logits = torch.func.functional_call(model, p, (x[i],))
+        loss = (torch.nn.functional.cross_entropy(logits, y[i], reduction="none") * weight[i]).sum()
+        expected = torch.autograd.grad(loss, list(p.values()))
+        torch.testing.assert_close(losses[i], loss.detach(), rtol=1e-12, atol=1e-12)
+        for k, g in zip(p, expected):
+            torch.testing.assert_close(grads[k][i], g, rtol=1e-12, atol=1e-12)
+        # the class-major logits of full passes with one model: the forward's, transposed
+        torch.testing.assert_close(model.class_major_logits(params, x[i]), logits.detach().t(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("E", ENGINES)
 def test_fedavg_without_test_time_update_evaluates_the_global_model_only(E, small_data):
     with_update = _run(E, FedAvg(beta=0.05, alpha=0.05), small_data)[2]
