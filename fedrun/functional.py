@@ -331,6 +331,8 @@ class VmapEngine(Engine):
                 correct = torch.zeros_like(loss) if accuracy else None
             loss.index_add_(0, o, rows_loss)
             if accuracy:
+                # (argmax over the classes of class-major logits, argmax(0), took ~3x longer than a
+                # transposed copy and argmax over its last dimension, CPU)
                 hit = (logits.t().contiguous() if class_major else logits).argmax(-1) == y
                 correct.index_add_(0, o, hit.to(logits.dtype))
         return loss, correct

@@ -62,6 +62,34 @@ def test_large_lam_and_K_approach_fedavg_local_steps(E):
     assert gaps[2] < gaps[0] / 50 and gaps[2] < 1e-4, gaps
 
 
+@pytest.mark.parametrize("mu", [0.0, 0.001])
+def test_local_step_is_the_formula_in_its_order_bitwise(mu):
+    """The packed update does, per parameter entry, the float32 operations of the formula (and the
+    authors' optimizer) in the same order: theta <- theta - lr ((((theta - w) lam) + g) + theta mu),
+    then w <- w - (w - theta) eta lam; bit for bit, which the golden traces' tolerance would not see."""
+    torch.manual_seed(0)
+    model = MLP(7, 3, hidden=[5])
+    w = {k: v + 0.1 * torch.randn_like(v) for k, v in stack(params_of(model), 4).items()}
+    theta = {k: v + 0.1 * torch.randn_like(v) for k, v in w.items()}
+    x, y = torch.randn(4, 6, 7), torch.randint(0, 3, (4, 6))
+    algo = PFedMe(lam=15.0, eta=0.005, personal_lr=0.09, K=3, beta=1.0, mu=mu, personalized="local", train_all=False)
+    engine = VmapEngine(model)
+    out = algo.client_step(engine, {"params": w, "theta": theta}, [(x, y)], 1)
+    th = dict(theta)
+    for _ in range(3):
+        g, _ = engine.grad(th, x, y)
+        step = {}
+        for k in th:
+            t = (th[k] - w[k]) * 15.0 + g[k]
+            if mu:
+                t = t + th[k] * mu
+            step[k] = th[k] - t * 0.09
+        th = step
+    for k in w:
+        assert torch.equal(out["theta"][k], th[k])
+        assert torch.equal(out["params"][k], w[k] - (w[k] - th[k]) * (0.005 * 15.0))
+
+
 def test_server_mixes_with_beta_and_aggregates_only_the_selected():
     algo = PFedMe(beta=2.0)
     w = {"a": torch.tensor([1.0])}
