@@ -185,7 +185,7 @@ class VmapEngine(Engine):
         self._loop = LoopEngine(model, max_chunks, criterion) if convolutional else None
 
     def _per_client(self, split: ClientSplit) -> bool:
-        return self._loop is not None and split.x.device.type == "cpu"
+        return self._conv_on_cpu(split.x)
 
     def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss
@@ -209,7 +209,7 @@ class VmapEngine(Engine):
 
     def _conv_on_cpu(self, x: Tensor) -> bool:
         """A convolutional model on the CPU: its vmapped convolutions are grouped convolutions over
-        all clients, slower there than the loop engine's per-client ones (see `_per_client`)."""
+        all clients, slower there than the loop engine's per-client ones (see `__init__`)."""
         return self._loop is not None and x.device.type == "cpu"
 
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
