@@ -70,9 +70,9 @@ class PFedMe(Algorithm):
         in the same order as the formula and the authors' optimizer (so the same rounding; the
         golden traces check it). On the CPU, with all clients' stacked parameters (or several
         seeds' clients), dispatching and allocating every intermediate cost more than the
-        arithmetic: one update of
-        100 clients' 4 tensors took 270 us as torch._foreach calls over the tensors, 160-220 us on
-        one flat tensor including packing the gradient into it (one thread)."""
+        arithmetic: one update of 100 clients' 4 tensors took 270 us as torch._foreach calls over
+        the tensors, 160-220 us on one flat tensor including packing the gradient into it (one
+        thread)."""
         t = theta - w
         t.mul_(self.lam)
         t.add_(g)
