@@ -69,7 +69,8 @@ def _unknown(algos: str, settings: dict) -> list[str]:
 def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classes: int = 10, k: int = 5,
                seed: int = 0, chunk_len: int = 256) -> FederatedData:
     """Random N(0, 1) images 3x32x32 in the ACID shape: device c's labels drawn from its k classes
-    (c + j) mod num_classes, `train` / `test` images per device, crop+flip on training batches."""
+    (c + j) mod num_classes, `train` / `test` images per device, crop+flip on training batches with
+    the padding of data.pad_fill=black (CIFAR-10's black pixel normalized)."""
     g = torch.Generator().manual_seed(seed)
     owner = {n: torch.arange(clients).repeat_interleave(n) for n in (train, test)}
 
@@ -78,7 +79,8 @@ def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classe
         x = torch.randn(clients * n, 3, 32, 32, generator=g)
         return ClientSplit.from_flat(x, y, torch.full((clients,), n, dtype=torch.long), chunk_len)
 
-    return FederatedData("cifar_like", split(train), split(test), num_classes, augment="crop_flip")
+    return FederatedData("cifar_like", split(train), split(test), num_classes, augment="crop_flip",
+                         augment_fill=torch.tensor([-1.989, -1.981, -1.707]))
 
 
 def _sync(device):

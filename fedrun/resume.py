@@ -18,7 +18,7 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
-ADDED_OPTIONS = {"algo.outer_step_from": "w"}
+ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean"}
 
 
 def fingerprint(cfg: DictConfig) -> dict:
@@ -32,8 +32,10 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
             out += _diff(va, vb, f"{prefix}{k}.")
-        elif k not in a and f"{prefix}{k}" in ADDED_OPTIONS and vb == ADDED_OPTIONS[f"{prefix}{k}"]:
-            continue  # a checkpoint from before the option existed
+        elif k not in a and f"{prefix}{k}" in ADDED_OPTIONS:  # a checkpoint from before the option existed
+            if vb != ADDED_OPTIONS[f"{prefix}{k}"]:
+                out.append(f"{prefix}{k}: {vb!r}, but the checkpoint is from before that option and computed "
+                           f"{prefix}{k}={ADDED_OPTIONS[prefix + k]}")
         elif va != vb:
             out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
     return out

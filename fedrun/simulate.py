@@ -74,7 +74,7 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
     for s in range(idx.shape[1]):
         xb, yb = data.train.rows(idx[:, s])  # step s: [m, k, B] rows
         if aug is not None:
-            xb = apply_augmentation(data.augment, xb, tuple(a[:, s] for a in aug))
+            xb = apply_augmentation(data.augment, xb, tuple(a[:, s] for a in aug), data.augment_fill)
         local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[2])], rnd)
     return local
 

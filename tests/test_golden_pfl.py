@@ -239,6 +239,39 @@ def test_pavg_proto_honest_differs_by_the_authors_proto_switch_only(overrides, d
         check(report)
 
 
+
+def test_crop_flip_is_the_authors_augmentation():
+    """The authors' training augmentation (their Dataset with train=True; scripts/golden/
+    record_pfl_augment.py, tests/fixtures/golden/pfl_augment.json), which the traces above leave
+    out: for every recorded image exactly one crop offset and flip make fedrun's crop_flip_apply,
+    with data.pad_fill=black's fill, give their pixels, padding included; with pad_fill=mean's
+    (0 after normalization, fedrun before 2026-11-22) none does, since every image shows padding."""
+    import base64
+
+    import record_pfl_augment as A
+    from fedrun.data.augment import crop_flip_apply
+
+    with open(os.path.join(FIXTURES, "pfl_augment.json")) as f:
+        t = json.load(f)
+    theirs = np.frombuffer(base64.b64decode(t["pixels_b64"]), dtype=np.uint8).reshape(t["shape"]).copy()
+    mean = (torch.tensor(t["mean"], dtype=torch.float64) * 255).float()[:, None, None]
+    std = (torch.tensor(t["std"], dtype=torch.float64) * 255).float()[:, None, None]
+    norm = lambda px: (torch.as_tensor(np.asarray(px)).float() - mean) / std  # as fedrun.data.cifar
+    x, want = norm(A.images()), norm(theirs)
+    assert np.allclose([float(w.double().sum()) for w in want], t["output_sums"], rtol=1e-5, atol=1e-3)
+    black = (-mean / std).reshape(3)  # fedrun.data.cifar's augment_fill
+    assert torch.equal(norm(np.zeros((3, 1, 1), dtype=np.uint8)).reshape(3), black)
+    p = t["padding"]
+    grid = [(dy, dx, f) for dy in range(2 * p + 1) for dx in range(2 * p + 1) for f in (False, True)]
+    dy, dx, flip = (torch.tensor(v) for v in zip(*grid))
+    for i in range(t["n"]):
+        assert (theirs[i] == 0).any()  # padding is visible (the inputs have no 0 pixel)
+        xs = x[i].expand(len(grid), *x.shape[1:])
+        hits = [g for g, o in zip(grid, crop_flip_apply(xs, dy, dx, flip, p, fill=black)) if torch.equal(o, want[i])]
+        assert len(hits) == 1, (i, hits)
+        assert not any(torch.equal(o, want[i]) for o in crop_flip_apply(xs, dy, dx, flip, p))
+
+
 if __name__ == "__main__":  # per method: the largest |fedrun - authors| of the parameters/states and of the metrics
     for m in sys.argv[1:] or sorted(PRESETS):
         rep = compare(m)

@@ -280,9 +280,10 @@ def test_valid_frac_does_not_repeat_other_problems(tmp_path):
 def test_a_checkpoint_from_before_an_option_existed_still_matches():
     from fedrun.resume import ADDED_OPTIONS, _diff
 
-    old = {"algo": {"alpha": 0.02}, "seed": 0}
     for key, value in ADDED_OPTIONS.items():
         group, name = key.split(".")
-        assert _diff(old, {"algo": {"alpha": 0.02, name: value}, "seed": 0}) == []
-        assert _diff(old, {"algo": {"alpha": 0.02, name: "other"}, "seed": 0}) == [f"{key}: None -> 'other'"]
-        assert _diff({"algo": {"alpha": 0.02, name: value}}, {"algo": {"alpha": 0.02}}) != []  # only that way round
+        old = {group: {"x": 0.02}, "seed": 0}
+        assert _diff(old, {group: {"x": 0.02, name: value}, "seed": 0}) == []
+        assert _diff(old, {group: {"x": 0.02, name: "other"}, "seed": 0}) == [
+            f"{key}: 'other', but the checkpoint is from before that option and computed {key}={value}"]
+        assert _diff({group: {"x": 0.02, name: value}}, {group: {"x": 0.02}}) != []  # only that way round

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from .synthetic import DRAW_VERSION, check_settings, generate_synthetic
 __all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "mnist_pfedme",
            "mnist_pfedme_authors", "cifar"]
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: CIFAR's meta holds augment_fill
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
@@ -111,6 +112,9 @@ def mnist_perfedavg(
         n, a: number of users and images per digit (see `partitions.perfedavg_mnist`).
         test_a: `a` for the test split; None scales `a` by |test set| / |training set| (even).
         seed: seed of the partition (fixed data across run seeds).
+        pad_fill: black (a pixel of value 0 before normalization, i.e. -mean/std per channel: the
+            authors' code, torchvision's RandomCrop on the image before Normalize) | mean (0 after
+            normalization: the training set's mean colour; fedrun before 2026-11-22).
     """
     abs_root = os.path.abspath(root)
 
@@ -227,6 +231,7 @@ def mnist_pfedme_authors(
 
 
 CIFAR_SPLITS = ("acid", "alid")
+PAD_FILLS = ("black", "mean")
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -253,6 +258,7 @@ def cifar(
     download: bool = True,
     cache_dir: str | None = None,
     chunk_len: int = 256,
+    pad_fill: str = "black",
 ) -> FederatedData:
     """CIFAR-10/100 ACID or ALID split of paper 004 (SPEC "cifar_acid / cifar_alid").
 
@@ -261,19 +267,25 @@ def cifar(
     (`partitions.deal_classes`). ALID renames each device's classes by a private permutation onto
     0..k-1 and the dataset then has k classes (the model has k outputs, as in the official code).
     Inputs are float32 [N, 3, 32, 32] normalized by the training set's per-channel mean/std; training
-    batches are to be augmented by `augment.crop_flip` (FederatedData.augment).
+    batches are to be augmented by `augment.crop_flip` (FederatedData.augment), whose padding takes
+    the value `pad_fill` names (FederatedData.augment_fill).
 
     Args:
         root: folder holding cifar-10-batches-py or cifar-100-python (python pickles).
         dataset: cifar10 | cifar100.  split: acid | alid.
         classes: consecutive (device c owns (c + j) mod C, official code) | random (seeded, balanced).
         seed: seed of the partition (fixed data across run seeds).
+        pad_fill: black (a pixel of value 0 before normalization, i.e. -mean/std per channel: the
+            authors' code, torchvision's RandomCrop on the image before Normalize) | mean (0 after
+            normalization: the training set's mean colour; fedrun before 2026-11-22).
     """
     sources = {f"cifar{c}": c for c in CIFAR_FILES}
     if dataset not in sources:
         raise ValueError(f"data.dataset={dataset!r} is not one of {sorted(sources)}")
     if split not in CIFAR_SPLITS:
         raise ValueError(f"data.split={split!r} is not one of {list(CIFAR_SPLITS)}")
+    if pad_fill not in PAD_FILLS:
+        raise ValueError(f"data.pad_fill={pad_fill!r} is not one of {list(PAD_FILLS)}")
     num_classes, k = sources[dataset], classes_per_client
     abs_root = os.path.abspath(root)
     class_lists(num_classes, num_clients, k, classes, np.random.RandomState(seed))  # bad options fail before any reading
@@ -290,7 +302,7 @@ def cifar(
         mean, std = _channel_stats(trx)
         mean = mean.astype(np.float32)[:, None, None]
         std = std.astype(np.float32)[:, None, None]
-        meta = {"client_classes": lists}
+        meta = {"client_classes": lists, "augment_fill": (-mean / std).reshape(-1)}  # black, normalized
         if split == "alid":
             perms = alid_permutations(num_clients, k, rng)
             meta["client_labels"] = perms
@@ -311,4 +323,5 @@ def cifar(
         folder, train_files, test_files, _ = CIFAR_FILES[num_classes]
         paths = {f: os.path.join(abs_root, folder, f) for f in train_files + test_files}
         settings["files"] = {f: os.path.getsize(p) if os.path.exists(p) else None for f, p in paths.items()}
-    return _cached(f"{dataset}_{split}", settings, cache_dir, build, chunk_len, augment="crop_flip")
+    data = _cached(f"{dataset}_{split}", settings, cache_dir, build, chunk_len, augment="crop_flip")
+    return data if pad_fill == "black" else replace(data, augment_fill=None)

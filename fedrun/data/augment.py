@@ -1,8 +1,11 @@
 """Training-batch augmentation on the device, batched over clients and images (no Python loop).
 
-`crop_flip`: random crop of a zero-padded image (padding 4) and random horizontal flip, the CIFAR
-augmentation of paper 004 (SPEC "cifar_acid / cifar_alid"). The random numbers are drawn on the CPU
-from the generator passed in and then moved to the data's device, so CPU and GPU runs agree.
+`crop_flip`: random crop of a padded image (padding 4) and random horizontal flip, the CIFAR
+augmentation of paper 004 (SPEC "cifar_acid / cifar_alid"). The padding takes a per-channel `fill`
+(FederatedData.augment_fill): for CIFAR the normalized value of a black pixel, as in the authors'
+code, whose torchvision RandomCrop pads the uint8 image before Normalize; None pads with 0 (the
+training set's mean colour once normalized). The random numbers are drawn on the CPU from the
+generator passed in and then moved to the data's device, so CPU and GPU runs agree.
 """
 from __future__ import annotations
 
@@ -21,11 +24,18 @@ def crop_flip_params(n: int, generator: torch.Generator, padding: int = 4) -> tu
     return dy, dx, flip
 
 
-def crop_flip_apply(x: Tensor, dy: Tensor, dx: Tensor, flip: Tensor, padding: int = 4) -> Tensor:
-    """Crops x [..., C, H, W] (images flattened in order) at offsets (dy, dx) of the zero-padded
-    image, then mirrors the images where `flip`; two gathers on the padded batch."""
+def crop_flip_apply(x: Tensor, dy: Tensor, dx: Tensor, flip: Tensor, padding: int = 4,
+                    fill: Tensor | None = None) -> Tensor:
+    """Crops x [..., C, H, W] (images flattened in order) at offsets (dy, dx) of the image padded
+    with `fill` ([C], per channel; None: 0), then mirrors the images where `flip`; two gathers on the
+    padded batch."""
     *lead, c, h, w = x.shape
-    flat = F.pad(x.reshape(-1, c, h, w), (padding,) * 4)
+    if fill is None:
+        flat = F.pad(x.reshape(-1, c, h, w), (padding,) * 4)
+    else:  # the border holds fill exactly, the image its own values (no arithmetic on either)
+        flat = fill.to(x.device, x.dtype)[:, None, None].expand(x.numel() // (c * h * w), c, h + 2 * padding,
+                                                                 w + 2 * padding).clone()
+        flat[:, :, padding:padding + h, padding:padding + w] = x.reshape(-1, c, h, w)
     dy, dx, flip = dy.to(x.device), dx.to(x.device), flip.to(x.device)
     rows = dy[:, None] + torch.arange(h, device=x.device)  # [n, H]
     cols = torch.arange(w, device=x.device)
@@ -36,21 +46,21 @@ def crop_flip_apply(x: Tensor, dy: Tensor, dx: Tensor, flip: Tensor, padding: in
     return out.reshape(*lead, c, h, w)
 
 
-def crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
-    """Random crop (zero padding `padding`) and horizontal flip, independent per image of x [..., C, H, W]."""
+def crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4, fill: Tensor | None = None) -> Tensor:
+    """Random crop (padding `padding` with `fill`) and horizontal flip, independent per image of x [..., C, H, W]."""
     n = math.prod(x.shape[:-3])
-    return crop_flip_apply(x, *crop_flip_params(n, generator, padding), padding=padding)
+    return crop_flip_apply(x, *crop_flip_params(n, generator, padding), padding=padding, fill=fill)
 
 
 AUGMENTATIONS = {"crop_flip": crop_flip}
-# name -> (draw(n, generator) -> per-image params, apply(x, *params) -> x): the training loop draws a
+# name -> (draw(n, generator) -> per-image params, apply(x, *params, fill=...) -> x): the training loop draws a
 # round's params up front, so how the round's clients are split into chunks cannot change them.
 AUGMENTATION_PARTS = {"crop_flip": (crop_flip_params, crop_flip_apply)}
 
 
-def augment(name: str | None, x: Tensor, generator: torch.Generator) -> Tensor:
+def augment(name: str | None, x: Tensor, generator: torch.Generator, fill: Tensor | None = None) -> Tensor:
     """x augmented by `AUGMENTATIONS[name]` (x itself when name is None): `FederatedData.augment`."""
-    return x if name is None else AUGMENTATIONS[name](x, generator)
+    return x if name is None else AUGMENTATIONS[name](x, generator, fill=fill)
 
 
 def draw_augmentation(name: str | None, shape: tuple[int, ...], generator: torch.Generator) -> tuple | None:
@@ -62,6 +72,7 @@ def draw_augmentation(name: str | None, shape: tuple[int, ...], generator: torch
     return tuple(t.reshape(shape) for t in AUGMENTATION_PARTS[name][0](n, generator))
 
 
-def apply_augmentation(name: str, x: Tensor, params: tuple) -> Tensor:
-    """x [*shape, C, H, W] augmented with the params `draw_augmentation` drew for `shape`."""
-    return AUGMENTATION_PARTS[name][1](x, *(p.reshape(-1) for p in params))
+def apply_augmentation(name: str, x: Tensor, params: tuple, fill: Tensor | None = None) -> Tensor:
+    """x [*shape, C, H, W] augmented with the params `draw_augmentation` drew for `shape` (`fill`:
+    FederatedData.augment_fill)."""
+    return AUGMENTATION_PARTS[name][1](x, *(p.reshape(-1) for p in params), fill=fill)

@@ -103,6 +103,7 @@ class FederatedData:
     test: ClientSplit
     num_classes: int
     augment: str | None = None  # training-batch augmentation (`augment.AUGMENTATIONS`), never at evaluation
+    augment_fill: Tensor | None = None  # [channels] value the augmentation's padding takes (None: 0), on x's device
     client_classes: Tensor | None = None  # [C, k] dataset classes each client owns (ACID/ALID), CPU
     client_labels: Tensor | None = None  # [C, k] ALID: label client c gives class client_classes[c, j], CPU
 
@@ -119,4 +120,5 @@ class FederatedData:
         return int(np.prod(self.feature_shape))
 
     def to(self, device) -> "FederatedData":
-        return replace(self, train=self.train.to(device), test=self.test.to(device))
+        fill = None if self.augment_fill is None else self.augment_fill.to(device)
+        return replace(self, train=self.train.to(device), test=self.test.to(device), augment_fill=fill)

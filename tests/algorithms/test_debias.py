@@ -1,5 +1,7 @@
 """Paper 004's algorithms and adaptations against hand-computed numbers; engines agree end to end;
 configs and presets compose; a 2-round CLI run of a preset writes its metrics."""
+import dataclasses
+
 import pandas as pd
 import pytest
 import torch
@@ -309,11 +311,16 @@ def test_pfldyn_proto_on_tiny_cifar_cnn_with_augmentation_engines_agree(c10):
     torch.manual_seed(0)
     model = CNN(data.in_features, data.num_classes)
     sched = Schedule(rounds=1, tau=2, clients_per_round=2, batch_size=3)
-    out = [simulate(PFLDyn(adaptation="proto", clip=10, weight_decay=1e-3), E(model), data, params_of(model),
-                    sched, 0) for E in ENGINES]
+    run = lambda E, d: simulate(PFLDyn(adaptation="proto", clip=10, weight_decay=1e-3), E(model), d, params_of(model),
+                                sched, 0)
+    out = [run(E, data) for E in ENGINES]
     for k in out[0][0].params:
         torch.testing.assert_close(out[0][0].params[k], out[1][0].params[k], rtol=1e-4, atol=1e-5)
     assert out[0][1].row["pers_acc"] == pytest.approx(out[1][1].row["pers_acc"], abs=1e-6)
+    # the padding's fill (data.pad_fill=black) reaches the training batches: 0 instead trains otherwise
+    assert data.augment_fill is not None
+    mean_pad = run(VmapEngine, dataclasses.replace(data, augment_fill=None))[0].params
+    assert any((mean_pad[k] - out[0][0].params[k]).abs().max() > 1e-4 for k in mean_pad)
 
 
 @pytest.mark.parametrize("algo", ["pfldyn", "pflscaf", "pavg", "feddyn", "scaffold"])

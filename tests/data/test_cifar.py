@@ -178,6 +178,20 @@ def test_cifar10_acid(c10, how):
     assert torch.allclose(x.std((0, 2, 3), unbiased=False), torch.ones(3, dtype=torch.float64), atol=1e-5)
 
 
+def test_cifar_pad_fill_is_a_black_pixel_normalized(c10):
+    """data.pad_fill=black (default): the crop's padding is what normalizing a 0 pixel gives, per
+    channel; pad_fill=mean: None (0 after normalization). The data is the same either way."""
+    root, (trx, *_) = c10
+    kw = dict(num_clients=10, classes_per_client=3, download=False)
+    d, m = cifar(root, "cifar10", "acid", **kw), cifar(root, "cifar10", "acid", pad_fill="mean", **kw)
+    mean, std = fdata._channel_stats(trx)
+    black = (np.zeros(3, dtype=np.float32) - mean.astype(np.float32)) / std.astype(np.float32)
+    assert d.augment_fill.dtype == torch.float32 and np.array_equal(d.augment_fill.numpy(), black)
+    assert (d.augment_fill < -1).all()  # far from the mean colour (0): CIFAR pixels average ~120 of 255
+    assert m.augment_fill is None and torch.equal(m.train.x, d.train.x)
+    assert torch.equal(d.to("cpu").augment_fill, d.augment_fill)
+
+
 def test_cifar100_alid_relabels_per_device(c100):
     root, (trx, try_, tex, tey) = c100
     kw = dict(num_clients=100, classes_per_client=3, download=False)
@@ -215,7 +229,7 @@ def test_cifar_cache_roundtrip(c10, tmp_path, monkeypatch):
     for a, b in ((d1.train, d2.train), (d1.test, d2.test)):
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.sizes, b.sizes)
     assert torch.equal(d1.client_classes, d2.client_classes) and torch.equal(d1.client_labels, d2.client_labels)
-    assert (d2.num_classes, d2.augment) == (3, "crop_flip")
+    assert (d2.num_classes, d2.augment) == (3, "crop_flip") and torch.equal(d1.augment_fill, d2.augment_fill)
     moved = d2.to("cpu")
     assert moved.augment == "crop_flip" and torch.equal(moved.client_labels, d2.client_labels)
     with pytest.raises(AssertionError, match="load_cifar called"):  # other settings: a new entry
@@ -230,6 +244,8 @@ def test_cifar_bad_options_name_them(c10):
         cifar(root, "cifar1000", "acid", download=False)
     with pytest.raises(ValueError, match="data.split"):
         cifar(root, "cifar10", "iid", download=False)
+    with pytest.raises(ValueError, match=r"data.pad_fill='zero' is not one of \['black', 'mean'\]"):
+        cifar(root, "cifar10", "acid", pad_fill="zero", download=False)
     with pytest.raises(ValueError, match="data.num_clients=300"):  # 200 images for 300 devices
         cifar(root, "cifar10", "acid", num_clients=300, classes_per_client=3, download=False)
 
@@ -238,8 +254,12 @@ def test_cifar_bad_options_name_them(c10):
 # augmentation
 # ----------------------------------------------------------------------------------------------
 
-def _reference_crop_flip(img, dy, dx, flip, p=4):
+def _reference_crop_flip(img, dy, dx, flip, p=4, fill=None):
     padded = torch.nn.functional.pad(img, (p, p, p, p))
+    if fill is not None:  # the border, channel by channel
+        border = torch.ones_like(padded, dtype=torch.bool)
+        border[:, p:-p, p:-p] = False
+        padded = torch.where(border, fill[:, None, None], padded)
     out = padded[:, dy:dy + img.shape[1], dx:dx + img.shape[2]]
     return torch.flip(out, [-1]) if flip else out
 
@@ -251,6 +271,14 @@ def test_crop_flip_hand_cases():
     # shifted by one row down and two columns right of the padded origin: zeros enter at the bottom/right
     out = crop_flip_apply(x, torch.tensor([5, 4]), torch.tensor([6, 4]), torch.tensor([False, False]))
     assert torch.equal(out[0, :, :5, :3], x[0, :, 1:, 2:]) and (out[0, :, 5] == 0).all() and (out[0, :, :, 3:] == 0).all()
+    # with a per-channel fill the border takes channel c's value, the image keeps its own
+    fill = torch.tensor([-1.5, -2.0, -0.25])
+    out = crop_flip_apply(x, torch.tensor([5, 0]), torch.tensor([6, 8]), torch.tensor([False, True]), fill=fill)
+    assert torch.equal(out[0, :, :5, :3], x[0, :, 1:, 2:])
+    assert torch.equal(out[0, :, 5], fill[:, None].expand(3, 5)) and torch.equal(out[0, :, :, 3:], fill[:, None, None].expand(3, 6, 2))
+    # dy=0: 4 padded rows on top; dx=8 then flip: the right 4 columns padded, mirrored to the left
+    assert torch.equal(out[1, :, :4], fill[:, None, None].expand(3, 4, 5)) and torch.equal(out[1, :, 4:, :4], fill[:, None, None].expand(3, 2, 4))
+    assert torch.equal(out[1, :, 4:, 4], x[1, :, :2, 4])
 
 
 def test_crop_flip_matches_per_image_reference_and_is_seeded():
@@ -261,6 +289,11 @@ def test_crop_flip_matches_per_image_reference_and_is_seeded():
     flat = x.reshape(12, 3, 8, 8)
     ref = torch.stack([_reference_crop_flip(flat[i], int(dy[i]), int(dx[i]), bool(flip[i])) for i in range(12)])
     assert torch.equal(out.reshape(12, 3, 8, 8), ref)
+    fill = torch.randn(3)
+    filled = crop_flip(x, torch.Generator().manual_seed(5), fill=fill)
+    ref = torch.stack([_reference_crop_flip(flat[i], int(dy[i]), int(dx[i]), bool(flip[i]), fill=fill) for i in range(12)])
+    assert torch.equal(filled.reshape(12, 3, 8, 8), ref) and not torch.equal(filled, out)
+    assert torch.equal(augment("crop_flip", x, torch.Generator().manual_seed(5), fill=fill), filled)
     assert torch.equal(out, crop_flip(x, torch.Generator().manual_seed(5)))
     assert not torch.equal(out, crop_flip(x, torch.Generator().manual_seed(6)))
     assert augment(None, x, torch.Generator()) is x
