@@ -150,7 +150,8 @@ def train(args, out: str, settings: dict) -> None:
         print(f"note: hyperparameters are the presets' (CIFAR-10 ACID 5 classes, the official settings SPEC lists); "
               f"only the data changes to {dataset} {split.upper()} with {k} classes per device")
     common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
-              f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record"]
+              f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
+              f"protocol={settings.get('protocol', 'honest')}"]
     common += ["data.download=false"] if args.quick or args.no_download else []
     if args.quick:
         common += QUICK + [f"data.num_clients={QUICK_CLIENTS[dataset]}"]
@@ -251,7 +252,8 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
              "2 per round); mean ± std over seeds; *not reached (> N)*: N transmissions were made (mean over seeds) "
              f"without getting there. Gain: {METHODS[baseline].label if baseline in res else 'the baseline'}'s "
              "transmissions / the best method's ('>': the baseline never got there). fedrun: "
-             f"{settings['rounds']} rounds, seeds {' '.join(map(str, settings['seeds']))}"
+             f"{settings['rounds']} rounds, seeds {' '.join(map(str, settings['seeds']))}, "
+             f"protocol={settings.get('protocol', 'honest')}"
              + (" (--quick: tiny random data, numbers mean nothing)" if settings.get("quick") else "") + ".", ""]
     head = ["target %", "source"] + [METHODS[k].label for k in shown] + ["gain (best)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -339,6 +341,9 @@ def main(argv=None) -> int:
                          "count for the setting, 87.6 for CIFAR-10 ACID 5 classes)")
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated, from: {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})")
+    ap.add_argument("--protocol", choices=["honest", "official"], default=None,
+                    help="fedrun protocol= (default honest: the server model personalized; official: the authors' "
+                         "choices, e.g. the mean of all devices' latest models as the scored model)")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -355,6 +360,7 @@ def main(argv=None) -> int:
         "classes": args.classes or saved.get("classes", 5),
         "methods": parse_methods(args.methods) if args.methods else saved.get("methods", DEFAULT_METHODS),
         "seeds": saved.get("seeds") or _paper.seeds_of(args), "quick": saved.get("quick", args.quick),
+        "protocol": args.protocol or saved.get("protocol", "honest"),
     }
     settings["rounds"] = saved.get("rounds") or args.rounds or (3 if args.quick else ROUNDS)
     paper_rows = PAPER.get((settings["split"], settings["dataset"], settings["classes"]), [])

@@ -9,6 +9,7 @@ sweeps they start: _paper.run_sweep's subprocess.run gets the very argv it build
 fedrun.cli.main here (helpers.fedrun). One script error runs as a real process."""
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -20,9 +21,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from helpers import REPO, fedrun, write_mnist_idx
 from fedrun.data.sources import MNIST_FILES
+from fedrun.protocol import apply_protocol
 
 SCRIPTS = os.path.join(REPO, "scripts")
 sys.path.insert(0, SCRIPTS)
@@ -301,9 +304,16 @@ def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_p
     pd.testing.assert_frame_equal(tables["batched"], tables["basic"], rtol=1e-6)
 
 
-def test_pfl_cifar_eval_every(tmp_path, monkeypatch):
+def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     out = tmp_path / "every"
     script("pfl_cifar.py", ["--quick", "--methods", "pfldyn_proto", "--eval-every", "2", "--target", "15",
-                            "--out", str(out)], tmp_path, monkeypatch)
+                            "--protocol", "official", "--out", str(out)], tmp_path, monkeypatch)
     (ov, m), = job_metrics(out / "runs" / "pfldyn_proto").items()
     assert dict(ov)["eval_every"] == "2" and m["round"].tolist() == [2, 3]  # every 2nd round and the last
+    (cfg,) = (out / "runs" / "pfldyn_proto").glob("*/.hydra/config.yaml")
+    cfg = OmegaConf.load(cfg)
+    assert cfg.protocol == "official"
+    apply_protocol(cfg)  # as the run did
+    assert cfg.algo.eval_model == "clients_mean"  # the authors' plotted model
+    assert json.loads((out / "settings.json").read_text())["protocol"] == "official"
+    assert "protocol=official" in (out / "table.md").read_text()
