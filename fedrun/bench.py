@@ -80,7 +80,7 @@ def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classe
         return ClientSplit.from_flat(x, y, torch.full((clients,), n, dtype=torch.long), chunk_len)
 
     return FederatedData("cifar_like", split(train), split(test), num_classes, augment="crop_flip",
-                         augment_fill=torch.tensor([-1.989, -1.981, -1.707]))
+                         augment_fill=torch.tensor([-1.989, -1.981, -1.707]))  # -mean/std of CIFAR-10's channels
 
 
 def _sync(device):

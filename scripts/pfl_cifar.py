@@ -151,7 +151,7 @@ def train(args, out: str, settings: dict) -> None:
               f"only the data changes to {dataset} {split.upper()} with {k} classes per device")
     common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
               f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
-              f"protocol={settings.get('protocol', 'honest')}"]
+              f"protocol={settings['protocol']}", f"data.pad_fill={settings['pad_fill']}"]
     common += ["data.download=false"] if args.quick or args.no_download else []
     if args.quick:
         common += QUICK + [f"data.num_clients={QUICK_CLIENTS[dataset]}"]
@@ -253,7 +253,7 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
              f"without getting there. Gain: {METHODS[baseline].label if baseline in res else 'the baseline'}'s "
              "transmissions / the best method's ('>': the baseline never got there). fedrun: "
              f"{settings['rounds']} rounds, seeds {' '.join(map(str, settings['seeds']))}, "
-             f"protocol={settings.get('protocol', 'honest')}"
+             f"protocol={settings['protocol']}, data.pad_fill={settings['pad_fill']}"
              + (" (--quick: tiny random data, numbers mean nothing)" if settings.get("quick") else "") + ".", ""]
     head = ["target %", "source"] + [METHODS[k].label for k in shown] + ["gain (best)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -344,6 +344,8 @@ def main(argv=None) -> int:
     ap.add_argument("--protocol", choices=["honest", "official"], default=None,
                     help="fedrun protocol= (default honest: the server model personalized; official: the authors' "
                          "choices, e.g. the mean of all devices' latest models as the scored model)")
+    ap.add_argument("--pad-fill", choices=["black", "mean"], default=None,
+                    help="data.pad_fill= (default black, the authors' crop padding; mean: fedrun before 2026-11-22)")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -361,6 +363,8 @@ def main(argv=None) -> int:
         "methods": parse_methods(args.methods) if args.methods else saved.get("methods", DEFAULT_METHODS),
         "seeds": saved.get("seeds") or _paper.seeds_of(args), "quick": saved.get("quick", args.quick),
         "protocol": args.protocol or saved.get("protocol", "honest"),
+        # an output folder from before the option was trained with the crop padded by the mean colour
+        "pad_fill": args.pad_fill or saved.get("pad_fill", "mean" if saved else "black"),
     }
     settings["rounds"] = saved.get("rounds") or args.rounds or (3 if args.quick else ROUNDS)
     paper_rows = PAPER.get((settings["split"], settings["dataset"], settings["classes"]), [])

@@ -25,7 +25,6 @@ from omegaconf import OmegaConf
 
 from helpers import REPO, fedrun, write_mnist_idx
 from fedrun.data.sources import MNIST_FILES
-from fedrun.protocol import apply_protocol
 
 SCRIPTS = os.path.join(REPO, "scripts")
 sys.path.insert(0, SCRIPTS)
@@ -310,10 +309,16 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
                             "--protocol", "official", "--out", str(out)], tmp_path, monkeypatch)
     (ov, m), = job_metrics(out / "runs" / "pfldyn_proto").items()
     assert dict(ov)["eval_every"] == "2" and m["round"].tolist() == [2, 3]  # every 2nd round and the last
+    (summary,) = (out / "runs" / "pfldyn_proto").glob("*/summary.json")
+    summary = json.loads(summary.read_text())
+    assert summary["protocol"] == "official"
+    assert summary["protocol_choices"]["algo.eval_model"] == "clients_mean"  # the authors' plotted model
     (cfg,) = (out / "runs" / "pfldyn_proto").glob("*/.hydra/config.yaml")
-    cfg = OmegaConf.load(cfg)
-    assert cfg.protocol == "official"
-    apply_protocol(cfg)  # as the run did
-    assert cfg.algo.eval_model == "clients_mean"  # the authors' plotted model
-    assert json.loads((out / "settings.json").read_text())["protocol"] == "official"
-    assert "protocol=official" in (out / "table.md").read_text()
+    assert OmegaConf.load(cfg).data.pad_fill == "black"  # the default
+    saved = json.loads((out / "settings.json").read_text())
+    assert (saved["protocol"], saved["pad_fill"]) == ("official", "black")
+    assert "protocol=official, data.pad_fill=black" in (out / "table.md").read_text()
+    # a folder written before the two options: honest, with the old padding
+    (out / "settings.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in ("protocol", "pad_fill")}))
+    script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
+    assert "protocol=honest, data.pad_fill=mean" in (out / "table.md").read_text()

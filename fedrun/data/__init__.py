@@ -23,7 +23,7 @@ from .synthetic import DRAW_VERSION, check_settings, generate_synthetic
 __all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "mnist_pfedme",
            "mnist_pfedme_authors", "cifar"]
 
-_CACHE_VERSION = 2  # 2: CIFAR's meta holds augment_fill
+_CACHE_VERSION = 1
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
@@ -32,7 +32,7 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
     """Returns the dataset `build()` makes, from `cache_dir` when it was built before.
 
     `build()` returns (train parts, test parts, num_classes[, meta]); meta maps FederatedData field
-    names (client_classes, client_labels) to arrays and is cached with the data.
+    names (client_classes, client_labels, augment_fill) to arrays and is cached with the data.
     """
     key = json.dumps({"name": name, "v": _CACHE_VERSION, **settings}, sort_keys=True)
     path = None
@@ -112,9 +112,6 @@ def mnist_perfedavg(
         n, a: number of users and images per digit (see `partitions.perfedavg_mnist`).
         test_a: `a` for the test split; None scales `a` by |test set| / |training set| (even).
         seed: seed of the partition (fixed data across run seeds).
-        pad_fill: black (a pixel of value 0 before normalization, i.e. -mean/std per channel: the
-            authors' code, torchvision's RandomCrop on the image before Normalize) | mean (0 after
-            normalization: the training set's mean colour; fedrun before 2026-11-22).
     """
     abs_root = os.path.abspath(root)
 
@@ -318,7 +315,8 @@ def cifar(
         return parts[0], parts[1], (k if split == "alid" else num_classes), meta
 
     settings = dict(root=abs_root, dataset=dataset, split=split, num_clients=num_clients,
-                    classes_per_client=k, classes=classes, seed=seed)
+                    classes_per_client=k, classes=classes, seed=seed,
+                    meta=2)  # 2: the cached meta holds augment_fill (a file from before it is not served)
     if cache_dir:  # the cache key includes the files' sizes: a different copy of CIFAR is new data
         folder, train_files, test_files, _ = CIFAR_FILES[num_classes]
         paths = {f: os.path.join(abs_root, folder, f) for f in train_files + test_files}

@@ -20,7 +20,8 @@ Printed and written (--out): per round, their plotted number (tst_perf_all: the 
 accuracy of the mean of ALL devices' latest models, averaged over devices) and the lowest / highest
 device, the same for the average of the round's devices ("sel"), and the wall time. fedrun's
 `protocol=official` scores the same model (algo.eval_model=clients_mean): compare with
-`python scripts/pfl_cifar.py --methods <method> --rounds N --seeds ...` on the same data.
+`python scripts/pfl_cifar.py --methods <method> --rounds N --seeds ... --protocol official` on
+the same data (pfl_cifar.py's name for pavg_maml is perfedavg_maml).
 Their stdout (a line per device and step) goes to --log (default: discarded).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ import record_pfl as R  # noqa: E402
 
 # their cifar10_ACID.py
 ACT_PROB, LR, LR_DECAY, BATCH, K, WEIGHT_DECAY = 0.1, 0.1, 0.997, 50, 50, 1e-3
+PRESET = {"pavg_maml": "perfedavg_maml"}  # record_pfl's method name -> fedrun's preset, where they differ
 EVAL = {"maml": "get_all_results_maml", "proto": "get_all_results_proto", "plain": "get_all_results_plain"}
 # FedDyn / SCAFFOLD: their plain evaluation only (the global model, fedrun's number for them); their
 # script also scores MAML- and Proto-adapted copies, which fedrun does not serve
@@ -56,7 +58,7 @@ def fedrun_setup(method: str, seed: int, data_root: str):
     from fedrun.validation import instantiate_checked
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment=cifar10_acid5_{method}", f"seed={seed}",
+        cfg = compose("config", overrides=[f"experiment=cifar10_acid5_{PRESET.get(method, method)}", f"seed={seed}",
                                            f"data.root={data_root}", "data.download=false", "device=cpu"])
     data = instantiate_checked(cfg.data)
     torch.manual_seed(seed)  # as fedrun.runner.Job.model
