@@ -184,9 +184,6 @@ class VmapEngine(Engine):
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
         self._loop = LoopEngine(model, max_chunks, criterion) if convolutional else None
 
-    def _per_client(self, split: ClientSplit) -> bool:
-        return self._conv_on_cpu(split.x)
-
     def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss
         # depends only on its own slice of the stacked parameters, so the gradient of the sum with
@@ -282,7 +279,7 @@ class VmapEngine(Engine):
         return tree_unflatten(acc, spec)
 
     def full_grad(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Params, Tensor]:
-        if self._per_client(split):
+        if self._conv_on_cpu(split.x):
             return self._loop.full_grad(params, split, shared)
         with torch.no_grad() if self._ce_grad else torch.enable_grad():
             grads, loss = self._sum_per_client(self._chunk_grad, params, split, shared)
@@ -291,7 +288,7 @@ class VmapEngine(Engine):
 
     def evaluate(self, params: Params, split: ClientSplit, shared: bool, centers: Tensor | None = None,
                  present: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        if self._per_client(split):
+        if self._conv_on_cpu(split.x):
             return self._loop.evaluate(params, split, shared, centers, present)
         if centers is not None:
             return tuple(self._sum_per_client(self._chunk_proto, params, split, shared, centers, present))
@@ -301,7 +298,7 @@ class VmapEngine(Engine):
         return loss, correct
 
     def loss_sums(self, params: Params, split: ClientSplit, shared: bool) -> Tensor:
-        if shared and not self._per_client(split):
+        if shared and not self._conv_on_cpu(split.x):
             return self._evaluate_shared(params, split, accuracy=False)[0]
         return super().loss_sums(params, split, shared)
 
@@ -340,7 +337,7 @@ class VmapEngine(Engine):
     def class_sums(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """Per-client sums [C, K, d] of the features of each class's rows, counts [C, K], and summed
         losses [C] (None when the model cannot give features and logits from one pass)."""
-        if self._per_client(split):
+        if self._conv_on_cpu(split.x):
             return self._loop.class_sums(params, split, shared)
         out = self._sum_per_client(self._chunk_class, params, split, shared)
         return (*out, None) if len(out) == 2 else tuple(out)
