@@ -18,7 +18,7 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
-ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean"}
+ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None}
 
 
 def fingerprint(cfg: DictConfig) -> dict:
@@ -33,9 +33,10 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         if isinstance(va, dict) and isinstance(vb, dict):
             out += _diff(va, vb, f"{prefix}{k}.")
         elif k not in a and f"{prefix}{k}" in ADDED_OPTIONS:  # a checkpoint from before the option existed
-            if vb != ADDED_OPTIONS[f"{prefix}{k}"]:
+            was = ADDED_OPTIONS[f"{prefix}{k}"]
+            if vb != was:
                 out.append(f"{prefix}{k}: {vb!r}, but the checkpoint is from before that option and computed "
-                           f"{prefix}{k}={ADDED_OPTIONS[prefix + k]}")
+                           f"{prefix}{k}={'null' if was is None else was}")
         elif va != vb:
             out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
     return out

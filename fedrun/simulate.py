@@ -29,6 +29,14 @@ def round_generator(seed: int, rnd: int, stream: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
+SAMPLING = {
+    "replacement": "rows drawn uniformly with replacement, independently for every batch",
+    "epochs": "each client walks shuffled passes over its rows through the round's steps (a shuffling "
+              "DataLoader; a batch may straddle two passes)",
+    "steps": "each local step takes its batches' rows, all distinct, from a fresh shuffle of the client's rows",
+}
+
+
 @dataclass
 class Schedule:
     rounds: int
@@ -38,6 +46,7 @@ class Schedule:
     eval_every: int = 1
     personalize_batch: int | None = None  # None: personalize on all training rows
     aggregate: str = "uniform"  # uniform | samples (weights = clients' numbers of training rows)
+    sampling: str = "replacement"  # training minibatch rows: replacement | epochs | steps (SAMPLING)
 
 
 def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> EvalContext:
@@ -48,23 +57,32 @@ def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> E
 
 def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: int, train_all: bool = False):
     """The round's sampled clients [s], the clients that train [m] (the sampled ones, or all with
-    `train_all`), and row indices [m, tau, k, B] of every minibatch of the round."""
+    `train_all`), and row indices [m, tau, k, B] of every minibatch of the round, drawn as
+    `sched.sampling` says."""
     g = round_generator(seed, rnd)
     clients = torch.randperm(data.num_clients, generator=g)[: sched.clients_per_round].sort().values
     shape = (sched.tau, k, sched.batch_size)
-    u = torch.rand(len(clients), *shape, generator=g)
+    split = data.train
+
+    def draw(cs: torch.Tensor) -> torch.Tensor:
+        if sched.sampling == "epochs":  # the round walks shuffled passes over the client's rows
+            return split.shuffled_indices(cs, 1, math.prod(shape), g).view(len(cs), *shape)
+        if sched.sampling == "steps":  # each step's k batches: distinct rows of a fresh shuffle
+            return split.shuffled_indices(cs, sched.tau, k * sched.batch_size, g).view(len(cs), *shape)
+        return split.sample_indices(cs.to(split.x.device), torch.rand(len(cs), *shape, generator=g).to(split.x.device))
+
+    idx = draw(clients)
     trained = clients
     if train_all:  # the others' draws come after, so the sampled clients train on the same batches
         trained = torch.arange(data.num_clients)
-        u_all = torch.empty(len(trained), *shape)
         rest = torch.ones(len(trained), dtype=torch.bool)
         rest[clients] = False
-        u_all[clients] = u
-        u_all[rest] = torch.rand(int(rest.sum()), *shape, generator=g)
-        u = u_all
-    dev = data.train.x.device
-    trained = trained.to(dev)
-    return clients.to(dev), trained, data.train.sample_indices(trained, u.to(dev))
+        idx_all = torch.empty(len(trained), *shape, dtype=idx.dtype, device=idx.device)
+        idx_all[clients.to(idx.device)] = idx
+        idx_all[rest.to(idx.device)] = draw(trained[rest])
+        idx = idx_all
+    dev = split.x.device
+    return clients.to(dev), trained.to(dev), idx
 
 
 def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,

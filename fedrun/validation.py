@@ -12,7 +12,7 @@ from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search
 from .data import DataMissingError
 from .device import resolve_device
 from .functional import ENGINES
-from .simulate import Schedule
+from .simulate import SAMPLING, Schedule
 
 
 def _int_option(cfg: DictConfig, key: str, low: int) -> int:
@@ -44,6 +44,7 @@ def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
         eval_every=_int_option(cfg, "eval_every", 1),
         personalize_batch=None if cfg.personalize_batch is None else _int_option(cfg, "personalize_batch", 1),
         aggregate=cfg.aggregate or "uniform",
+        sampling=cfg.get("sampling") or "replacement",
     )
 
 
@@ -73,6 +74,8 @@ def validate(cfg: DictConfig) -> list[str]:
     check(_frac, cfg)
     if cfg.aggregate is not None:
         check(check_choice, "aggregate", cfg.aggregate, ["uniform", "samples"])
+    if cfg.get("sampling") is not None:
+        check(check_choice, "sampling", cfg.sampling, list(SAMPLING))
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
     check(resolve_device, str(cfg.device))

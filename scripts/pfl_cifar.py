@@ -131,6 +131,11 @@ def _experiment_prefix() -> str:
     return "experiment=" if "experiment" in names else "+experiment="
 
 
+# How the authors' PFL code draws a local step's rows: its plain methods walk shuffled epochs of a
+# device's images (a DataLoader), its MAML/Proto steps take their batches from a fresh shuffle each.
+AUTHORS_SAMPLING = {k: "epochs" if k in ("feddyn", "scaffold", "fedavg", "fedavg_update") else "steps" for k in METHODS}
+
+
 def method_overrides(key: str) -> list[str]:
     prefix = _experiment_prefix()
     return [prefix + o.split("=", 1)[1] if o.startswith("experiment=") else o for o in METHODS[key].overrides]
@@ -157,7 +162,8 @@ def train(args, out: str, settings: dict) -> None:
         common += QUICK + [f"data.num_clients={QUICK_CLIENTS[dataset]}"]
     total = 0.0
     for key in settings["methods"]:
-        ov = method_overrides(key) + common
+        sampling = AUTHORS_SAMPLING[key] if settings["sampling"] == "authors" else settings["sampling"]
+        ov = method_overrides(key) + common + ([f"sampling={sampling}"] if sampling != "replacement" else [])
         hidden = sorted({o.lstrip("+").split("=", 1)[0] for o in ov} | {"progress", "plot"})
         total += _paper.run_sweep(args, os.path.join(out, "runs", key), ov, hidden)
     print(f"training took {total:.0f}s")
@@ -253,7 +259,7 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
              f"without getting there. Gain: {METHODS[baseline].label if baseline in res else 'the baseline'}'s "
              "transmissions / the best method's ('>': the baseline never got there). fedrun: "
              f"{settings['rounds']} rounds, seeds {' '.join(map(str, settings['seeds']))}, "
-             f"protocol={settings['protocol']}, data.pad_fill={settings['pad_fill']}"
+             f"protocol={settings['protocol']}, data.pad_fill={settings['pad_fill']}, --sampling {settings['sampling']}"
              + (" (--quick: tiny random data, numbers mean nothing)" if settings.get("quick") else "") + ".", ""]
     head = ["target %", "source"] + [METHODS[k].label for k in shown] + ["gain (best)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -346,6 +352,9 @@ def main(argv=None) -> int:
                          "choices, e.g. the mean of all devices' latest models as the scored model)")
     ap.add_argument("--pad-fill", choices=["black", "mean"], default=None,
                     help="data.pad_fill= (default black, the authors' crop padding; mean: fedrun before 2026-11-22)")
+    ap.add_argument("--sampling", choices=["replacement", "epochs", "steps", "authors"], default=None,
+                    help="fedrun sampling= of the training minibatches (default replacement); authors: each method's "
+                         "as in the authors' code (epochs for FedDyn, SCAFFOLD and FedAvg, steps for the others)")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -365,6 +374,7 @@ def main(argv=None) -> int:
         "protocol": args.protocol or saved.get("protocol", "honest"),
         # an output folder from before the option was trained with the crop padded by the mean colour
         "pad_fill": args.pad_fill or saved.get("pad_fill", "mean" if saved else "black"),
+        "sampling": args.sampling or saved.get("sampling", "replacement"),
     }
     settings["rounds"] = saved.get("rounds") or args.rounds or (3 if args.quick else ROUNDS)
     paper_rows = PAPER.get((settings["split"], settings["dataset"], settings["classes"]), [])

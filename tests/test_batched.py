@@ -46,6 +46,8 @@ def _cases() -> list[list[str]]:
             cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a not in (algo.adaptation, "none")]
         if any(algo[k] is None for k in ("mu", "personalized", "train_all", "test_time") if k in algo):
             cases.append([f"algo={name}", "protocol=official"])
+    # rows drawn without replacement (pfedme official: every client trains, the sampled ones first)
+    cases += [["algo=feddyn", "sampling=epochs"], ["algo=pfedme", "protocol=official", "sampling=steps"]]
     return cases
 
 

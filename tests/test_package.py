@@ -183,6 +183,7 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     (["algo=pfedme", "algo.train_all=yes"], "fedrun: error: algo.train_all='yes' must be true or false or null"),
     (["algo=pavg", "algo.test_steps=2.5"], "fedrun: error: algo.test_steps=2.5 must be an integer >= 1"),
     (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
+    (["sampling=shuffle"], "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
                         "outer_step_from, test_time, variant"),
 ])

@@ -277,13 +277,24 @@ def test_valid_frac_does_not_repeat_other_problems(tmp_path):
     assert code == 2 and err.strip().splitlines() == ["fedrun: error: rounds=0 must be an integer >= 1"]
 
 
+ABSENT = object()
+
+
 def test_a_checkpoint_from_before_an_option_existed_still_matches():
     from fedrun.resume import ADDED_OPTIONS, _diff
 
+    def nest(path, leaf, base):  # {"a": {"b": leaf}} for path "a.b", beside base's keys at the deepest level
+        *parents, name = path.split(".")
+        d = {**base, name: leaf} if leaf is not ABSENT else dict(base)
+        for p in reversed(parents):
+            d = {p: d}
+        return {**d, "seed": 0}
+
     for key, value in ADDED_OPTIONS.items():
-        group, name = key.split(".")
-        old = {group: {"x": 0.02}, "seed": 0}
-        assert _diff(old, {group: {"x": 0.02, name: value}, "seed": 0}) == []
-        assert _diff(old, {group: {"x": 0.02, name: "other"}, "seed": 0}) == [
-            f"{key}: 'other', but the checkpoint is from before that option and computed {key}={value}"]
-        assert _diff({group: {"x": 0.02, name: value}}, {group: {"x": 0.02}}) != []  # only that way round
+        base = {"x": 0.02}
+        old = nest(key, ABSENT, base)
+        assert _diff(old, nest(key, value, base)) == []
+        shown = "null" if value is None else value
+        assert _diff(old, nest(key, "other", base)) == [
+            f"{key}: 'other', but the checkpoint is from before that option and computed {key}={shown}"]
+        assert _diff(nest(key, "other", base), nest(key, ABSENT, base)) != []  # only that way round

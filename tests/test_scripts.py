@@ -306,7 +306,7 @@ def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_p
 def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     out = tmp_path / "every"
     script("pfl_cifar.py", ["--quick", "--methods", "pfldyn_proto", "--eval-every", "2", "--target", "15",
-                            "--protocol", "official", "--out", str(out)], tmp_path, monkeypatch)
+                            "--protocol", "official", "--sampling", "authors", "--out", str(out)], tmp_path, monkeypatch)
     (ov, m), = job_metrics(out / "runs" / "pfldyn_proto").items()
     assert dict(ov)["eval_every"] == "2" and m["round"].tolist() == [2, 3]  # every 2nd round and the last
     (summary,) = (out / "runs" / "pfldyn_proto").glob("*/summary.json")
@@ -314,11 +314,14 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     assert summary["protocol"] == "official"
     assert summary["protocol_choices"]["algo.eval_model"] == "clients_mean"  # the authors' plotted model
     (cfg,) = (out / "runs" / "pfldyn_proto").glob("*/.hydra/config.yaml")
-    assert OmegaConf.load(cfg).data.pad_fill == "black"  # the default
+    job_cfg = OmegaConf.load(cfg)
+    assert job_cfg.data.pad_fill == "black"  # the default
+    assert job_cfg.sampling == "steps"  # --sampling authors: Proto's batches come from a fresh shuffle per step
     saved = json.loads((out / "settings.json").read_text())
-    assert (saved["protocol"], saved["pad_fill"]) == ("official", "black")
-    assert "protocol=official, data.pad_fill=black" in (out / "table.md").read_text()
-    # a folder written before the two options: honest, with the old padding
-    (out / "settings.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in ("protocol", "pad_fill")}))
+    assert (saved["protocol"], saved["pad_fill"], saved["sampling"]) == ("official", "black", "authors")
+    assert "protocol=official, data.pad_fill=black, --sampling authors" in (out / "table.md").read_text()
+    # a folder written before the three options: honest, with the old padding, rows drawn with replacement
+    old = {k: v for k, v in saved.items() if k not in ("protocol", "pad_fill", "sampling")}
+    (out / "settings.json").write_text(json.dumps(old))
     script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
-    assert "protocol=honest, data.pad_fill=mean" in (out / "table.md").read_text()
+    assert "protocol=honest, data.pad_fill=mean, --sampling replacement" in (out / "table.md").read_text()

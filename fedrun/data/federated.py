@@ -2,7 +2,8 @@
 
 Clients' examples are stored back to back (client c owns rows offsets[c] : offsets[c] + sizes[c]).
 Two access paths, both vectorized over clients:
-  * minibatches: `sample_indices` maps uniform draws [m, ..., B] to row indices in one op;
+  * minibatches: `sample_indices` maps uniform draws [m, ..., B] to row indices in one op (with
+    replacement), `shuffled_indices` walks shuffled passes over each client's rows (without);
   * full passes (evaluation, full-batch gradients): a "chunk" layout cuts each client's rows into
     chunks of `chunk_len` rows (the last one padded and masked), so a computation over all clients
     is one vmap over chunks whose memory is proportional to the real data, not to the largest client.
@@ -76,6 +77,33 @@ class ClientSplit:
         shape = (-1,) + (1,) * (u.dim() - 1)
         n = self.sizes[clients].view(shape)
         return self.offsets[clients].view(shape) + torch.minimum((u * n).long(), n - 1)
+
+    def shuffled_indices(self, clients: Tensor, blocks: int, length: int, gen: torch.Generator) -> Tensor:
+        """Row indices [m, blocks, length] of minibatch rows drawn WITHOUT replacement: each block
+        walks fresh random permutations of its client's rows, one after another (a new one when the
+        last is used up), the way a shuffling DataLoader walks epochs. A block of at most n_c rows
+        repeats no row; a longer one covers every row before any row comes again.
+
+        All permutations come from one sort: a key per (segment, row), where a segment is one
+        permutation of one client's rows, sorted by key and then stably by segment. The keys are one
+        draw from `gen`, in client order.
+        """
+        clients = clients.cpu()
+        n = self.sizes.cpu()[clients]                                   # [m]
+        passes = -(-length // n)                                        # permutations per block [m]
+        seg_n = n.repeat_interleave(passes * blocks)                    # [S] client, block, pass order
+        seg_start = torch.cumsum(seg_n, 0) - seg_n
+        seg_id = torch.repeat_interleave(torch.arange(len(seg_n)), seg_n)
+        local = torch.arange(len(seg_id)) - seg_start[seg_id]           # row of its client, per key
+        order = torch.rand(len(seg_id), generator=gen).argsort()
+        order = order[seg_id[order].argsort(stable=True)]               # keys sorted within each segment
+        perm = local[order]
+        first = torch.cumsum(passes * blocks, 0) - passes * blocks      # each client's first segment
+        p = torch.arange(length)
+        seg = (first.view(-1, 1, 1) + torch.arange(blocks).view(1, -1, 1) * passes.view(-1, 1, 1)
+               + p.view(1, 1, -1) // n.view(-1, 1, 1))
+        rows = perm[seg_start[seg] + p.view(1, 1, -1) % n.view(-1, 1, 1)]
+        return (self.offsets.cpu()[clients].view(-1, 1, 1) + rows).to(self.x.device)
 
     def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """x and y of the rows `idx` (any shape): x [*idx.shape, *feature_shape], y [*idx.shape].

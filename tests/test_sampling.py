@@ -1,0 +1,111 @@
+"""`sampling`: how a round's training minibatches draw their rows.
+
+replacement (the default): uniform draws, with replacement; epochs: each client walks shuffled
+passes over its rows through the round (the PFL code's FedDyn/SCAFFOLD, a shuffling DataLoader);
+steps: every local step's batches hold distinct rows of a fresh shuffle (its MAML/Proto steps).
+A bad value's one-line error: tests/test_package.py.
+"""
+import pytest
+import torch
+
+from fedrun.data.federated import ClientSplit, FederatedData
+from fedrun.simulate import Schedule, sample_round
+
+SIZES = [3, 5, 7, 12]
+
+
+def split(sizes=SIZES) -> ClientSplit:
+    n = sum(sizes)
+    return ClientSplit.from_flat(torch.arange(n, dtype=torch.float32).view(n, 1), torch.zeros(n, dtype=torch.long),
+                                 torch.tensor(sizes), chunk_len=4)
+
+
+def data(sizes=SIZES) -> FederatedData:
+    s = split(sizes)
+    return FederatedData(name="toy", train=s, test=s, num_classes=2)
+
+
+def local_rows(s: ClientSplit, clients, idx):
+    """Row indices relative to each client's first row, checking every row is the client's own."""
+    off = s.offsets[clients].view(-1, *([1] * (idx.dim() - 1)))
+    n = s.sizes[clients].view(-1, *([1] * (idx.dim() - 1)))
+    rel = idx - off
+    assert bool((rel >= 0).all()) and bool((rel < n).all())
+    return rel
+
+
+@pytest.mark.parametrize("blocks,length", [(1, 30), (3, 5), (2, 12)])
+def test_every_pass_is_a_permutation_of_the_clients_rows(blocks, length):
+    s = split()
+    clients = torch.tensor([0, 1, 2, 3])
+    idx = s.shuffled_indices(clients, blocks, length, torch.Generator().manual_seed(1))
+    assert idx.shape == (4, blocks, length)
+    rel = local_rows(s, clients, idx)
+    for i, n in enumerate(SIZES):
+        for b in range(blocks):
+            seq = rel[i, b].tolist()
+            for start in range(0, length, n):  # pass by pass; the last may be cut short
+                part = seq[start : start + n]
+                assert len(set(part)) == len(part)  # no row twice within a pass
+                if len(part) == n:
+                    assert sorted(part) == list(range(n))
+
+
+def test_passes_and_blocks_are_fresh_shuffles():
+    s = split([12])
+    passes = s.shuffled_indices(torch.tensor([0]), 1000, 24, torch.Generator().manual_seed(0))[0].view(2000, 12)
+    assert len({tuple(p) for p in passes[:100].tolist()}) == 100  # fresh orders (12! of them), not one reused
+    for pos in (0, 11):  # every row equally likely at a position: 2000/12 = 167 each, sd 12.4; bounds at 5 sd
+        counts = torch.bincount(passes[:, pos], minlength=12)
+        assert int(counts.min()) >= 105 and int(counts.max()) <= 229, counts
+
+
+def test_a_subset_of_clients_draws_within_its_own_rows():
+    s = split()
+    clients = torch.tensor([3, 1])
+    idx = s.shuffled_indices(clients, 2, 9, torch.Generator().manual_seed(2))
+    local_rows(s, clients, idx)
+
+
+@pytest.mark.parametrize("sampling", ["epochs", "steps"])
+def test_sample_round_shapes_and_structure(sampling):
+    d = data()
+    sched = Schedule(rounds=1, tau=4, clients_per_round=3, batch_size=2, sampling=sampling)
+    clients, trained, idx = sample_round(d, sched, 2, seed=0, rnd=1)
+    assert torch.equal(clients, trained) and idx.shape == (3, 4, 2, 2)
+    rel = local_rows(d.train, trained, idx)
+    for i, c in enumerate(trained.tolist()):
+        n = SIZES[c]
+        if sampling == "steps":  # each step's 2 x 2 rows: distinct where the client has 4 rows or more
+            for st in range(4):
+                rows = rel[i, st].flatten().tolist()
+                assert len(set(rows)) == min(n, 4) or n < 4
+        else:  # the round's 16 rows walk passes of n
+            seq = rel[i].flatten().tolist()
+            for start in range(0, 16 - n + 1, n):
+                assert sorted(seq[start : start + n]) == list(range(n))
+
+
+@pytest.mark.parametrize("sampling", ["replacement", "epochs", "steps"])
+def test_train_all_keeps_the_sampled_clients_batches(sampling):
+    d = data()
+    sched = Schedule(rounds=1, tau=3, clients_per_round=2, batch_size=2, sampling=sampling)
+    clients, trained, idx = sample_round(d, sched, 1, seed=4, rnd=2)
+    c_all, t_all, idx_all = sample_round(d, sched, 1, seed=4, rnd=2, train_all=True)
+    assert torch.equal(clients, c_all) and torch.equal(t_all, torch.arange(4))
+    assert torch.equal(idx_all[clients], idx)
+    local_rows(d.train, t_all, idx_all)
+
+
+def test_the_options_draw_differently_and_replacement_repeats_rows():
+    d = data([40])
+    draws = {}
+    for sampling in ("replacement", "epochs", "steps"):
+        sched = Schedule(rounds=1, tau=4, clients_per_round=1, batch_size=5, sampling=sampling)
+        draws[sampling] = sample_round(d, sched, 2, seed=0, rnd=1)[2][0]
+    assert len({tuple(v.flatten().tolist()) for v in draws.values()}) == 3
+    assert len(set(draws["epochs"].flatten().tolist())) == 40  # 40 rows, one pass, each row once
+    assert len(set(draws["replacement"].flatten().tolist())) < 40  # 40 draws with replacement: ~25 distinct
+    for st in range(4):
+        assert len(set(draws["steps"][st].flatten().tolist())) == 10
+
