@@ -48,6 +48,10 @@ class Schedule:
     aggregate: str = "uniform"  # uniform | samples (weights = clients' numbers of training rows)
     sampling: str = "replacement"  # training minibatch rows: replacement | epochs | steps (SAMPLING)
 
+    def __post_init__(self):
+        if self.sampling not in SAMPLING:
+            raise ValueError(f"sampling={self.sampling!r} is not allowed; choose one of: {', '.join(SAMPLING)}")
+
 
 def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> EvalContext:
     """Test-time adaptation of round `rnd` draws its minibatches from its own random stream, so it

@@ -131,9 +131,11 @@ def _experiment_prefix() -> str:
     return "experiment=" if "experiment" in names else "+experiment="
 
 
-# How the authors' PFL code draws a local step's rows: its plain methods walk shuffled epochs of a
-# device's images (a DataLoader), its MAML/Proto steps take their batches from a fresh shuffle each.
-AUTHORS_SAMPLING = {k: "epochs" if k in ("feddyn", "scaffold", "fedavg", "fedavg_update") else "steps" for k in METHODS}
+# How the authors' PFL code draws a local step's rows: its plain methods (FedAvg, FedDyn, SCAFFOLD)
+# walk shuffled epochs of a device's images (a DataLoader), its MAML/Proto steps take their batches
+# from a fresh shuffle each. perfedavg_fo has no counterpart there: fedrun's default.
+AUTHORS_SAMPLING = {k: "epochs" if k in ("feddyn", "scaffold", "fedavg", "fedavg_update")
+                    else "replacement" if k == "perfedavg_fo" else "steps" for k in METHODS}
 
 
 def method_overrides(key: str) -> list[str]:
@@ -354,7 +356,8 @@ def main(argv=None) -> int:
                     help="data.pad_fill= (default black, the authors' crop padding; mean: fedrun before 2026-11-22)")
     ap.add_argument("--sampling", choices=["replacement", "epochs", "steps", "authors"], default=None,
                     help="fedrun sampling= of the training minibatches (default replacement); authors: each method's "
-                         "as in the authors' code (epochs for FedDyn, SCAFFOLD and FedAvg, steps for the others)")
+                         "as in the authors' code (epochs for FedDyn, SCAFFOLD and FedAvg, steps for the MAML and Proto "
+                         "methods; perfedavg_fo, which their code lacks: replacement)")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
     args = ap.parse_args(argv)
     t0 = time.time()

@@ -109,3 +109,52 @@ def test_the_options_draw_differently_and_replacement_repeats_rows():
     for st in range(4):
         assert len(set(draws["steps"][st].flatten().tolist())) == 10
 
+
+
+def test_replacement_draws_what_fedrun_drew_before_the_option():
+    """Indices recorded from fedrun before `sampling` existed (commit 629178b): the default must keep
+    every earlier run reproducible, with and without train_all."""
+    d = data()
+    sched = Schedule(rounds=1, tau=2, clients_per_round=2, batch_size=3)
+    clients, trained, idx = sample_round(d, sched, 1, seed=3, rnd=2)
+    assert clients.tolist() == trained.tolist() == [0, 3]
+    assert idx.tolist() == [[[[1, 2, 2]], [[1, 2, 2]]], [[[15, 23, 17]], [[16, 19, 24]]]]
+    _, trained, idx = sample_round(d, sched, 1, seed=3, rnd=2, train_all=True)
+    assert trained.tolist() == [0, 1, 2, 3]
+    assert idx.tolist() == [[[[1, 2, 2]], [[1, 2, 2]]], [[[4, 4, 4]], [[7, 6, 5]]], [[[10, 11, 8]], [[10, 13, 9]]],
+                            [[[15, 23, 17]], [[16, 19, 24]]]]
+
+
+def test_train_all_clients_draw_without_replacement_too():
+    d = data()
+    sched = Schedule(rounds=1, tau=6, clients_per_round=1, batch_size=2, sampling="epochs")
+    _, trained, idx = sample_round(d, sched, 1, seed=0, rnd=1, train_all=True)
+    rel = local_rows(d.train, trained, idx)
+    for i, n in enumerate(SIZES):  # 12 rows each round: every full pass of the client's rows a permutation
+        seq = rel[i].flatten().tolist()
+        for start in range(0, 12 - n + 1, n):
+            assert sorted(seq[start : start + n]) == list(range(n))
+
+
+def test_an_unknown_sampling_is_refused():
+    with pytest.raises(ValueError, match="sampling='epoch' is not allowed; choose one of: replacement, epochs, steps"):
+        Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=1, sampling="epoch")
+
+
+def test_the_option_reaches_the_run(tmp_path):
+    """`sampling=` on the command line changes the run's batches (and so its numbers); null is replacement."""
+    from fedrun.validation import schedule
+    from helpers import fedrun
+    from test_package import composed
+
+    assert schedule(composed("sampling=epochs"), 10).sampling == "epochs"
+    assert schedule(composed(), 10).sampling == "replacement"
+    tiny = ["data.num_clients=5", "data.dim=6", "data.num_classes=4", "model=mlr", "rounds=2", "tau=3",
+            "clients_per_round=2", "batch_size=4", "progress=false", "plot=false"]
+    metrics = {}
+    for sampling in ("null", "replacement", "epochs", "steps"):
+        r = fedrun([*tiny, f"sampling={sampling}", f"hydra.run.dir={tmp_path / sampling}"], tmp_path)
+        assert r.returncode == 0, r.stderr
+        metrics[sampling] = (tmp_path / sampling / "metrics.csv").read_text()
+    assert metrics["null"] == metrics["replacement"]
+    assert len({metrics["replacement"], metrics["epochs"], metrics["steps"]}) == 3

@@ -95,7 +95,7 @@ class ClientSplit:
         seg_start = torch.cumsum(seg_n, 0) - seg_n
         seg_id = torch.repeat_interleave(torch.arange(len(seg_n)), seg_n)
         local = torch.arange(len(seg_id)) - seg_start[seg_id]           # row of its client, per key
-        order = torch.rand(len(seg_id), generator=gen).argsort()
+        order = torch.rand(len(seg_id), generator=gen).argsort(stable=True)
         order = order[seg_id[order].argsort(stable=True)]               # keys sorted within each segment
         perm = local[order]
         first = torch.cumsum(passes * blocks, 0) - passes * blocks      # each client's first segment

@@ -90,6 +90,35 @@ def their_layout(data, cfg):
     return out, mean / 255, std / 255
 
 
+def fedrun_clients(cfg, data, seed: int, rounds: int) -> list[list[int]]:
+    """The devices a fedrun run with `seed` samples in rounds 1..rounds."""
+    from fedrun.simulate import sample_round
+    from fedrun.validation import schedule
+
+    sched = schedule(cfg, data.num_clients)
+    return [sample_round(data, sched, 1, seed, r)[0].tolist() for r in range(1, rounds + 1)]
+
+
+def selecting(shuffle, picks: list[list[int]], n_clients: int):
+    """np.random.shuffle as their selection calls it (on arange(n_clients), once per round, then the
+    first act_prob * n of the list train), but putting round r's `picks` first. Their own shuffle
+    still runs first, so numpy's stream is what it would have been; any other array is left to it."""
+    done = []
+
+    def shuffle_(x):
+        shuffle(x)
+        if (isinstance(x, np.ndarray) and x.ndim == 1 and len(x) == n_clients
+                and np.array_equal(np.sort(x), np.arange(n_clients))):
+            if len(done) == len(picks):
+                raise RuntimeError(f"their code selected devices more than the {len(picks)} rounds asked for")
+            pick = picks[len(done)]
+            done.append(pick)
+            chosen = set(pick)
+            x[:] = np.array(pick + [c for c in x.tolist() if c not in chosen])
+
+    return shuffle_
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--authors", required=True, help="work tree of alpemreacar/PFL (utils_methods.py ...)")
@@ -97,6 +126,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-root", required=True, help="folder holding cifar-10-batches-py")
+    ap.add_argument("--clients", choices=["authors", "fedrun"], default="authors",
+                    help="whose device selection: authors (theirs, np.random.seed(round + seed)) or fedrun (the devices "
+                         "fedrun samples for --seed each round, so both codes train the same devices)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--log", default=os.devnull, help="file for their stdout")
@@ -108,6 +140,7 @@ def main() -> None:
     log_path = os.path.abspath(a.log)
 
     cfg, data, params = fedrun_setup(a.method, a.seed, data_root)
+    picks = fedrun_clients(cfg, data, a.seed, a.rounds) if a.clients == "fedrun" else None
     parts, mean, std = their_layout(data, cfg)
     del data
 
@@ -139,6 +172,8 @@ def main() -> None:
         return real(*args, **kw)
 
     setattr(utils_methods, EVAL[kind], timed)
+    if picks is not None:
+        np.random.shuffle = selecting(np.random.shuffle, picks, len(trx))
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)
     t0 = time.perf_counter()
@@ -163,6 +198,7 @@ def main() -> None:
     if out_path:
         with open(out_path, "w") as f:
             json.dump({"method": a.method, "authors_function": fn_name, "arguments": extra, "seed": a.seed,
+                       "clients": a.clients, "selected": picks,
                        "rounds": rows, "wall_s": wall, "eval_at_s": times, "torch": torch.__version__,
                        "threads": a.threads}, f, indent=1)
 
