@@ -8,8 +8,10 @@ What runs: THEIR train_* function for --method (record_pfl.METHODS, with the pap
 adaptation steps), unchanged and in float32, with the arguments of their cifar10_ACID.py (100
 devices, act_prob 0.1, lr 0.1 decayed x0.997 per round, batch 50, K=50, weight decay 1e-3) and
 fast_exec=True (their test-set evaluation only). Their selection is their own (np.random.seed(round
-+ rand_seed), rand_seed = --seed); their minibatches, shuffles and crop+flip augmentation draw
-from torch's global stream, seeded with --seed. What they get from fedrun:
++ rand_seed), rand_seed = --seed; note that seed S's round r selects what seed S+1's round r-1
+does), or with --clients fedrun the devices fedrun samples for --seed (their shuffle of the device
+list still runs, then fedrun's devices are moved to its front); their minibatches, shuffles and
+crop+flip augmentation draw from torch's global stream, seeded with --seed. What they get from fedrun:
   * the data: the devices' training and test images of fedrun's `data=cifar10_acid` (the preset's
     data settings, ACID 5 classes, data.seed 0), turned back into their [0, 1] layout (fedrun's
     normalized images times std plus mean, rounded to the uint8 pixel; checked exact), and their
