@@ -382,3 +382,22 @@ def test_an_option_left_null_groups_with_jobs_from_before_it_existed(tmp_path):
     r = report([str(root), "--no-figure"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "3 jobs, 3 finished, 2 configurations" in r.stdout
+
+
+def test_a_job_from_before_an_option_groups_with_the_value_it_computed(tmp_path):
+    """CIFAR jobs from before data.pad_fill padded with the mean colour: they group with pad_fill=mean
+    jobs, not with the new default (black)."""
+    root = tmp_path / "pad"
+    for num, fill in enumerate([None, "mean", "black"]):
+        folder = root / f"{num}_x"
+        _write_job(folder, num, "pfldyn", num, 10, [0.4, 0.5, 0.6, 0.7], [0.3] * 4)
+        cfg = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        cfg["data"] = {"_target_": "fedrun.data.cifar", "classes_per_client": 5, **({"pad_fill": fill} if fill else {})}
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
+            {"hydra": {"runtime": {"choices": {"algo": "pfldyn", "data": "cifar10_acid"}}, "job": {"num": num}}}))
+    r = report([str(root), "--no-figure"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "3 jobs, 3 finished, 2 configurations" in r.stdout
+    table = (root / "summary.csv").read_text()
+    assert "mean" in table and "black" in table

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import neutral_options
+from ..config import group_file, neutral_options
+from ..resume import ADDED_OPTIONS
 
 PREFIXES = ("global", "pers")
 MODEL_NAMES = {"global": "global model", "pers": "personalized"}
@@ -81,6 +82,7 @@ def load_job(path: str) -> Job:
         job.num = int(num) if isinstance(num, int) else None
     job.seed = cfg.get("seed")
     flat = _flatten(cfg)
+    _fill_added_options(flat, choices)
     settings = {g: choices[g] for g in GROUPS if g in choices}
     for k, v in flat.items():
         if k in NEUTRAL_KEYS or k.split(".")[-1] == "_target_" and k.split(".")[0] in choices:
@@ -91,6 +93,23 @@ def load_job(path: str) -> Job:
     job.key = tuple(sorted((k, repr(v)) for k, v in settings.items() if v is not None))
     job.status = _status(job, path, cfg)
     return job
+
+
+def _fill_added_options(flat: dict, choices: dict) -> None:
+    """A job from before an option existed computed the option's `resume.ADDED_OPTIONS` value: fill
+    it in, so the job groups with jobs that set that value, where the option's group (as the job
+    chose it, e.g. data=cifar10_acid) now defines it with a non-null default. (A null default needs
+    nothing: null and absent already group together.)"""
+    for key, was in ADDED_OPTIONS.items():
+        group, _, name = key.partition(".")
+        if key in flat or was is None or not name or group not in choices:
+            continue
+        try:
+            default = OmegaConf.load(group_file(group, choices[group])).get(name)
+        except FileNotFoundError:  # an option of a user's config folder: unknown here
+            continue
+        if default is not None:
+            flat[key] = was
 
 
 def _status(job: Job, path: str, cfg: dict) -> str:
