@@ -1,6 +1,7 @@
 """Finding a sweep's jobs, reading each one's config and status, and grouping them by configuration."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -102,14 +103,18 @@ def _fill_added_options(flat: dict, choices: dict) -> None:
     nothing: null and absent already group together.)"""
     for key, was in ADDED_OPTIONS.items():
         group, _, name = key.partition(".")
-        if key in flat or was is None or not name or group not in choices:
-            continue
-        try:
-            default = OmegaConf.load(group_file(group, choices[group])).get(name)
-        except FileNotFoundError:  # an option of a user's config folder: unknown here
-            continue
-        if default is not None:
+        if key not in flat and was is not None and name and group in choices \
+                and _group_default(group, choices[group], name) is not None:
             flat[key] = was
+
+
+@functools.lru_cache(maxsize=None)
+def _group_default(group: str, choice: str, name: str):
+    """conf/<group>/<choice>.yaml's value of `name` (None: absent, null, or a user's config folder's option)."""
+    try:
+        return OmegaConf.load(group_file(group, choice)).get(name)
+    except FileNotFoundError:
+        return None
 
 
 def _status(job: Job, path: str, cfg: dict) -> str:
