@@ -29,12 +29,10 @@ def round_generator(seed: int, rnd: int, stream: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
-SAMPLING = {
-    "replacement": "rows drawn uniformly with replacement, independently for every batch",
-    "epochs": "each client walks shuffled passes over its rows through the round's steps (a shuffling "
-              "DataLoader; a batch may straddle two passes)",
-    "steps": "each local step takes its batches' rows, all distinct, from a fresh shuffle of the client's rows",
-}
+# How a round's training minibatches take a client's rows (README "What a run writes"): replacement
+# (uniform, with replacement), epochs (shuffled passes through the round, like a shuffling
+# DataLoader), steps (each step's batches: distinct rows of a fresh shuffle).
+SAMPLING = ("replacement", "epochs", "steps")
 
 
 @dataclass
