@@ -13,6 +13,8 @@ FederatedData of the ACID shape (100 devices x 500 training / 100 test images 3x
 K=tau=50 local steps of batch 50, every device evaluated every --eval-every rounds (train nothing real:
 the numbers time the computation, not learning):
     python -m fedrun.bench --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
+Both: `--repeats N` times each engine N times, alternating, and prints the medians and the range of
+the N loop/vmap ratios (one pair of timings on a shared machine can be off by 30%).
 fedrun against the authors' code (issue 11): pFedMe DNN at pFedMe's Table 1 synthetic setting (official protocol),
 fedrun's vmap engine before and after CharlieDinh/pFedMe's main.py in the same process tree, same thread count;
 PATH is a work tree of their repository (their Synthetic data is generated there first if missing):
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -110,6 +113,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20; --seeds: 3)")
     ap.add_argument("--loop-rounds", type=int, default=5, help="timed rounds of the loop engine (0: vmap only)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time each engine this many times, alternating; print medians and the ratios' range")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--algos", default=None,
                     help="comma-separated bench settings or conf/algo names (synthetic default: fedavg,perfedavg-fo,"
@@ -134,6 +139,8 @@ def main(argv=None) -> None:
                     help="seeds batched: s/round of each number of seeds trained together (e.g. 1,5,10)")
     ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.seeds:
@@ -157,14 +164,14 @@ def main(argv=None) -> None:
           f"train_rows={int(data.train.sizes.sum())} test_rows={int(data.test.sizes.sum())}; "
           f"10 clients/round, tau={args.tau}, batch 20, MLP 60-20-10, all {data.num_clients} clients evaluated every round, "
           f"personalization on {'all training rows' if args.personalize_batch is None else f'{args.personalize_batch}-row minibatches'}")
-    print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}")
+    _print_header(args)
     for name in args.algos.split(","):
-        res = {}
-        for eng, rounds in _engine_rounds(args):
+        def timed(eng, rounds, name=name):
             sched = Schedule(rounds=rounds, tau=args.tau, clients_per_round=10, batch_size=20, eval_every=1,
                              personalize_batch=args.personalize_batch, aggregate=AGGREGATE.get(name, "uniform"))
-            res[eng] = time_rounds(bench_algo(name, ALGOS), eng, data, sched, device, args.warmup)
-        _print_row(name, res)
+            return time_rounds(bench_algo(name, ALGOS), eng, data, sched, device, args.warmup)
+
+        _print_row(name, _time_engines(args, timed))
 
 
 def cifar_main(args, ap, device) -> None:
@@ -180,15 +187,15 @@ def cifar_main(args, ap, device) -> None:
           f"crop+flip; CNN; {m} devices/round, tau=K={tau}, batch {args.batch}; all devices evaluated every "
           f"{args.eval_every} round(s), personalization on "
           f"{'all training rows' if args.personalize_batch is None else f'{args.personalize_batch}-row minibatches'}")
-    print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}")
+    _print_header(args)
     for name in algos.split(","):
-        res = {}
-        for eng, rounds in _engine_rounds(args):
+        def timed(eng, rounds, name=name):
             sched = Schedule(rounds=rounds, tau=tau, clients_per_round=m, batch_size=args.batch,
                              eval_every=args.eval_every, personalize_batch=args.personalize_batch)
-            res[eng] = time_rounds(bench_algo(name, CIFAR_ALGOS), eng, data, sched, device, args.warmup,
-                                   model_fn=lambda: CNN(data.in_features, data.num_classes))
-        _print_row(name, res)
+            return time_rounds(bench_algo(name, CIFAR_ALGOS), eng, data, sched, device, args.warmup,
+                               model_fn=lambda: CNN(data.in_features, data.num_classes))
+
+        _print_row(name, _time_engines(args, timed))
 
 
 def _engine_rounds(args):
@@ -196,9 +203,32 @@ def _engine_rounds(args):
     return [("vmap", args.rounds)] + ([("loop", args.loop_rounds)] if args.loop_rounds > 0 else [])
 
 
-def _print_row(name: str, res: dict) -> None:
-    loop = f"{res['loop']:>14.4f}{res['loop'] / res['vmap']:>11.1f}" if "loop" in res else f"{'-':>14}{'-':>11}"
-    print(f"{name:<18}{res['vmap']:>14.4f}{loop}", flush=True)
+def _time_engines(args, timed) -> dict[str, list[float]]:
+    """Each engine's s/round, `--repeats` times, the engines alternating (vmap, loop, vmap, loop,
+    ...): on a shared machine whose speed drifts, both engines then see the same spells of load."""
+    res: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        for eng, rounds in _engine_rounds(args):
+            res.setdefault(eng, []).append(timed(eng, rounds))
+    return res
+
+
+def _print_header(args) -> None:
+    rep = f" (median of {args.repeats}, engines alternating)" if args.repeats > 1 else ""
+    print(f"{'algorithm':<18}{'vmap s/round':>14}{'loop s/round':>14}{'loop/vmap':>11}"
+          + (f"{'ratio range':>14}" if args.repeats > 1 and args.loop_rounds > 0 else "") + rep)
+
+
+def _print_row(name: str, res: dict[str, list[float]]) -> None:
+    """The medians of each engine's repeats, their ratio, and (with repeats) the range of the
+    ratios of the repeats' pairs."""
+    med = {k: statistics.median(v) for k, v in res.items()}
+    loop = f"{med['loop']:>14.4f}{med['loop'] / med['vmap']:>11.1f}" if "loop" in med else f"{'-':>14}{'-':>11}"
+    spread = ""
+    if "loop" in res and len(res["loop"]) > 1:
+        ratios = [lp / vm for lp, vm in zip(res["loop"], res["vmap"])]
+        spread = f"{f'{min(ratios):.1f}-{max(ratios):.1f}':>14}"
+    print(f"{name:<18}{med['vmap']:>14.4f}{loop}{spread}", flush=True)
 
 
 # pFedMe's Table 1 synthetic DNN row as the authors' README runs it (their main.py's options), every

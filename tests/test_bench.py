@@ -38,6 +38,36 @@ def test_loop_rounds_zero_times_the_vmap_engine_alone(capsys):
     assert float(vmap) > 0 and loop == ratio == "-"
 
 
+def test_repeats_alternate_the_engines_and_report_medians_and_the_ratio_range(capsys):
+    calls = []
+    times = {"vmap": iter([1.0, 3.0, 2.0]), "loop": iter([4.0, 9.0, 10.0])}
+
+    def timed(eng, rounds):
+        calls.append(eng)
+        return next(times[eng])
+
+    args = bench.argparse.Namespace(repeats=3, rounds=2, loop_rounds=1)
+    res = bench._time_engines(args, timed)
+    assert calls == ["vmap", "loop"] * 3
+    bench._print_row("x", res)
+    vmap, loop, ratio, spread = capsys.readouterr().out.split()[1:]
+    # medians 2.0 and 9.0; the pairs' ratios 4.0, 3.0, 5.0
+    assert (float(vmap), float(loop), float(ratio), spread) == (2.0, 9.0, 4.5, "3.0-5.0")
+
+
+def test_repeats_smoke_and_bad_value(capsys):
+    argv = ["--setting", "cifar", "--clients", "3", "--train-per-client", "6", "--test-per-client", "2",
+            "--clients-per-round", "2", "--tau", "1", "--batch", "2", "--rounds", "1", "--loop-rounds", "1",
+            "--warmup", "1", "--device", "cpu", "--algos", "fedavg"]
+    bench.main(argv + ["--repeats", "2"])
+    out = capsys.readouterr().out
+    assert "median of 2, engines alternating" in out
+    assert len(next(l for l in out.splitlines() if l.startswith("fedavg")).split()) == 5
+    with pytest.raises(SystemExit):
+        bench.main(argv + ["--repeats", "0"])
+    assert "--repeats 0: must be at least 1" in capsys.readouterr().err
+
+
 def test_authors_timing_reads_round_banners_and_stops_their_process(tmp_path):
     # a stand-in for their main.py: a banner per round, results written only after the last round
     (tmp_path / "main.py").write_text(
