@@ -12,6 +12,9 @@ Targets (issue 11, never asserted): 5 seeds <= 1.6x and 10 seeds <= 2.5x the tim
 Columns: wall s/round and its ratio to 1 seed; this process's CPU s/round and ratio (steadier on a
 shared CPU); of that CPU time, one round's evaluation of all seeds (per seed, timed after the timed
 rounds) and the rest of the round (training and server steps: what batching stacks) with its ratio.
+Last, per setting, the line through 1 seed and the most seeds: the wall time each added seed costs
+and the part all seeds share (the most batching can save per added seed). A 1.6x target for 5 seeds
+needs the shared part to be at least 85% of one seed's round.
 """
 from __future__ import annotations
 
@@ -79,13 +82,31 @@ def main(seeds: list[int], rounds: int, settings: list[str], device: str) -> Non
           f"evaluation every round; targets: 5 seeds <= 1.6x, 10 seeds <= 2.5x one seed")
     print(f"{'setting':<11}{'seeds':>6}{'s/round':>10}{'x 1 seed':>10}{'cpu s/round':>13}{'x 1 seed':>10}"
           f"{'cpu eval':>10}{'cpu rest':>10}{'x 1 seed':>10}")
+    shares = []
     for name in settings:
         cfg, algo, data, sched = _setup(SETTINGS[name], device)
         base = None
+        walls = {}
         for n in seeds:
             wall, cpu, ev = time_seeds(cfg, algo, data, sched, n, rounds)
+            walls[n] = wall
             t = (wall, cpu, cpu - ev)  # rest: the round's CPU time without its evaluation (training, server steps)
             base = base or (t if n == 1 else None)
             ratios = [f"{v / b:>10.2f}" if base else f"{'':>10}" for v, b in zip(t, base or t)]
             print(f"{name:<11}{n:>6}{wall:>10.3f}{ratios[0]}{cpu:>13.3f}{ratios[1]}{ev:>10.3f}{cpu - ev:>10.3f}{ratios[2]}",
                   flush=True)
+        if 1 in walls and max(walls) > 1:
+            shares.append((name, *split_fixed(walls)))
+    for name, fixed, per_seed, one in shares:
+        print(f"{name}: a line through 1 and {max(seeds)} seeds: each added seed {per_seed:.3f} s/round "
+              f"({per_seed / one:.0%} of one seed alone), the part all seeds share {fixed:.3f} s ({fixed / one:.0%}); "
+              f"batching can save at most that shared part per added seed")
+
+
+def split_fixed(walls: dict[int, float]) -> tuple[float, float, float]:
+    """The line T(n) = fixed + n * per_seed through the times of 1 seed and of the most seeds
+    measured: (fixed, per_seed, T(1)). The fixed part is what batching shares (dispatch, Python,
+    the latency of small operations); per_seed is the work each seed adds."""
+    n = max(walls)
+    per_seed = (walls[n] - walls[1]) / (n - 1)
+    return walls[1] - per_seed, per_seed, walls[1]

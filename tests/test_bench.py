@@ -101,3 +101,13 @@ def test_fedrun_side_of_the_authors_comparison_runs():
     data = synthetic(num_clients=10, seed=9, cache_dir=None)
     wall, cpu = bench.time_pfedme(data, rounds=1, warmup=1, device=torch.device("cpu"))
     assert wall > 0 and cpu > 0
+
+
+def test_seed_bench_splits_a_round_into_the_shared_part_and_the_part_per_seed():
+    from fedrun.bench_seeds import split_fixed
+
+    # 1 seed 1.0 s, 10 seeds 5.5 s: each added seed 0.5 s, 0.5 s shared
+    assert split_fixed({1: 1.0, 5: 3.0, 10: 5.5}) == (0.5, 0.5, 1.0)
+    # linear scaling: nothing shared
+    fixed, per_seed, one = split_fixed({1: 2.0, 4: 8.0})
+    assert (fixed, per_seed, one) == (0.0, 2.0, 2.0)
