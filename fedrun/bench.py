@@ -37,6 +37,7 @@ import torch
 
 from .algorithms import build, names
 from .data import ClientSplit, FederatedData, synthetic
+from .device import keep_freed_memory
 from .functional import ENGINES, params_of
 from .models import CNN, MLP
 from .simulate import Schedule, simulate
@@ -141,6 +142,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
+    keep_freed_memory()  # as a run does (fedrun.runner)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.seeds:

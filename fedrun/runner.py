@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import outputs
 from .algorithms.base import ConfigError, ServerState
 from .data import DataMissingError, FederatedData
-from .device import resolve_device
+from .device import keep_freed_memory, resolve_device
 from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
@@ -195,6 +195,7 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
 
 def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
+    keep_freed_memory()
     head = jobs[0]
     cfg = head.cfg
     data = head.data.to(head.device)
