@@ -170,8 +170,6 @@ class VmapEngine(Engine):
         self._chunk_eval = {
             shared: vmap(self._masked, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
-        if self._stacked:  # per-client models' full passes through the model's batched-matmul forward
-            self._chunk_eval[False] = self._stacked_masked
         self._chunk_proto = {
             shared: vmap(self._masked_proto, in_dims=(None if shared else 0, 0, 0, 0, 0, 0)) for shared in (True, False)
         }
@@ -185,6 +183,8 @@ class VmapEngine(Engine):
         # is a grouped convolution; both measured 1.6-2.3x slower than per-client passes there.
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
         self._loop = LoopEngine(model, max_chunks, criterion) if convolutional else None
+        if self._stacked and not convolutional:  # per-client models' full passes: the batched-matmul
+            self._chunk_eval[False] = self._stacked_masked  # forward (a CNN keeps vmap off the CPU)
 
     def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss
