@@ -142,6 +142,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
+    if args.repeats > 1 and (args.seeds or args.authors):
+        ap.error(f"--repeats times the vmap and loop engines; it does not apply to --{'seeds' if args.seeds else 'authors'}")
     keep_freed_memory()  # as a run does (fedrun.runner)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -206,11 +208,13 @@ def _engine_rounds(args):
 
 
 def _time_engines(args, timed) -> dict[str, list[float]]:
-    """Each engine's s/round, `--repeats` times, the engines alternating (vmap, loop, vmap, loop,
-    ...): on a shared machine whose speed drifts, both engines then see the same spells of load."""
+    """Each engine's s/round, `--repeats` times, the engines alternating and taking turns to go
+    first (vmap, loop, loop, vmap, ...): on a shared machine whose speed drifts, both engines then
+    see the same spells of load, and neither always runs first."""
     res: dict[str, list[float]] = {}
-    for _ in range(args.repeats):
-        for eng, rounds in _engine_rounds(args):
+    for rep in range(args.repeats):
+        order = _engine_rounds(args)
+        for eng, rounds in order[::-1] if rep % 2 else order:
             res.setdefault(eng, []).append(timed(eng, rounds))
     return res
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import sys
 
 import torch
@@ -20,29 +21,35 @@ def resolve_device(name: str) -> torch.device:
     raise ConfigError(f"device={name!r} is not allowed; choose one of: auto, cpu, cuda, cuda:N")
 
 
-# glibc's mallopt parameters (malloc.h)
+# glibc's mallopt parameters (malloc.h), and the settings a user may have made instead
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_OWN_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_OWN_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 
 
-def keep_freed_memory(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 20) -> bool:
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
     """Asks glibc's allocator to keep freed memory for reuse instead of handing it back to the
-    operating system (Linux with glibc only; returns whether the settings took).
+    operating system; fedrun's CPU runs and fedrun-bench call it. Returns whether both settings
+    took (Linux with glibc only; with another allocator preloaded it changes nothing that is used).
 
     A CPU round allocates and frees tensors of a few MB hundreds of times (the full passes' groups
     of 16k rows). With glibc's defaults such blocks are mapped fresh or trimmed off the heap when
     freed, so each new one is faulted in again page by page. Served from the heap (blocks below
-    64 MB) and kept (up to 256 MB of free heap), they are reused: `fedrun-bench --algos
-    perfedavg-fo,pfedme --loop-rounds 0 --threads 1`, four alternating pairs, took half the page
-    faults (121k against 230-233k in all), the same peak memory (695-698 MB), Per-FedAvg FO
-    0.088-0.111 s/round against 0.094-0.127 (medians 0.098 and 0.112) and pFedMe the same time
-    (0.179-0.210 against 0.192-0.210). Freed memory stays with the process, up to the peak the run
-    reached anyway. Where the user set glibc's own malloc tunables (MALLOC_* variables,
-    GLIBC_TUNABLES=glibc.malloc.*), nothing is changed."""
-    own = any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
-    if not sys.platform.startswith("linux") or own:
+    32 MB, glibc's largest allowed threshold on 64-bit systems) and kept (up to 256 MB of free heap),
+    they are reused. `fedrun-bench --algos perfedavg-fo,pfedme --loop-rounds 0 --threads 1`, six
+    alternating pairs: 120-121k page faults in all against 160-233k, the same peak memory (692-698
+    MB); in the four timed pairs Per-FedAvg FO 0.088-0.111 s/round against 0.094-0.127 (medians
+    0.098 and 0.112), pFedMe the same (0.179-0.210 against 0.192-0.210). Freed memory stays with the
+    process for reuse. Where the user set these two thresholds (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_, or GLIBC_TUNABLES=glibc.malloc.mmap_threshold/trim_threshold), they are
+    left as they are."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    own = any(k in os.environ for k in _OWN_ENV) or any(t in tunables for t in _OWN_TUNABLES)
+    if not sys.platform.startswith("linux") or own or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):  # not glibc
+        took = [libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold), libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)]
+    except (OSError, AttributeError):
         return False
+    return all(bool(t) for t in took)

@@ -184,7 +184,8 @@ class VmapEngine(Engine):
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
         self._loop = LoopEngine(model, max_chunks, criterion) if convolutional else None
         if self._stacked and not convolutional:  # per-client models' full passes: the batched-matmul
-            self._chunk_eval[False] = self._stacked_masked  # forward (a CNN keeps vmap off the CPU)
+            self._chunk_eval[False] = self._stacked_masked  # forward (a CNN's: the loop engine's on the
+            # CPU, the vmapped `_masked` elsewhere, as before)
 
     def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss

@@ -195,8 +195,9 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
 
 def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
-    keep_freed_memory()
     head = jobs[0]
+    if head.device.type == "cpu":
+        keep_freed_memory()
     cfg = head.cfg
     data = head.data.to(head.device)
     models = [job.model(head.device) for job in jobs]

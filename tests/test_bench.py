@@ -40,7 +40,7 @@ def test_loop_rounds_zero_times_the_vmap_engine_alone(capsys):
 
 def test_repeats_alternate_the_engines_and_report_medians_and_the_ratio_range(capsys):
     calls = []
-    times = {"vmap": iter([1.0, 3.0, 2.0]), "loop": iter([4.0, 9.0, 10.0])}
+    times = {"vmap": iter([1.0, 3.0, 2.0]), "loop": iter([4.0, 9.0, 10.0])}  # in each engine's order
 
     def timed(eng, rounds):
         calls.append(eng)
@@ -48,7 +48,7 @@ def test_repeats_alternate_the_engines_and_report_medians_and_the_ratio_range(ca
 
     args = bench.argparse.Namespace(repeats=3, rounds=2, loop_rounds=1)
     res = bench._time_engines(args, timed)
-    assert calls == ["vmap", "loop"] * 3
+    assert calls == ["vmap", "loop", "loop", "vmap", "vmap", "loop"]
     bench._print_row("x", res)
     vmap, loop, ratio, spread = capsys.readouterr().out.split()[1:]
     # medians 2.0 and 9.0; the pairs' ratios 4.0, 3.0, 5.0
@@ -66,6 +66,9 @@ def test_repeats_smoke_and_bad_value(capsys):
     with pytest.raises(SystemExit):
         bench.main(argv + ["--repeats", "0"])
     assert "--repeats 0: must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--seeds", "1,2", "--repeats", "2"])
+    assert "--repeats times the vmap and loop engines; it does not apply to --seeds" in capsys.readouterr().err
 
 
 def test_authors_timing_reads_round_banners_and_stops_their_process(tmp_path):
