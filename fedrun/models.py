@@ -11,8 +11,8 @@ Fully connected models also offer `stacked_forward(params, x)`: logits [m, B, cl
 params [m, ...] and inputs [m, B, ...] as batched matrix products. It must compute what vmap over
 `functional_call` computes (no train/eval-mode behaviour: fedrun's models have none), with less
 per-call overhead: the engine's minibatch losses and, for fully connected models, its full passes
-with per-client params (the personalized models' evaluation) go through it,
-and `class_major_logits(params, x)`: one model's logits as [classes, n] (the engine's full passes with
+with per-client params (the personalized models' evaluation) go through it. They also offer
+`class_major_logits(params, x)`: one model's logits as [classes, n] (the engine's full passes with
 one model for all clients).
 """
 from __future__ import annotations
