@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 import pickle
@@ -55,6 +56,41 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 def write_json(path: str, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# ---------------------------------------------------------------------------- the run folder
+
+LOCK_NAME = ".lock"
+
+
+class FolderBusy(RuntimeError):
+    """Another process holds the run folder's lock."""
+
+
+def lock_folder(folder: str) -> int:
+    """Takes `folder`/.lock exclusively (fcntl.flock) and returns its descriptor: one process, one job
+    writes a run folder at a time. The kernel releases the lock when the descriptor is closed or the
+    process ends in any way (a SIGKILL included), so a stale lock never blocks a rerun.
+
+    Raises FolderBusy, naming the holder's pid, when another job holds it (in this process or another).
+    """
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise FolderBusy(f"{folder} is in use by another fedrun (pid {holder}); wait for it to end, "
+                         f"or give this run its own hydra.run.dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def unlock_folder(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 # ---------------------------------------------------------------------------- a run's tables

@@ -11,6 +11,7 @@ configuration, so a group shares one dataset; `seed` never changes the data.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ import time
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import outputs
 from .algorithms.base import ConfigError, ServerState
@@ -43,16 +44,59 @@ def group_key(cfg: DictConfig) -> str:
     return json.dumps(c, sort_keys=True, default=str)
 
 
-class Job:
-    """One run's life around the round loop: checked options, resume point, output files, summary."""
+def hydra_record(cfg: DictConfig) -> dict[str, str] | None:
+    """The `.hydra/` files (config.yaml, hydra.yaml, overrides.yaml) of the Hydra job now running,
+    as Hydra would write them; None outside Hydra, or when Hydra writes them itself.
 
-    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None):
+    conf/config.yaml sets `hydra.output_subdir: null`, so Hydra writes nothing before the job is
+    accepted: a refused command (bad options, another configuration's checkpoint, a folder in use)
+    leaves a finished run's record as it was. The job writes these once it starts (Job.replica).
+    """
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.instance().cfg
+    if hc.hydra.output_subdir is not None:
+        return None
+    hy = copy.deepcopy(hc)
+    with read_write(hy.hydra), open_dict(hy.hydra):
+        hy.hydra.output_subdir = RECORD_DIR
+    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hy),
+            "overrides.yaml": OmegaConf.to_yaml(hc.hydra.overrides.task)}
+
+
+RECORD_DIR = ".hydra"
+
+
+class Job:
+    """One run's life around the round loop: checked options, folder lock, resume point, output
+    files, summary. `record`: its `.hydra/` files (default: `hydra_record` of the running Hydra job)."""
+
+    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None,
+                 record: dict[str, str] | None = None):
         self.t0 = time.time()
         self.cfg, self.out_dir = cfg, out_dir
+        self.record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
         self.protocol = apply_protocol(cfg)
         problems = validate(cfg)
         if problems:
             raise ConfigError("\n".join(problems))
+        try:  # one job per folder: taken before the folder is read, released by close() or the process's end
+            self.lock = outputs.lock_folder(out_dir)
+        except outputs.FolderBusy as e:
+            raise ConfigError(str(e)) from None
+        try:
+            self._accept(data_cache)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Releases the run folder."""
+        outputs.unlock_folder(self.lock)
+        self.lock = None
+
+    def _accept(self, data_cache: dict | None) -> None:
+        cfg, out_dir = self.cfg, self.out_dir
         self.device = resolve_device(str(cfg.device))
         self.algo = instantiate_checked(cfg.algo)
         data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
@@ -87,6 +131,10 @@ class Job:
         """Opens the run's files and returns its replica for the round loop (params from `model`)."""
         cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
         os.makedirs(out_dir, exist_ok=True)
+        if self.record is not None:
+            for name, text in self.record.items():
+                os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
+                outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
         outputs.write_partition(data, os.path.join(out_dir, "partition.csv"))
         self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
         start = None
@@ -161,16 +209,16 @@ class Job:
 USER_ERRORS = (ConfigError, DataMissingError)
 
 
-def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -> list[dict | Exception]:
-    """Runs every (config, output dir) job; jobs equal but for `seed` run together, at most
-    `max_group` seeds at a time (None: all).
+def run_jobs(jobs: list[tuple], max_group: int | None = None) -> list[dict | Exception]:
+    """Runs every (config, output dir[, record]) job; jobs equal but for `seed` run together, at most
+    `max_group` seeds at a time (None: all). `record`: the job's `.hydra/` files (`hydra_record`).
 
     Returns, per job in order, its summary, or the exception that stopped it (a ConfigError or
     DataMissingError before any work, a Diverged with `on_diverge=stop`). A group's other jobs go on.
     """
     results: list[dict | Exception | None] = [None] * len(jobs)
     groups: dict[str, list[int]] = {}
-    for i, (cfg, _) in enumerate(jobs):
+    for i, (cfg, *_) in enumerate(jobs):
         groups.setdefault(group_key(cfg), []).append(i)
     for members in groups.values():
         size = max_group or len(members)
@@ -178,13 +226,15 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
             data_cache: dict = {}  # one dataset per group in memory
             part = []
             for i in members[s : s + size]:
+                cfg, out_dir, *record = jobs[i]
                 try:
-                    job = Job(*jobs[i], data_cache)
+                    job = Job(cfg, out_dir, data_cache, *record)
                 except USER_ERRORS as e:
                     results[i] = e
                     continue
                 if job.done is not None:
                     results[i] = job.done
+                    job.close()
                 else:
                     part.append((i, job))
             if part:
@@ -195,6 +245,14 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
 
 def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
+    try:
+        return _train(jobs)
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def _train(jobs: list[Job]) -> list[dict | Exception]:
     head = jobs[0]
     if head.device.type == "cpu":
         keep_freed_memory()

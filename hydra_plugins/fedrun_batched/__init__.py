@@ -3,8 +3,8 @@
     fedrun -m experiment=pfedme_synthetic_dnn_pfedme protocol=official seed=0,1,2,3,4 hydra/launcher=batched
 
 Hydra finds launchers in the `hydra_plugins` namespace package; this one ships with fedrun. Every
-job gets its folder and `.hydra/` files as under the basic launcher (Hydra's `run_job` makes them),
-then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
+job gets its folder as under the basic launcher (Hydra's `run_job` makes it; the job writes its
+`.hydra/` files once it starts, as a single run does: `fedrun.runner.hydra_record`), then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
 (null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
 only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called. A job's
@@ -50,7 +50,7 @@ class BatchedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from fedrun.runner import report, run_jobs
+        from fedrun.runner import hydra_record, report, run_jobs
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -70,7 +70,7 @@ class BatchedLauncher(Launcher):
                 sweep_config.hydra.job.num = idx
 
             def defer(cfg: DictConfig) -> None:
-                jobs.append((cfg, HydraConfig.get().runtime.output_dir))
+                jobs.append((cfg, HydraConfig.get().runtime.output_dir, hydra_record(cfg)))
                 envs.append({str(k): str(v) for k, v in HydraConfig.get().job.env_set.items()})
 
             rets.append(run_job(hydra_context=self.hydra_context, task_function=defer, config=sweep_config,
@@ -86,7 +86,7 @@ class BatchedLauncher(Launcher):
             with env_override(dict(env)):
                 for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group)):
                     results[i] = res
-        for ret, (_, out_dir), result in zip(rets, jobs, results):
+        for ret, (_, out_dir, _), result in zip(rets, jobs, results):
             ret.return_value = report(result, out_dir)  # exits on a failed job, as a single run does
             ret.status = JobStatus.COMPLETED
         return rets

@@ -1,0 +1,72 @@
+"""A run folder nothing can corrupt (issue 25): a refused command leaves a finished run's record as
+it was, one process writes a folder at a time, a crashed or killed run leaves nothing that a rerun or
+fedrun-report misreads.
+
+Runs are the CLI in this process (helpers.fedrun); the concurrency test starts a second process."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+
+from helpers import fedrun
+
+# data.seed=9: 2,435 synthetic rows for 6 clients
+TINY = ["data.num_clients=6", "data.seed=9", "tau=2", "clients_per_round=3", "progress=false", "plot=false"]
+
+
+def _record(run_dir) -> dict:
+    return {f: (run_dir / ".hydra" / f).read_bytes() for f in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+
+
+def test_a_refused_rerun_leaves_the_finished_runs_record_as_it_was(tmp_path):
+    run_dir = tmp_path / "X"
+    r = fedrun([*TINY, "rounds=3", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    before = _record(run_dir)
+    metrics = (run_dir / "metrics.csv").read_bytes()
+    # another configuration's checkpoint; a value validation refuses; a folder Hydra already made
+    for bad in (["algo=fedavg", "tau=5", "rounds=3"], ["rounds=0"]):
+        r = fedrun([*TINY, *bad, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert _record(run_dir) == before, bad
+        assert (run_dir / "metrics.csv").read_bytes() == metrics
+    # an accepted rerun that continues the run records the rounds it now has
+    r = fedrun([*TINY, "rounds=4", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rounds=4" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "rounds: 4" in (run_dir / ".hydra" / "config.yaml").read_text()
+
+
+def test_a_second_process_on_a_busy_run_folder_is_refused_and_writes_nothing(tmp_path):
+    """Two real processes on one folder: the second is refused in one line naming the first's pid,
+    before it reads or writes anything; the first's metrics.csv holds every round once."""
+    run_dir = tmp_path / "X"
+    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=0",
+                              f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "metrics.csv").exists() or (run_dir / "metrics.csv").stat().st_size < 200:
+            assert first.poll() is None, first.stderr.read()
+            assert time.time() < deadline, "the first run wrote no rows in 120 s"
+            time.sleep(0.2)
+        record = _record(run_dir)
+        r = fedrun([*TINY, "rounds=3", "checkpoint_every=0", f"hydra.run.dir={run_dir}"], tmp_path)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {first.pid}" in lines[0] and "hydra.run.dir" in lines[0], r.stderr
+        assert first.poll() is None
+        assert _record(run_dir) == record
+        assert not (run_dir / "metrics.csv.previous").exists()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    rounds = pd.read_csv(run_dir / "metrics.csv")["round"].tolist()
+    assert rounds == list(range(1, len(rounds) + 1))
+    # the kill released the lock: the same folder takes a new run
+    r = fedrun([*TINY, "rounds=2", "resume=false", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
