@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 
@@ -59,15 +60,89 @@ def _all_present(folder: str, names: list[str]) -> bool:
     return all(os.path.exists(os.path.join(folder, f)) for f in names)
 
 
-def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
-    import pickle
+class DataCorruptError(DataMissingError):
+    """A dataset file is there but is not what its format says (truncated, altered, or another file)."""
 
+
+def _latin1(text, encoding="latin1", errors="strict"):
+    """`_codecs.encode` as Python 3 pickles bytes at protocol 2 (`encode(str, 'latin1')`), no other codec."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode({type(text).__name__}, {encoding!r}) is not part of the format")
+    return text.encode("latin1")
+
+
+# The callables a CIFAR python pickle may name: numpy's array and dtype reconstructors (numpy 1.x
+# and 2.x module paths, pickle protocols 2-5) and bytes in Python 3 protocol-2 pickles. The rest
+# of the format is dicts, lists, ints and bytes, which need no callable.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): lambda: np.ndarray.__reduce__(np.zeros(0))[0],
+    ("numpy._core.multiarray", "_reconstruct"): lambda: np.ndarray.__reduce__(np.zeros(0))[0],
+    ("numpy.core.numeric", "_frombuffer"): lambda: _numeric()._frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): lambda: _numeric()._frombuffer,
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+    ("_codecs", "encode"): lambda: _latin1,
+}
+
+
+def _numeric():
+    try:
+        from numpy._core import numeric
+    except ImportError:  # numpy < 2
+        from numpy.core import numeric
+    return numeric
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Reads a CIFAR batch without running code: any callable outside `_CIFAR_GLOBALS` is refused
+    (plain pickle.load would call whatever a crafted file names, e.g. os.system)."""
+
+    def find_class(self, module: str, name: str):
+        get = _CIFAR_GLOBALS.get((module, name))
+        if get is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch never holds; refused, "
+                                         f"nothing was run")
+        return get()
+
+
+def read_cifar_batch(path: str) -> dict:
+    """One CIFAR-10/100 python batch as the dict it holds (bytes keys), read by `_CifarUnpickler`."""
+    try:
+        with open(path, "rb") as f:
+            d = _CifarUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            MemoryError, OverflowError) as e:
+        raise DataCorruptError(_corrupt(path, f"not a readable CIFAR batch ({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:160] if str(e) else 'truncated?'})")) from None
+    if not isinstance(d, dict):
+        raise DataCorruptError(_corrupt(path, f"holds a {type(d).__name__}, not the dict of a CIFAR batch"))
+    return d
+
+
+def _corrupt(path: str, what: str) -> str:
+    return (f"{os.path.abspath(path)} is {what}; delete it and download the dataset again "
+            f"(or copy a good copy there)")
+
+
+def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for p in paths:
-        with open(p, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
-        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(d[label_key], dtype=np.int64))
+        d = read_cifar_batch(p)
+        x, y = d.get(b"data"), d.get(label_key)
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
+            got = (f"{x.dtype} array of shape {list(x.shape)}" if isinstance(x, np.ndarray)
+                   else type(x).__name__)
+            raise DataCorruptError(_corrupt(p, f"not a CIFAR batch: its {b'data'!r} is a {got}, expected a "
+                                               f"uint8 array of shape [N, 3072]"))
+        try:
+            y = np.asarray(y, dtype=np.int64)
+        except (TypeError, ValueError):
+            y = None
+        if y is None or y.ndim != 1 or len(y) != len(x):
+            raise DataCorruptError(_corrupt(p, f"not a CIFAR batch: its {label_key!r} is not {len(x)} integer "
+                                               f"labels, one per image"))
+        xs.append(x.reshape(-1, 3, 32, 32))
+        ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
 
 
