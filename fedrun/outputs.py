@@ -153,26 +153,32 @@ def save_checkpoint(folder: str, rnd: int, payload: dict, keep: int = 2) -> str:
     return path
 
 
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint in `path`; ValueError (or an I/O error) saying why when it is not a readable
+    fedrun checkpoint of this version."""
+    import torch
+
+    try:  # tensors and plain containers only: a checkpoint never runs code when it is read
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError("it holds objects other than tensors and plain containers; refused "
+                         "(fedrun reads checkpoints with torch.load(weights_only=True))") from None
+    if not isinstance(ck, dict) or ck.get("version") != CHECKPOINT_VERSION or "round" not in ck:
+        raise ValueError("not a fedrun checkpoint of this version")
+    ck["path"] = path
+    return ck
+
+
 def load_checkpoint(folder: str, warn=print) -> dict | None:
     """The newest readable checkpoint in `folder` (None if there is none).
 
     A corrupt or truncated file is reported through `warn` in one line and the previous one is
     tried; if every file is unreadable, raises CheckpointError.
     """
-    import torch
-
     paths = checkpoint_paths(folder)
     for path in paths:
         try:
-            try:  # tensors and plain containers only: a checkpoint never runs code when it is read
-                ck = torch.load(path, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError:
-                raise ValueError("it holds objects other than tensors and plain containers; refused "
-                                 "(fedrun reads checkpoints with torch.load(weights_only=True))") from None
-            if not isinstance(ck, dict) or ck.get("version") != CHECKPOINT_VERSION or "round" not in ck:
-                raise ValueError("not a fedrun checkpoint of this version")
-            ck["path"] = path
-            return ck
+            return read_checkpoint(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file falls back to the previous one
             warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); trying the previous one")
     if paths:

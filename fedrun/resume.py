@@ -60,7 +60,14 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / checkpoint path")
     warn = lambda msg: print(msg, file=sys.stderr)
     try:
-        ck = outputs.load_checkpoint(folder, warn=warn)
+        if explicit and os.path.isfile(str(mode)):  # that file, whatever its name; no fallback to another
+            try:
+                ck = outputs.read_checkpoint(str(mode))
+            except Exception as e:  # noqa: BLE001 - unreadable: say why, in one line
+                raise outputs.CheckpointError(f"resume={mode!r} is not a readable fedrun checkpoint "
+                                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        else:
+            ck = outputs.load_checkpoint(folder, warn=warn)
     except outputs.CheckpointError as e:
         raise ConfigError(str(e)) from None
     if ck is None:

@@ -70,3 +70,23 @@ def test_a_second_process_on_a_busy_run_folder_is_refused_and_writes_nothing(tmp
     # the kill released the lock: the same folder takes a new run
     r = fedrun([*TINY, "rounds=2", "resume=false", f"hydra.run.dir={run_dir}"], tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_resume_from_a_file_takes_that_file(tmp_path):
+    """resume=<file> continues from that checkpoint, whatever its name, not the folder's newest."""
+    first = tmp_path / "first"
+    r = fedrun([*TINY, "rounds=4", "checkpoint_every=2", f"hydra.run.dir={first}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    older = first / "checkpoints" / "round_0000002.pt"
+    assert older.exists() and (first / "checkpoints" / "round_0000004.pt").exists()
+    renamed = tmp_path / "mine.ckpt"
+    renamed.write_bytes(older.read_bytes())
+    for i, ck in enumerate((older, renamed)):
+        r = fedrun([*TINY, "rounds=4", f"resume={ck}", f"hydra.run.dir={tmp_path / f'second{i}'}"], tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"resuming from {ck} (round 2)" in r.stderr
+        assert (tmp_path / f"second{i}" / "metrics.csv").read_bytes() == (first / "metrics.csv").read_bytes()
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    r = fedrun([*TINY, "rounds=4", f"resume={tmp_path / 'junk.pt'}", f"hydra.run.dir={tmp_path / 'third'}"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "junk.pt" in r.stderr and "not a readable fedrun checkpoint" in r.stderr
