@@ -90,3 +90,58 @@ def test_resume_from_a_file_takes_that_file(tmp_path):
     r = fedrun([*TINY, "rounds=4", f"resume={tmp_path / 'junk.pt'}", f"hydra.run.dir={tmp_path / 'third'}"], tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "junk.pt" in r.stderr and "not a readable fedrun checkpoint" in r.stderr
+
+
+# ------------------------------------------------------------------- what fedrun-report believes
+
+def _report(args):
+    import contextlib
+    import io
+
+    from fedrun.report import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def _job(folder, seed, accs, beta=0.1, status="finished"):
+    import json
+
+    import yaml
+
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"seed": seed, "rounds": len(accs), "eval_every": 1, "algo": {"_target_": "x.PerFedAvg", "beta": beta}}))
+    rows = "".join(f"{r},{3 * r},1.0,{a},{a - 0.1},{a + 0.1}\n" for r, a in enumerate(accs, start=1))
+    (folder / "metrics.csv").write_text("round,models_transmitted,train_loss,pers_acc,pers_acc_min,pers_acc_max\n" + rows)
+    (folder / "summary.json").write_text(json.dumps({"status": status, "seconds": 1.0}))
+
+
+def test_report_leaves_out_a_half_written_row_and_labels_a_failed_job_by_its_option(tmp_path):
+    _job(tmp_path / "a", 0, [0.5, 0.6])
+    _job(tmp_path / "b", 1, [0.5, 0.8])
+    with open(tmp_path / "b" / "metrics.csv", "r+b") as f:  # a kill in the middle of the last row
+        f.truncate(f.seek(0, 2) - 9)
+    _job(tmp_path / "c", 0, [0.5, float("nan")], beta=100.0, status="diverged")
+    code, out, err = _report([tmp_path, "--no-figure"])
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "summary.csv")
+    assert table["n_seeds"].tolist() == [1] and table["pers_acc_last_round_mean"].tolist() == [0.6]
+    assert f"left out {tmp_path / 'b'}: metrics.csv ends in a half-written row (line 3" in out
+    md = (tmp_path / "summary.md").read_text()
+    assert "algo.beta=100.0, seed 0: summary.json says status='diverged'" in md
+
+
+def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
+    """A sweep stopped by its second job (refused: tau=0): the report names that job and the third,
+    which never ran, with their overrides."""
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *TINY, "rounds=2", "tau=2,0,3", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2
+    code, out, err = _report([sweep, "--no-figure"])
+    assert code == 0, err
+    assert "1 jobs, 1 finished" in out
+    missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
+    assert len(missing) == 2 and "job 1 (tau=0" in missing[0] and "job 2 (tau=3" in missing[1], out

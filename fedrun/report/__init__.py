@@ -27,7 +27,7 @@ import os
 import sys
 
 from .jobs import (GROUPS, MODEL_NAMES, NEUTRAL_KEYS, PREFIXES, Group, Job, expected_rows, find_job_dirs,  # noqa: F401
-                   group_jobs, load_job, missing_job_numbers)
+                   group_jobs, load_job, missing_job_numbers, missing_jobs, sweep_jobs, torn_row)
 from .markdown import _not_reached, _pm, gain_cell, markdown  # noqa: F401
 from .stats import (add_gains, find_baseline, gain, job_values, mean_curve, rounds_to_reach, summarize,  # noqa: F401
                     target_name, transmitted_to_reach)
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
         return 2
     n_ok = sum(j.ok for j in rep.jobs)
-    print(f"fedrun-report: {len(rep.jobs)} jobs, {n_ok} finished, {len(rep.groups)} configurations")
+    more = f" (and jobs without a record: see 'missing' below)" if rep.missing else ""
+    print(f"fedrun-report: {len(rep.jobs)} jobs, {n_ok} finished, {len(rep.groups)} configurations{more}")
     for j in rep.left_out:
         print(f"fedrun-report: left out {j.path}: {j.status}")
     for m in rep.missing:

@@ -121,6 +121,9 @@ def _status(job: Job, path: str, cfg: dict) -> str:
     summary_path, metrics_path = os.path.join(path, "summary.json"), os.path.join(path, "metrics.csv")
     if not os.path.isfile(metrics_path):
         return "no metrics.csv (failed before the first evaluation, or never started)"
+    torn = torn_row(metrics_path)
+    if torn:
+        return f"metrics.csv {torn} (a kill mid-write?); rerun the job's command to redo it"
     try:
         job.metrics = pd.read_csv(metrics_path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
@@ -142,6 +145,22 @@ def _status(job: Job, path: str, cfg: dict) -> str:
     if want is not None and (have < want or int(job.metrics["round"].iloc[-1]) != rounds):
         return f"incomplete: metrics.csv has {have} of {want} rows (last round {job.metrics['round'].iloc[-1] if have else None} of {rounds})"
     return "ok"
+
+
+def torn_row(path: str) -> str | None:
+    """Why `path` (a metrics.csv) has a half-written row, or None: every row ends in a newline and
+    has the header's number of fields (pandas would read a cut row's missing fields as NaN)."""
+    import csv
+
+    with open(path, newline="") as f:
+        text = f.read()
+    if text and not text.endswith("\n"):
+        return f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end)"
+    rows = list(csv.reader(text.splitlines()))
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != len(rows[0]) or any(v == "" for v in row[:1]):
+            return f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields)"
+    return None
 
 
 def group_jobs(jobs: list[Job]) -> list[Group]:
@@ -167,9 +186,12 @@ def group_jobs(jobs: list[Job]) -> list[Group]:
     for g in groups:
         for j in g.jobs:
             j.label = g.label
-    for j in jobs:  # jobs left out: labelled the same way, for the list of what is missing
+    # jobs left out: labelled by the options that tell every job apart, theirs included (a job failed
+    # by an option that no finished job has keeps that option in its label)
+    every = _varying(configs + [j.settings for j in jobs if not j.ok], strict=False)
+    for j in jobs:
         if not j.ok:
-            j.label = next((g.label for g in groups if g.jobs[0].key == j.key), None) or _label(j.settings, varying)
+            j.label = next((g.label for g in groups if g.jobs[0].key == j.key), None) or _label(j.settings, every)
     return groups
 
 
@@ -203,6 +225,52 @@ def _sort_key(v):
     if isinstance(v, (int, float)):
         return (0, v)
     return (1, str(v))
+
+
+def sweep_jobs(sweep_dir: str) -> list[list[str]] | None:
+    """The jobs a `fedrun -m` sweep folder was to hold, in job-number order, each as its swept overrides,
+    from the multirun.yaml Hydra writes there before the first job (None: no such file, or a
+    sweeper other than Hydra's basic one)."""
+    path = os.path.join(sweep_dir, "multirun.yaml")
+    if not os.path.isfile(path):
+        return None
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        hy = OmegaConf.load(path).hydra
+        if "BasicSweeper" not in str(OmegaConf.select(hy, "sweeper._target_", default="BasicSweeper")):
+            return None
+        params = OmegaConf.select(hy, "sweeper.params", default=None) or {}
+        args = [f"{k}={v}" for k, v in params.items()] + list(hy.overrides.task)
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+        planned = [job for batch in batches for job in batch]
+        swept = [i for i in range(len(planned[0])) if len({job[i] for job in planned}) > 1] if planned else []
+        return [[job[i] for i in swept] for job in planned]  # the overrides that tell the jobs apart
+    except Exception:  # noqa: BLE001 - a sweep folder we cannot read is reported from its job folders alone
+        return None
+
+
+def missing_jobs(jobs: list[Job], roots: list[str]) -> list[str]:
+    """One line per job of a sweep under `roots` that has no record: refused before it started, or
+    never started (a job before it stopped the sweep). Sweep folders without multirun.yaml: the gaps
+    in the job numbers found (`missing_job_numbers`)."""
+    found: dict[str, set[int]] = {}
+    for j in jobs:
+        if j.num is not None:
+            found.setdefault(os.path.abspath(os.path.dirname(j.path)), set()).add(j.num)
+    sweeps = {os.path.abspath(d) for root in roots for d, _, files in os.walk(root) if "multirun.yaml" in files}
+    out, rest = [], []
+    for sweep in sorted(sweeps | set(found)):
+        planned = sweep_jobs(sweep) if sweep in sweeps else None
+        if planned is None:
+            rest += [j for j in jobs if j.num is not None and os.path.abspath(os.path.dirname(j.path)) == sweep]
+            continue
+        for num, overrides in enumerate(planned):
+            if num not in found.get(sweep, set()):
+                out.append(f"{sweep}: job {num} ({' '.join(overrides)}) has no record: refused before it "
+                           f"started, or never started (a job before it stopped the sweep)")
+    return out + missing_job_numbers(rest)
 
 
 def missing_job_numbers(jobs: list[Job]) -> list[str]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .jobs import Group, Job, find_job_dirs, group_jobs, load_job, missing_job_numbers
+from .jobs import Group, Job, find_job_dirs, group_jobs, load_job, missing_jobs
 from .markdown import markdown
 from .stats import add_gains, find_baseline, summarize
 
@@ -46,7 +46,7 @@ def write_report(roots: list[str], out_dir: str | None = None, targets: list[flo
     if not jobs:
         raise FileNotFoundError(f"no runs under {', '.join(roots)} (looked for <job>/.hydra/config.yaml)")
     left_out = [j for j in jobs if not j.ok]
-    missing = missing_job_numbers(jobs)
+    missing = missing_jobs(jobs, roots)
     os.makedirs(out_dir, exist_ok=True)
     files = {}
     if len(table):
