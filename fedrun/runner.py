@@ -60,7 +60,10 @@ class Job:
         if data_key not in cache:
             cache[data_key] = instantiate_checked(cfg.data)
         self.data: FederatedData = cache[data_key]
-        self.sched = schedule(cfg, self.data.num_clients)
+        self.sched = schedule(cfg, self.data.num_train_clients)
+        if self.data.num_holdout and getattr(self.algo, "train_all", False):
+            raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
+                              "algo.train_all=true trains every client (set it false or partition.holdout=0)")
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         check_model_fits(self.model(), self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
@@ -251,7 +254,7 @@ def _to_device(obj, device):
 def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
     last = history[-1]
     out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine}
-    for prefix in ("global", "pers"):
+    for prefix in ("global", "pers", "new_global", "new_pers"):
         key = f"{prefix}_acc"
         if key not in last:
             continue
