@@ -91,6 +91,11 @@ class Job:
         cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
         os.makedirs(out_dir, exist_ok=True)
         outputs.write_partition(data, os.path.join(out_dir, "partition.csv"))
+        if cfg.plot:
+            from .plots import plot_partition
+
+            plot_partition(data.train.label_counts(data.num_classes).cpu().numpy(), data.num_holdout,
+                           os.path.join(out_dir, "partition.png"))
         self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
         start = None
         if ck is not None:

@@ -117,7 +117,7 @@ def test_dataset_or_partition_picks_data_composed():
     assert with_composed_data(["data=synthetic", "partition=iid"]) == ["data=synthetic", "partition=iid"]
 
 
-SMALL = ["rounds=2", "tau=2", "clients_per_round=3", "batch_size=5", "model=mlr", "progress=false", "plot=false"]
+SMALL = ["rounds=2", "tau=2", "clients_per_round=3", "batch_size=5", "model=mlr", "progress=false"]
 
 
 def test_holdout_run_reports_new_columns_and_never_trains_held_out_clients(root, tmp_path):
@@ -139,6 +139,7 @@ def test_holdout_run_reports_new_columns_and_never_trains_held_out_clients(root,
     seen = clients[clients.heldout == 0]
     assert m.global_acc.iloc[-1] == pytest.approx((seen.global_acc * seen.n_test).sum() / seen.n_test.sum(), abs=1e-6)
     assert pd.read_csv(out / "partition.csv")["heldout"].sum() == 2
+    assert (out / "partition.png").exists()
 
 
 def test_held_out_clients_are_never_sampled():
@@ -167,9 +168,29 @@ def test_bad_partition_options_one_line_exit_2(root, tmp_path, args, expected):
                 *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert r.returncode == 2 and len(lines) == 1 and expected in lines[0], r.stderr
+    assert not (tmp_path / "bad" / "partition.png").exists()
     assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
 def test_partition_without_dataset_refused(tmp_path):
     r = fedrun(["partition=iid", *SMALL], tmp_path)
     assert r.returncode == 2 and "data=composed needs dataset=<option>; choose one of: cifar10, cifar100, emnist" in r.stderr
+
+
+def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, capsys):
+    from fedrun.data.show import main
+
+    out = tmp_path / "p"
+    main(["--out", str(out), "--clients", "3", "dataset=mnist", "partition=classes", "partition.num_clients=6",
+          "partition.classes_per_client=2", "partition.holdout=2", f"dataset.root={root}", "dataset.download=false",
+          f"cache_dir={tmp_path / 'cache'}"])
+    text = capsys.readouterr().out
+    assert "clients: 6 (2 held out), labels: 10, training rows: 600, test rows: 200" in text
+    assert "labels per client: min 2, median 2, mean 2.0, max 2" in text
+    assert "... 3 more in partition.csv" in text
+    part = pd.read_csv(out / "partition.csv")
+    assert part.heldout.tolist() == [0, 0, 0, 0, 1, 1] and (out / "partition.png").stat().st_size > 1000
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "dataset=mnist", "partition=shards", "partition.shards_per_client=0",
+              f"dataset.root={root}", "dataset.download=false"])
+    assert e.value.code == 2 and "partition.shards_per_client=0" in capsys.readouterr().err
