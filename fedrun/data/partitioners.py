@@ -208,3 +208,13 @@ def holdout_clients(num_clients: int, holdout, rng: np.random.Generator) -> np.n
         raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count 0..{num_clients - 1} "
                              f"({num_clients} clients, at least one must train)")
     return np.sort(rng.permutation(num_clients)[:count])
+
+
+def natural(labels: np.ndarray, rng: np.random.Generator, writers: np.ndarray) -> list[np.ndarray]:
+    """The data's own split (LEAF's per-writer FEMNIST, Shakespeare's speakers): one client per
+    distinct writer id, in sorted id order. `rng` is unused (the split is fixed)."""
+    writers = np.asarray(writers)
+    if len(writers) != len(labels):
+        raise PartitionError(f"partition=natural: {len(writers)} writer ids for {len(labels)} rows")
+    ids, owner = np.unique(writers, return_inverse=True)
+    return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))

@@ -163,3 +163,19 @@ def test_bad_options_name_the_option(name, opts, msg):
     kw = {**CASES[name], **opts}
     with pytest.raises(P.PartitionError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         PARTITIONS[name](LABELS, np.random.default_rng(0), **kw)
+
+
+def test_natural_split_is_one_client_per_writer():
+    writers = np.array(["b", "a", "b", "c", "a", "b"])
+    parts = P.natural(np.zeros(6, np.int64), None, writers)
+    assert [p.tolist() for p in parts] == [[1, 4], [0, 2, 5], [3]]  # writers in sorted order
+    with pytest.raises(P.PartitionError, match="5 writer ids for 6 rows"):
+        P.natural(np.zeros(6, np.int64), None, writers[:5])
+
+
+def test_partition_benchmark_runs(capsys):
+    from fedrun.data.bench_partitions import main
+
+    main(["--repeats", "1", "--clients", "50"])
+    out = capsys.readouterr().out
+    assert "dirichlet alpha=0.1, 50 clients" in out and "3500 clients" in out
