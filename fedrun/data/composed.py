@@ -20,11 +20,12 @@ import numpy as np
 from . import partitioners as P
 from .federated import FederatedData
 from .partitions import class_lists, deal_classes, perfedavg_mnist, pfedme_mnist
-from .sources import CIFAR_FILES, EMNIST_SPLITS, IDX_DATASETS, idx_files, load_cifar, load_idx
+from .sources import CIFAR_FILES, EMNIST_SPLITS, IDX_DATASETS, idx_files, load_cifar, load_idx, load_leaf
 
 # mean / std of the training pixels in [0, 1] (MNIST's as fedrun's MNIST loaders use it)
 IDX_STATS = {"mnist": (0.1307, 0.3081), "fmnist": (0.2860, 0.3530), "emnist": (0.1751, 0.3332)}
-DATASETS = (*IDX_DATASETS, "cifar10", "cifar100")
+LEAF_DATASETS = ("femnist",)  # rows come with writer ids: partition=natural is theirs
+DATASETS = (*IDX_DATASETS, "cifar10", "cifar100", *LEAF_DATASETS)
 
 
 def _rs(rng: np.random.Generator) -> np.random.RandomState:
@@ -61,7 +62,7 @@ def acid(labels, rng, num_clients: int = 100, classes_per_client: int = 5, class
 
 PARTITIONS = {"iid": P.iid, "dirichlet": P.dirichlet, "shards": P.shards, "classes": P.classes,
               "quantity": P.quantity, "mixture": P.mixture, "perfedavg_split": perfedavg_split,
-              "pfedme_labels": pfedme_labels, "acid": acid}
+              "pfedme_labels": pfedme_labels, "acid": acid, "natural": P.natural}
 COMMON = ("name", "holdout", "test", "train_frac", "seed")  # partition options every partition has
 TESTS = ("split", "dataset")
 
@@ -77,6 +78,10 @@ def load_rows(dataset: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         mean, std = IDX_STATS[name]
         f = lambda x: ((x.astype(np.float32) / 255.0 - mean) / std).reshape(len(x), -1)
         return f(trx), try_, f(tex), tey, int(max(try_.max(), tey.max())) + 1, {}
+    if name in LEAF_DATASETS:  # pixels as LEAF wrote them (in [0, 1]), normalized by the training rows
+        trx, try_, trw, tex, tey, tew = load_leaf(root, name)
+        mean, std = float(trx.mean()), float(trx.std()) or 1.0
+        return (trx - mean) / std, try_, (tex - mean) / std, tey, 62, {"writers": (trw, tew)}
     from . import _channel_stats  # CIFAR: per-channel normalization by the training set, crop+flip training batches
 
     trx, try_, tex, tey = load_cifar(root, int(name[5:]), download)
@@ -99,6 +104,9 @@ def check(dataset: dict, partition: dict) -> None:
     pname = partition.get("name")
     if pname not in PARTITIONS:
         raise P.PartitionError(f"partition.name={pname!r}: allowed one of {', '.join(PARTITIONS)}")
+    if pname == "natural" and name not in LEAF_DATASETS:
+        raise P.PartitionError(f"partition=natural needs rows with writer ids ({', '.join(LEAF_DATASETS)}); "
+                               f"dataset={name} has none: choose another partition")
     if partition.get("test", "split") not in TESTS:
         raise P.PartitionError(f"partition.test={partition.get('test')!r}: allowed one of {', '.join(TESTS)}")
     tf = partition.get("train_frac", 0.75)
@@ -114,18 +122,20 @@ def check(dataset: dict, partition: dict) -> None:
 
 def stratified_split(owner: np.ndarray, labels: np.ndarray, train_frac: float, rng: np.random.Generator
                      ) -> np.ndarray:
-    """True for the training rows: of a client's m rows of a label, round(train_frac * m) clipped to
-    1..m-1 (m >= 2; a single row trains), chosen at random. One lexsort over all rows."""
-    n = len(owner)
-    order = np.lexsort((rng.random(n), labels, owner))
-    key = owner[order] * (int(labels.max()) + 1) + labels[order]
-    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    size = np.diff(np.r_[start, n])
-    rank = np.arange(n) - np.repeat(start, size)
-    k = np.floor(train_frac * size + 0.5).astype(np.int64)
-    k = np.where(size >= 2, np.clip(k, 1, size - 1), size)
-    train = np.empty(n, dtype=bool)
-    train[order] = rank < np.repeat(k, size)
+    """True for the training rows. A client of n >= 2 rows keeps t = round((1 - train_frac) n),
+    clipped to 1..n-1, as test rows (a single row trains): a systematic sample, at a random offset,
+    of its rows ordered by label (random within a label), so its test rows follow its label
+    histogram even where a label has one row. One lexsort over all rows."""
+    n_rows = len(owner)
+    order = np.lexsort((rng.random(n_rows), labels, owner))
+    n = np.bincount(owner, minlength=int(owner.max()) + 1 if n_rows else 0)
+    start = np.cumsum(n) - n
+    t = np.where(n >= 2, np.clip(np.floor((1 - train_frac) * n + 0.5), 1, np.maximum(n - 1, 1)), 0).astype(np.int64)
+    who = np.repeat(np.arange(len(n)), t)
+    j = np.arange(int(t.sum())) - np.repeat(np.cumsum(t) - t, t)
+    pos = np.floor((j + rng.random(len(n))[who]) * n[who] / t[who]).astype(np.int64)
+    train = np.ones(n_rows, dtype=bool)
+    train[order[start[who] + pos]] = False
     return train
 
 
@@ -153,17 +163,29 @@ def proportional_test(train_parts: list[np.ndarray], train_y: np.ndarray, test_y
     return P._groups(owner, c, np.arange(len(test_y)))
 
 
-def build_partition(partition: dict, train_y: np.ndarray, test_y: np.ndarray | None
+def build_partition(partition: dict, train_y: np.ndarray, test_y: np.ndarray | None, writers=None
                     ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """(train index lists, test index lists, number held out). With test=split `train_y` are the
-    pooled labels and test_y is None; indices then point into the pooled rows. Held-out clients last."""
+    pooled labels and test_y is None; indices then point into the pooled rows. Held-out clients last.
+    `writers`: the rows' writer ids (train, test), for partition=natural."""
     rng = np.random.default_rng([int(partition.get("seed", 0)), 23])
     opts = {k: v for k, v in partition.items() if k not in COMMON}
     fn = PARTITIONS[partition["name"]]
+    if fn is P.natural:
+        if test_y is None:  # pooled rows: writer of each
+            opts["writers"] = np.concatenate(writers)
+        else:
+            opts["writers"] = writers[0]
     try:
         parts = fn(train_y, rng, **opts)
     except TypeError as e:
         raise P.PartitionError(f"partition={partition['name']}: {e}") from None
+    if fn is P.natural and test_y is not None:  # LEAF's own per-writer test rows, aligned with the train writers
+        train_ids = np.unique(writers[0])
+        owner = np.searchsorted(train_ids, writers[1])
+        owner = np.where((owner < len(train_ids)) & (train_ids[np.minimum(owner, len(train_ids) - 1)] == writers[1]),
+                         owner, -1)
+        return _finish(partition, parts, P._groups(owner, len(parts), np.arange(len(test_y))), test_y, rng)
     if test_y is None:
         owner = np.full(len(train_y), -1, dtype=np.int64)
         for c, p in enumerate(parts):
@@ -174,6 +196,12 @@ def build_partition(partition: dict, train_y: np.ndarray, test_y: np.ndarray | N
             P._groups(np.where(~is_train, owner[used], -1), len(parts), used)
     else:
         tr, te = parts, proportional_test(parts, train_y, test_y, rng)
+    return _finish(partition, tr, te, test_y, rng)
+
+
+def _finish(partition: dict, tr: list[np.ndarray], te: list[np.ndarray], test_y, rng: np.random.Generator
+            ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """Held-out clients drawn and put last; clients without training or test rows refused."""
     held = P.holdout_clients(len(tr), partition.get("holdout", 0), rng)
     empty = [c for c in range(len(tr)) if len(tr[c]) == 0 or len(te[c]) == 0]
     if empty:
@@ -195,12 +223,13 @@ def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk
 
     def build():
         trx, try_, tex, tey, k, more = load_rows(dataset)
+        writers = more.pop("writers", None)
         if partition.get("test", "split") == "split":
             x, y = np.concatenate([trx, tex]), np.concatenate([try_, tey])
-            tr, te, held = build_partition(partition, y, None)
+            tr, te, held = build_partition(partition, y, None, writers)
             train, test = [(x[i], y[i]) for i in tr], [(x[i], y[i]) for i in te]
         else:
-            tr, te, held = build_partition(partition, try_, tey)
+            tr, te, held = build_partition(partition, try_, tey, writers)
             train, test = [(trx[i], try_[i]) for i in tr], [(tex[i], tey[i]) for i in te]
         meta = {"num_holdout": np.array(held)}
         if more.get("augment_fill") is not None:
@@ -211,10 +240,16 @@ def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk
                 "partition": partition, "root": abs_root}
     if cache_dir:
         name = dataset["name"]
-        folder = os.path.join(abs_root, IDX_DATASETS[name][0], "raw") if name in IDX_DATASETS else \
-            os.path.join(abs_root, CIFAR_FILES[int(name[5:])][0])
-        files = idx_files(name, dataset.get("split")) if name in IDX_DATASETS else \
-            CIFAR_FILES[int(name[5:])][1] + CIFAR_FILES[int(name[5:])][2]
+        if name in LEAF_DATASETS:
+            sub = [os.path.join(name, "data", s) for s in ("train", "test")]
+            folder = abs_root
+            files = sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(abs_root, d))
+                           for f in os.listdir(os.path.join(abs_root, d)) if f.endswith(".json"))
+        elif name in IDX_DATASETS:
+            folder, files = os.path.join(abs_root, IDX_DATASETS[name][0], "raw"), idx_files(name, dataset.get("split"))
+        else:
+            folder = os.path.join(abs_root, CIFAR_FILES[int(name[5:])][0])
+            files = CIFAR_FILES[int(name[5:])][1] + CIFAR_FILES[int(name[5:])][2]
         settings["files"] = {f: next((os.path.getsize(p) for p in (os.path.join(folder, f), os.path.join(folder, f + ".gz"))
                                       if os.path.exists(p)), None) for f in files}
     label = f"{dataset['name']}_{partition['name']}"

@@ -170,3 +170,36 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
     if dataset == "emnist":  # stored transposed (column-major), as torchvision leaves them
         trx, tex = trx.transpose(0, 2, 1), tex.transpose(0, 2, 1)
     return trx, try_.astype(np.int64), tex, tey.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
+
+def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
+    """A LEAF dataset as its scripts write it: `root`/<dataset>/data/{train,test}/*.json, each
+    {"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}.
+
+    Returns (train_x float32 [N, 784], train_y, train_writers, test_x, test_y, test_writers); writer
+    ids are the user names. JSON only: nothing in the files can run code."""
+    import json
+
+    base = os.path.join(root, dataset, "data")
+    folders = [os.path.join(base, s) for s in ("train", "test")]
+    files = [sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else [] for d in folders]
+    if not all(files):
+        raise DataMissingError(
+            f"dataset={dataset} not found: expected LEAF's JSON user files (*.json) in {os.path.abspath(folders[0])} "
+            f"and {os.path.abspath(folders[1])} (fedrun does not download LEAF data: run LEAF's "
+            f"data/{dataset}/preprocess.sh, then point dataset.root (or $FEDRUN_DATA) at the folder that holds {dataset}/data)")
+    out = []
+    for d, names in zip(folders, files):
+        xs, ys, ws = [], [], []
+        for name in names:
+            with open(os.path.join(d, name)) as f:
+                blob = json.load(f)
+            for user in blob["users"]:
+                u = blob["user_data"][user]
+                xs.append(np.asarray(u["x"], dtype=np.float32).reshape(len(u["y"]), -1))
+                ys.append(np.asarray(u["y"], dtype=np.int64))
+                ws.append(np.full(len(u["y"]), user, dtype=object))
+        out += [np.concatenate(xs), np.concatenate(ys), np.concatenate(ws).astype(str)]
+    return tuple(out)

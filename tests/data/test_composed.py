@@ -194,3 +194,50 @@ def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, cap
         main(["--out", str(out), "dataset=mnist", "partition=shards", "partition.shards_per_client=0",
               f"dataset.root={root}", "dataset.download=false"])
     assert e.value.code == 2 and "partition.shards_per_client=0" in capsys.readouterr().err
+
+
+def _write_leaf(root, writers: int = 6, seed: int = 0):
+    """LEAF's FEMNIST layout: femnist/data/{train,test}/*.json, users split over two files."""
+    rng = np.random.RandomState(seed)
+    for split, per in (("train", 9), ("test", 3)):
+        folder = os.path.join(root, "femnist", "data", split)
+        os.makedirs(folder, exist_ok=True)
+        users = [f"f{u:04d}_{u % 3}" for u in range(writers)]
+        for i, chunk in enumerate((users[: writers // 2], users[writers // 2:])):
+            blob = {"users": chunk, "num_samples": [per] * len(chunk), "user_data": {
+                u: {"x": rng.rand(per, 784).round(3).tolist(), "y": rng.randint(0, 62, per).tolist()} for u in chunk}}
+            with open(os.path.join(folder, f"all_data_{i}_niid_{split}.json"), "w") as f:
+                json.dump(blob, f)
+
+
+def test_femnist_natural_split_is_per_writer_with_leafs_test_rows(tmp_path):
+    _write_leaf(str(tmp_path))
+    d = composed(dict(name="femnist", root=str(tmp_path)), dict(name="natural", test="dataset", holdout=2))
+    assert d.num_clients == 6 and d.num_holdout == 2 and d.num_classes == 62 and d.feature_shape == (784,)
+    assert d.train.sizes.tolist() == [9] * 6 and d.test.sizes.tolist() == [3] * 6
+    pooled = composed(dict(name="femnist", root=str(tmp_path)), dict(name="natural", test="split", train_frac=0.75))
+    assert (pooled.train.sizes + pooled.test.sizes).tolist() == [12] * 6
+
+
+def test_natural_partition_refused_without_writer_ids(root, tmp_path):
+    with pytest.raises(ValueError, match="partition=natural needs rows with writer ids"):
+        composed(dict(name="cifar10", root=root), dict(name="natural"))
+    with pytest.raises(DataMissingError, match=r"LEAF's JSON user files \(\*.json\) in .*femnist/data/train"):
+        composed(dict(name="femnist", root=str(tmp_path)), dict(name="natural"))
+
+
+def test_stratified_split_sizes_and_labels_follow_train_frac():
+    from fedrun.data.composed import stratified_split
+
+    rng = np.random.default_rng(0)
+    owner = rng.integers(0, 30, 6000)
+    labels = rng.integers(0, 10, 6000)
+    train = stratified_split(owner, labels, 0.75, np.random.default_rng(1))
+    for c in range(30):
+        mine = owner == c
+        n, t = mine.sum(), (mine & ~train).sum()
+        assert t == min(max(int(np.floor(0.25 * n + 0.5)), 1), n - 1)
+        per_label = np.bincount(labels[mine & ~train], minlength=10) - 0.25 * np.bincount(labels[mine], minlength=10)
+        assert np.abs(per_label).max() <= 1  # a systematic sample over the label-sorted rows
+    tiny = stratified_split(np.array([0, 1, 1]), np.array([3, 4, 5]), 0.75, np.random.default_rng(0))
+    assert tiny[0] and tiny[1:].sum() == 1  # a single row trains; two rows: one of each
