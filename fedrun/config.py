@@ -90,6 +90,7 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 NEUTRAL_OPTIONS = (
     "device", "engine", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume", "on_diverge",
     "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len",
+    "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies
 )
 
 

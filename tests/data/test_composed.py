@@ -120,10 +120,11 @@ def test_dataset_or_partition_picks_data_composed():
 SMALL = ["rounds=2", "tau=2", "clients_per_round=3", "batch_size=5", "model=mlr", "progress=false"]
 
 
-def test_holdout_run_reports_new_columns_and_never_trains_held_out_clients(root, tmp_path):
+@pytest.mark.parametrize("algo", ["fedavg", "pfedme"])
+def test_holdout_run_reports_new_columns_and_never_trains_held_out_clients(root, tmp_path, algo):
     out = tmp_path / "o"
     r = fedrun(["dataset=mnist", "partition=shards", "partition.num_clients=10", "partition.holdout=0.2",
-                f"dataset.root={root}", "dataset.download=false", "algo=fedavg", *SMALL, f"hydra.run.dir={out}"], tmp_path)
+                f"dataset.root={root}", "dataset.download=false", f"algo={algo}", *SMALL, f"hydra.run.dir={out}"], tmp_path)
     assert r.returncode == 0, r.stderr
     m = pd.read_csv(out / "metrics.csv")
     for col in ("new_global_acc", "new_global_acc_min", "new_pers_acc", "new_pers_loss"):
@@ -169,6 +170,12 @@ def test_bad_partition_options_one_line_exit_2(root, tmp_path, args, expected):
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert r.returncode == 2 and len(lines) == 1 and expected in lines[0], r.stderr
     assert not (tmp_path / "bad" / "partition.png").exists()
+
+
+def test_holdout_with_train_all_refused(root, tmp_path):
+    r = fedrun(["dataset=mnist", "partition=iid", "partition.num_clients=6", "partition.holdout=1", f"dataset.root={root}",
+                "dataset.download=false", "algo=pfedme", "algo.train_all=true", *SMALL], tmp_path)
+    assert r.returncode == 2 and "algo.train_all=true trains every client" in r.stderr
     assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
