@@ -115,6 +115,23 @@ def check(dataset: dict, partition: dict) -> None:
     seed = partition.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise P.PartitionError(f"partition.seed={seed!r}: allowed an integer >= 0")
+    import inspect
+
+    accepted = set(inspect.signature(PARTITIONS[pname]).parameters) - {"labels", "rng", "writers"}
+    for key, v in partition.items():  # the data-free checks, before any file is read
+        if key in COMMON:
+            continue
+        if key not in accepted:
+            raise P.PartitionError(f"partition.{key} is not an option of partition={pname}; its options: "
+                                   f"{', '.join(sorted(accepted | set(COMMON) - {'name'}))}")
+        if key in ("num_clients", "shards_per_client", "classes_per_client", "labels_per_client", "a"):
+            P._int(key, v, 1)
+        elif key in ("min_size", "max_redraws"):
+            P._int(key, v, 0)
+        elif key in ("alpha", "sigma"):
+            P._positive(key, v)
+        elif key == "sizes" and v not in P.QUANTITY_SIZES:
+            raise P.PartitionError(f"partition.sizes={v!r}: allowed one of {', '.join(P.QUANTITY_SIZES)}")
     h = partition.get("holdout", 0)
     if isinstance(h, bool) or not isinstance(h, (int, float)) or h < 0 or (isinstance(h, float) and h >= 1):
         raise P.PartitionError(f"partition.holdout={h!r}: allowed a fraction in [0, 1) or a count of clients")

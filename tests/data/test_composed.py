@@ -248,3 +248,13 @@ def test_stratified_split_sizes_and_labels_follow_train_frac():
         assert np.abs(per_label).max() <= 1  # a systematic sample over the label-sorted rows
     tiny = stratified_split(np.array([0, 1, 1]), np.array([3, 4, 5]), 0.75, np.random.default_rng(0))
     assert tiny[0] and tiny[1:].sum() == 1  # a single row trains; two rows: one of each
+
+
+def test_partition_options_checked_before_any_file_is_read(tmp_path):
+    """No data under tmp_path: a bad option must be named before the missing files are."""
+    for part, msg in ((dict(name="dirichlet", alpha=-1.0), "partition.alpha=-1.0: allowed a number > 0"),
+                      (dict(name="shards", alpha=0.5), "partition.alpha is not an option of partition=shards"),
+                      (dict(name="quantity", sizes="zipf"), "partition.sizes='zipf'"),
+                      (dict(name="iid", num_clients=0), "partition.num_clients=0")):
+        with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
+            composed(dict(name="mnist", root=str(tmp_path), download=False), part)
