@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .algorithms.base import ConfigError
-from .config import CONF_DIR, GROUPS, PRESETS, with_env_searchpath  # noqa: F401 - re-exported
+from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_searchpath  # noqa: F401 - re-exported
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
@@ -45,6 +45,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
+    sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
     problem = precheck(sys.argv[1:])
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)

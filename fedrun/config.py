@@ -16,7 +16,7 @@ def _conf_dir() -> str:
 
 
 CONF_DIR = _conf_dir()
-GROUPS = ("algo", "data", "model")
+GROUPS = ("algo", "data", "dataset", "partition", "model")
 PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
 
 
@@ -50,6 +50,17 @@ def with_env_searchpath(argv: list[str], env: dict | None = None) -> list[str]:
     return [*argv, f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in dirs)}]"]
 
 
+def with_composed_data(argv: list[str]) -> list[str]:
+    """`argv` plus `data=composed` when it chooses a `dataset=` or a `partition=` (or sets one of their
+    options) and no `data=`; plus `partition=iid` when it names a dataset but no partition."""
+    keys = [a.partition("=")[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
+    heads = {k.split(".")[0] for k in keys}
+    if not heads & {"dataset", "partition"} or "data" in keys:
+        return list(argv)
+    extra = ["data=composed"] + (["partition=iid"] if "dataset" in keys and "partition" not in keys else [])
+    return [*argv, *extra]
+
+
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     """The options of a config group (the yaml files of `group/` in every root), sorted."""
     names = set()
@@ -79,6 +90,7 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 NEUTRAL_OPTIONS = (
     "device", "engine", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume", "on_diverge",
     "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len",
+    "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies
 )
 
 

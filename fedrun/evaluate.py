@@ -7,6 +7,9 @@ the server model; "pers": the per-client personalized models):
   <m>_loss            pooled mean test loss; <m>_loss_mean: unweighted mean of client losses
   train_loss          the global model's mean loss over all clients' training rows (pooled), or over
                       the personalization minibatches when `personalize_batch` is set
+With held-out clients (`FederatedData.num_holdout`, never trained) these are over the training
+clients, and `new_<m>_*` are the same summaries over the held-out clients: the global model, and
+the algorithm's personalization from their own training rows.
 """
 from __future__ import annotations
 
@@ -67,7 +70,16 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
     shared = algo.eval_params(state)
     g_loss, g_correct = _eval(engine, shared, data.test, True)
     per_client = {"global_acc": g_correct / n_test, "global_loss": g_loss / n_test}
-    row = _summaries("global", g_loss, g_correct, n_test)
+    t = data.num_train_clients  # clients t.. are held out: summarized apart, as new_*
+    seen, new = slice(0, t), slice(t, data.num_clients)
+
+    def summaries(prefix: str, loss: Tensor, correct: Tensor) -> dict:
+        out = _summaries(prefix, loss[seen], correct[seen], n_test[seen])
+        if t < data.num_clients:
+            out.update(_summaries(f"new_{prefix}", loss[new], correct[new], n_test[new]))
+        return out
+
+    row = summaries("global", g_loss, g_correct)
     pers, train_loss = algo.personalize(engine, state, ctx)
     if train_loss is None:
         train_loss = _loss_sums(engine, shared, data.train) / n_train
@@ -75,9 +87,9 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
         if not isinstance(pers, Prototypes):
             pers = {k: v.detach() for k, v in pers.items()}
         p_loss, p_correct = _eval(engine, pers, data.test, False)
-        row.update(_summaries("pers", p_loss, p_correct, n_test))
+        row.update(summaries("pers", p_loss, p_correct))
         per_client.update(pers_acc=p_correct / n_test, pers_loss=p_loss / n_test)
     train_loss = train_loss.detach()
-    row = {"train_loss": float((train_loss * n_train).sum() / n_train.sum()), **row}
+    row = {"train_loss": float((train_loss * n_train)[seen].sum() / n_train[seen].sum()), **row}
     per_client["train_loss"] = train_loss
     return Evaluation(row=row, per_client={k: v.detach().cpu() for k, v in per_client.items()})

@@ -102,6 +102,8 @@ def write_partition(data, path: str) -> None:
     rows = []
     for c in range(data.num_clients):
         row = {"client": c, "n_train": int(tr[c].sum()), "n_test": int(te[c].sum())}
+        if data.num_holdout:  # unseen clients: never trained, evaluated as new_*
+            row["heldout"] = int(c >= data.num_train_clients)
         row.update({f"train_label_{j}": int(tr[c, j]) for j in range(k)})
         row.update({f"test_label_{j}": int(te[c, j]) for j in range(k)})
         rows.append(row)
@@ -114,6 +116,8 @@ def write_clients(data, ev, path: str) -> None:
     rows = []
     for c in range(data.num_clients):
         row = {"client": c, "n_train": int(n_tr[c]), "n_test": int(n_te[c])}
+        if data.num_holdout:
+            row["heldout"] = int(c >= data.num_train_clients)
         row.update({k: float(v[c]) for k, v in ev.per_client.items()})
         rows.append(row)
     write_csv(path, rows)

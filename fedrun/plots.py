@@ -72,3 +72,30 @@ def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str =
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     save_figure(fig, out_png, suptitle)
+
+
+def plot_partition(counts, num_holdout: int, out_png: str, title: str = "") -> None:
+    """partition.png: clients (x) by labels (y), a dot per (client, label) sized by its training rows;
+    held-out clients (the last `num_holdout`) drawn in red behind a shaded band.
+
+    Args:
+        counts: [clients, labels] training rows per label (array-like).
+    """
+    import numpy as np
+
+    counts = np.asarray(counts, dtype=np.float64)
+    c, k = counts.shape
+    cc, kk = np.nonzero(counts)
+    size = 150.0 * counts[cc, kk] / max(counts.max(), 1.0)
+    held = cc >= c - num_holdout
+    fig, ax = plt.subplots(figsize=(min(4 + c * 0.12, 16), min(2.5 + k * 0.18, 10)))
+    ax.scatter(cc[~held], kk[~held], s=size[~held], c="tab:blue", linewidths=0, label="training clients")
+    if num_holdout:
+        ax.axvspan(c - num_holdout - 0.5, c - 0.5, color="tab:red", alpha=0.08)
+        ax.scatter(cc[held], kk[held], s=size[held], c="tab:red", linewidths=0, label=f"held out ({num_holdout})")
+        ax.legend(loc="upper right", fontsize=8, markerscale=0.6)
+    ax.set_xlabel("client")
+    ax.set_ylabel("label")
+    ax.set_xlim(-0.5, c - 0.5)
+    ax.set_ylim(-0.5, k - 0.5)
+    save_figure(fig, out_png, title or f"{c} clients x {k} labels, dot area = training rows")

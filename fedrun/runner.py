@@ -104,7 +104,10 @@ class Job:
         if data_key not in cache:
             cache[data_key] = instantiate_checked(cfg.data)
         self.data: FederatedData = cache[data_key]
-        self.sched = schedule(cfg, self.data.num_clients)
+        self.sched = schedule(cfg, self.data.num_train_clients)
+        if self.data.num_holdout and getattr(self.algo, "train_all", False):
+            raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
+                              "algo.train_all=true trains every client (set it false or partition.holdout=0)")
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         check_model_fits(self.model(), self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
@@ -136,6 +139,11 @@ class Job:
                 os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
                 outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
         outputs.write_partition(data, os.path.join(out_dir, "partition.csv"))
+        if cfg.plot:
+            from .plots import plot_partition
+
+            plot_partition(data.train.label_counts(data.num_classes).cpu().numpy(), data.num_holdout,
+                           os.path.join(out_dir, "partition.png"))
         self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
         start = None
         if ck is not None:
@@ -309,7 +317,7 @@ def _to_device(obj, device):
 def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
     last = history[-1]
     out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine}
-    for prefix in ("global", "pers"):
+    for prefix in ("global", "pers", "new_global", "new_pers"):
         key = f"{prefix}_acc"
         if key not in last:
             continue

@@ -62,7 +62,7 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
     `train_all`), and row indices [m, tau, k, B] of every minibatch of the round, drawn as
     `sched.sampling` says."""
     g = round_generator(seed, rnd)
-    clients = torch.randperm(data.num_clients, generator=g)[: sched.clients_per_round].sort().values
+    clients = torch.randperm(data.num_train_clients, generator=g)[: sched.clients_per_round].sort().values  # held-out clients never
     shape = (sched.tau, k, sched.batch_size)
     split = data.train
 
@@ -76,7 +76,7 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
     idx = draw(clients)
     trained = clients
     if train_all:  # the others' draws come after, so the sampled clients train on the same batches
-        trained = torch.arange(data.num_clients)
+        trained = torch.arange(data.num_train_clients)
         rest = torch.ones(len(trained), dtype=torch.bool)
         rest[clients] = False
         idx_all = torch.empty(len(trained), *shape, dtype=idx.dtype, device=idx.device)

@@ -153,6 +153,13 @@ def precheck(argv: list[str]) -> str | None:
                 group = k.replace("override", "").strip(" /")
                 if group in GROUPS and choices[group] is None:
                     choices[group] = v
+    if (choices["dataset"] or choices["partition"]) and choices["data"] not in (None, "composed"):
+        return (f"dataset=/partition= compose their own data and cannot go with data={choices['data']}; drop data= "
+                f"(the old data= settings stay as they are)")
+    if choices["data"] == "composed" or choices["dataset"] or choices["partition"]:
+        for g in ("dataset", "partition"):
+            if not choices[g]:
+                return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"
     top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
     for arg in argv:
@@ -163,6 +170,8 @@ def precheck(argv: list[str]) -> str | None:
         if head.split("/")[0] == "hydra" or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups
             continue
         if head in GROUPS and rest:
+            if not (choices[head] or defaults[head]):
+                return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
             group_cfg = OmegaConf.load(group_file(head, choices[head] or defaults[head], roots))
             if rest.split(".")[0] not in group_cfg:
                 known = sorted(k for k in group_cfg if not str(k).startswith("_"))

@@ -134,10 +134,16 @@ class FederatedData:
     augment_fill: Tensor | None = None  # [channels] value the augmentation's padding takes (None: 0), on x's device
     client_classes: Tensor | None = None  # [C, k] dataset classes each client owns (ACID/ALID), CPU
     client_labels: Tensor | None = None  # [C, k] ALID: label client c gives class client_classes[c, j], CPU
+    num_holdout: int = 0  # the last num_holdout clients never train (unseen clients, `partition.holdout`)
 
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def num_train_clients(self) -> int:
+        """Clients 0..num_train_clients-1 train; the rest are held out (evaluated as new clients)."""
+        return self.num_clients - int(self.num_holdout)
 
     @property
     def feature_shape(self) -> tuple[int, ...]:

@@ -176,3 +176,105 @@ def load_cifar(root: str, num_classes: int = 10, download: bool = True
     trx, try_ = _read_cifar([os.path.join(base, f) for f in train_files], label_key)
     tex, tey = _read_cifar([os.path.join(base, f) for f in test_files], label_key)
     return trx, try_, tex, tey
+
+
+# ---------------------------------------------------------------------------- idx files (MNIST family)
+
+IDX_DATASETS = {  # dataset -> (folder under root, file stem per split; {split}: EMNIST's split name)
+    "mnist": ("MNIST", "{part}-{kind}-idx{d}-ubyte"),
+    "fmnist": ("FashionMNIST", "{part}-{kind}-idx{d}-ubyte"),
+    "emnist": ("EMNIST", "emnist-{split}-{part}-{kind}-idx{d}-ubyte"),
+}
+EMNIST_SPLITS = ("balanced", "byclass", "bymerge", "digits", "letters", "mnist")
+
+
+def idx_files(dataset: str, split: str | None = None) -> list[str]:
+    """The four idx file names of `dataset` (train/test images/labels), as torchvision writes them."""
+    _, stem = IDX_DATASETS[dataset]
+    parts = {"mnist": ("train", "t10k"), "fmnist": ("train", "t10k"), "emnist": ("train", "test")}[dataset]
+    return [stem.format(split=split, part=p, kind=k, d=d) for p in parts for k, d in (("images", 3), ("labels", 1))]
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An idx file (MNIST's big-endian format; `path` or `path`.gz) as a numpy array. Only the header
+    and raw bytes are read: no pickle, nothing in a data file can run code."""
+    import gzip
+
+    opener = gzip.open if not os.path.exists(path) and os.path.exists(path + ".gz") else open
+    with opener(path if opener is open else path + ".gz", "rb") as f:
+        data = f.read()
+    zero, dtype, ndim = data[0] * 256 + data[1], data[2], data[3]
+    if zero != 0 or dtype != 0x08:
+        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(shape)):
+        raise ValueError(f"{path}: {arr.size} bytes for shape {shape} (a torn copy?)")
+    return arr.reshape(shape)
+
+
+def load_idx(root: str, dataset: str, split: str | None = None, download: bool = True
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MNIST, Fashion-MNIST or EMNIST as (train_x uint8 [N,28,28], train_y, test_x, test_y) from
+    `root`/<MNIST|FashionMNIST|EMNIST>/raw (plain or .gz idx files, torchvision's layout). EMNIST
+    images are transposed upright. Downloads MNIST and Fashion-MNIST through torchvision when their
+    files are missing and `download` is set."""
+    folder, _ = IDX_DATASETS[dataset]
+    raw = os.path.join(root, folder, "raw")
+    names = idx_files(dataset, split)
+    present = lambda: all(os.path.exists(os.path.join(raw, f)) or os.path.exists(os.path.join(raw, f + ".gz"))
+                          for f in names)
+    if not present():
+        why = "download=false"
+        if download and dataset != "emnist":
+            try:
+                from torchvision.datasets import MNIST, FashionMNIST
+
+                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=True, download=True)
+                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=False, download=True)
+            except Exception as e:  # offline: URLError, timeouts, ...
+                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        elif download:
+            why = "EMNIST is not downloaded by fedrun (~560 MB zip)"
+        if not present():
+            raise DataMissingError(
+                f"dataset={dataset} not found: expected {', '.join(names)} (or .gz) in {os.path.abspath(raw)} "
+                f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds {folder}/raw"
+            )
+    trx, try_, tex, tey = (read_idx(os.path.join(raw, f)) for f in names)
+    if dataset == "emnist":  # stored transposed (column-major), as torchvision leaves them
+        trx, tex = trx.transpose(0, 2, 1), tex.transpose(0, 2, 1)
+    return trx, try_.astype(np.int64), tex, tey.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
+
+def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
+    """A LEAF dataset as its scripts write it: `root`/<dataset>/data/{train,test}/*.json, each
+    {"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}.
+
+    Returns (train_x float32 [N, 784], train_y, train_writers, test_x, test_y, test_writers); writer
+    ids are the user names. JSON only: nothing in the files can run code."""
+    import json
+
+    base = os.path.join(root, dataset, "data")
+    folders = [os.path.join(base, s) for s in ("train", "test")]
+    files = [sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else [] for d in folders]
+    if not all(files):
+        raise DataMissingError(
+            f"dataset={dataset} not found: expected LEAF's JSON user files (*.json) in {os.path.abspath(folders[0])} "
+            f"and {os.path.abspath(folders[1])} (fedrun does not download LEAF data: run LEAF's "
+            f"data/{dataset}/preprocess.sh, then point dataset.root (or $FEDRUN_DATA) at the folder that holds {dataset}/data)")
+    out = []
+    for d, names in zip(folders, files):
+        xs, ys, ws = [], [], []
+        for name in names:
+            with open(os.path.join(d, name)) as f:
+                blob = json.load(f)
+            for user in blob["users"]:
+                u = blob["user_data"][user]
+                xs.append(np.asarray(u["x"], dtype=np.float32).reshape(len(u["y"]), -1))
+                ys.append(np.asarray(u["y"], dtype=np.int64))
+                ws.append(np.full(len(u["y"]), user, dtype=object))
+        out += [np.concatenate(xs), np.concatenate(ys), np.concatenate(ws).astype(str)]
+    return tuple(out)

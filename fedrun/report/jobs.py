@@ -12,9 +12,10 @@ from omegaconf import OmegaConf
 from ..config import group_file, neutral_options
 from ..resume import ADDED_OPTIONS
 
-PREFIXES = ("global", "pers")
-MODEL_NAMES = {"global": "global model", "pers": "personalized"}
-GROUPS = ("experiment", "algo", "data", "model")  # config groups (experiment: a preset, when one was used)
+PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
+MODEL_NAMES = {"global": "global model", "pers": "personalized",
+               "new_global": "new clients, global model", "new_pers": "new clients, personalized"}
+GROUPS = ("experiment", "algo", "data", "dataset", "partition", "model")  # config groups (experiment: a preset, when one was used)
 # Never part of a configuration's identity: the seed (seeds are averaged) and the options that do
 # not change the numbers (fedrun.config.NEUTRAL_OPTIONS).
 NEUTRAL_KEYS = frozenset(neutral_options("seed"))
