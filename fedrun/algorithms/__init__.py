@@ -6,10 +6,11 @@ from __future__ import annotations
 from .base import Algorithm, ConfigError, ServerState
 from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from .perfedavg import FedAvg, PerFedAvg
+from .fedprox import FedProx
 from .pfedme import PFedMe
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
-           "FedDyn", "Scaffold", "names", "build"]
+           "FedDyn", "Scaffold", "FedProx", "names", "build"]
 
 
 def names(roots: list[str] | None = None) -> list[str]:
