@@ -7,10 +7,12 @@ from .base import Algorithm, ConfigError, ServerState
 from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from .perfedavg import FedAvg, PerFedAvg
 from .fedprox import FedProx
+from .personal import APFL, Ditto, LocalOnly
 from .pfedme import PFedMe
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
-           "FedDyn", "Scaffold", "FedProx", "names", "build"]
+           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL",
+           "names", "build"]
 
 
 def names(roots: list[str] | None = None) -> list[str]:

@@ -3,12 +3,13 @@ against hand-computed numbers on toy problems, and their per-client state across
 import pytest
 import torch
 
-from fedrun.algorithms import FedAvg, FedProx
-from fedrun.algorithms.base import ServerState, finetune
+from fedrun import outputs
+from fedrun.algorithms import APFL, Ditto, FedAvg, FedProx, LocalOnly
+from fedrun.algorithms.base import ConfigError, ServerState, finetune
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
-from fedrun.simulate import Schedule, eval_context, simulate
+from fedrun.simulate import Progress, Schedule, eval_context, simulate
 from helpers import half_squared, quad_grad, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
@@ -59,6 +60,81 @@ def test_fedprox_with_mu_zero_is_fedavg():
     assert not torch.equal(c[0].params["net.0.weight"], a[0].params["net.0.weight"])
 
 
+def test_local_clients_train_alone_and_the_server_model_never_moves():
+    state, last, _, model, data = run(LocalOnly(lr=0.1), rounds=2, clients=6)
+    init = params_of(model)
+    for k in init:
+        assert torch.equal(state.params[k], init[k])
+    # a client's model is its own SGD path: the same as LocalOnly on a one-client copy of its data
+    for k in init:
+        assert not torch.equal(state.clients["params"][k][0], state.clients["params"][k][1])
+    assert last.row["pers_acc"] != last.row["global_acc"]
+    assert LocalOnly.models_per_round == 0
+
+
+def test_local_unsampled_clients_keep_their_initial_model():
+    state, _, _, model, _ = run(LocalOnly(lr=0.1), rounds=1, clients=2)
+    init = params_of(model)
+    moved = [not torch.equal(state.clients["params"]["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
+    assert sum(moved) == 2
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_ditto_two_steps_by_hand_and_lam_zero_is_local_training(E):
+    model, params, batches = quadratic_setup()
+    engine, lr, plr, lam = E(model, criterion=half_squared), 0.2, 0.1, 0.5
+    w0 = params["weight"]
+    v0 = w0 + 0.3
+    steps = [batches[:2], batches[1:]]  # (global batch, personal batch) of two local steps
+    for lam_ in (lam, 0.0):
+        algo = Ditto(lr=lr, personal_lr=plr, lam=lam_)
+        local = {"params": {"weight": w0.clone()}, "anchor": {"weight": w0}, "personal": {"weight": v0}}
+        for b in steps:
+            local = algo.client_step(engine, local, b, 1)
+        for i in range(3):
+            w, v = w0[i, 0], v0[i, 0]
+            for (xg, yg), (xp, yp) in steps:  # the personal model is pulled to w^t = w0, not to the moving w
+                v = v - plr * (quad_grad(v, xp[i], yp[i]) + lam_ * (v - w0[i, 0]))
+                w = w - lr * quad_grad(w, xg[i], yg[i])
+            torch.testing.assert_close(local["params"]["weight"][i, 0], w)
+            torch.testing.assert_close(local["personal"]["weight"][i, 0], v)
+        if lam_ == 0.0:  # the personal model took exactly LocalOnly's steps on the personal batches
+            ref = {"params": {"weight": v0}}
+            for b in steps:
+                ref = LocalOnly(lr=plr).client_step(engine, ref, [b[1]], 1)
+            assert torch.equal(local["personal"]["weight"], ref["params"]["weight"])
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_apfl_step_by_hand(E):
+    model, params, batches = quadratic_setup()
+    engine, lr, alr = E(model, criterion=half_squared), 0.2, 0.3
+    w0 = params["weight"]
+    v0 = w0 + 0.4
+    a0 = torch.tensor([[0.2], [0.5], [0.9]], dtype=torch.float64)
+    out = APFL(lr=lr, alpha=0.5, alpha_lr=alr).client_step(
+        engine, {"params": {"weight": w0}, "v": {"weight": v0}, "alpha": a0}, [batches[0]], 1)
+    for i in range(3):
+        x, y = batches[0][0][i], batches[0][1][i]
+        w, v, a = w0[i, 0], v0[i, 0], a0[i, 0]
+        vbar = a * v + (1 - a) * w
+        gbar = quad_grad(vbar, x, y)
+        torch.testing.assert_close(out["params"]["weight"][i, 0], w - lr * quad_grad(w, x, y))
+        torch.testing.assert_close(out["v"]["weight"][i, 0], v - lr * a * gbar)
+        torch.testing.assert_close(out["alpha"][i, 0], (a - alr * (v - w) @ gbar).clamp(0, 1))
+
+
+def test_apfl_fixed_alpha_zero_serves_the_global_model():
+    state, last, _, _, _ = run(APFL(lr=0.1, alpha=0.0, alpha_lr=0.0))
+    assert (state.clients["mix"]["alpha"] == 0).all()
+    assert last.row["pers_acc"] == pytest.approx(last.row["global_acc"], abs=1e-6)
+
+
+def test_apfl_alpha_must_be_a_fraction():
+    with pytest.raises(ConfigError, match=r"algo.alpha=1.5 must be a number in \[0, 1\]"):
+        APFL(alpha=1.5)
+
+
 @pytest.mark.parametrize("E", ENGINES)
 def test_finetune_steps_are_full_batch_gradient_steps(E):
     data = tiny()
@@ -81,3 +157,22 @@ def test_finetune_steps_are_full_batch_gradient_steps(E):
             torch.testing.assert_close(got[k][c], q[k].detach(), rtol=1e-10, atol=1e-12)
     one, _ = finetune(engine, p, ctx, 0.3, 1)
     assert not torch.equal(one["net.0.weight"], got["net.0.weight"])
+
+
+@pytest.mark.parametrize("algo", [Ditto(lr=0.1, personal_lr=0.1, lam=0.1), APFL(lr=0.1, alpha=0.5, alpha_lr=0.1),
+                                  LocalOnly(lr=0.1)], ids=lambda a: a.name)
+def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
+    """3 rounds straight == 2 rounds, a checkpoint written and read back (as the runner does), 1 more."""
+    full, last_full, _, _, data = run(algo, rounds=3, clients=2)
+    saved = []
+    run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(
+        str(tmp_path), at.round, {"transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
+                                                                          "clients": at.state.clients}})))
+    ck = outputs.load_checkpoint(str(tmp_path))
+    assert ck["round"] == 2 and ck["state"]["clients"]
+    start = Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"])
+    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
+    for name in full.clients:
+        for k in full.clients[name]:
+            assert torch.equal(full.clients[name][k], resumed.clients[name][k]), (name, k)
+    assert last.row == last_full.row
