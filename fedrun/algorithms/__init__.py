@@ -9,9 +9,10 @@ from .perfedavg import FedAvg, PerFedAvg
 from .fedprox import FedProx
 from .personal import APFL, Ditto, LocalOnly
 from .pfedme import PFedMe
+from .split import FedBABU, FedPer, FedRep, LGFedAvg
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
-           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL",
+           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU",
            "names", "build"]
 
 

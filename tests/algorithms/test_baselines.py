@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import APFL, Ditto, FedAvg, FedProx, LocalOnly
-from fedrun.algorithms.base import ConfigError, ServerState, finetune
+from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
+from fedrun.algorithms.base import ConfigError, ServerState, finetune, head_names
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
@@ -135,6 +135,64 @@ def test_apfl_alpha_must_be_a_fraction():
         APFL(alpha=1.5)
 
 
+def test_head_is_the_output_layer():
+    model = MLP(6, 4, hidden=[5, 3])
+    assert head_names(params_of(model)) == ["net.4.weight", "net.4.bias"]
+
+
+@pytest.mark.parametrize("cls,personal", [(FedPer, "head"), (LGFedAvg, "body")])
+def test_fedper_and_lgfedavg_average_one_part_and_keep_the_other(cls, personal):
+    state, _, _, model, data = run(cls(lr=0.1), rounds=1, clients=2)
+    init = params_of(model)
+    head = head_names(init)
+    mine = head if personal == "head" else [k for k in init if k not in head]
+    assert set(state.clients["part"]) == set(mine)
+    for k in mine:  # the server's copy of the personal part never moves
+        assert torch.equal(state.params[k], init[k])
+    for k in init:
+        if k not in mine:
+            assert not torch.equal(state.params[k], init[k])
+    moved = [not torch.equal(state.clients["part"][mine[0]][c], init[mine[0]]) for c in range(6)]
+    assert sum(moved) == 2
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_fedrep_trains_the_head_first_then_the_body(E):
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    p0 = stack(params_of(model), 2)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 5, 6, generator=g), torch.randint(0, 4, (2, 5), generator=g)) for _ in range(3)]
+    engine = E(model)
+    algo = FedRep(lr=0.1, head_steps=2)
+    local = {"params": p0, "step": torch.zeros(2, 1, dtype=torch.long)}
+    head = head_names(p0)
+    expected = dict(p0)
+    for s, b in enumerate(batches):
+        local = algo.client_step(engine, local, [b], 1)
+        gr, _ = engine.grad(expected, *b)
+        expected = {k: expected[k] - 0.1 * gr[k] if (k in head) == (s < 2) else expected[k] for k in expected}
+        for k in p0:
+            torch.testing.assert_close(local["params"][k], expected[k])
+    for k in p0:  # both phases happened
+        assert not torch.equal(local["params"][k], p0[k])
+
+
+def test_fedbabu_keeps_the_head_at_its_initial_value_and_fine_tunes_at_test_time():
+    state, last, _, model, data = run(FedBABU(beta=0.1, alpha=0.1, finetune_steps=1), rounds=2)
+    init = params_of(model)
+    for k in head_names(init):
+        assert torch.equal(state.params[k], init[k])
+    assert not torch.equal(state.params["net.0.weight"], init["net.0.weight"])
+    # its test-time fine-tuning of one step is FedAvg's one-step update of the same model
+    fedavg = FedAvg(beta=0.1, alpha=0.1)
+    ctx = eval_context(data, Schedule(rounds=2, tau=3, clients_per_round=3, batch_size=5), 0, 2)
+    a, _ = FedBABU(beta=0.1, alpha=0.1, finetune_steps=1).personalize(VmapEngine(model), state, ctx)
+    b, _ = fedavg.personalize(VmapEngine(model), state, ctx)
+    for k in a:
+        assert torch.equal(a[k], b[k])
+
+
 @pytest.mark.parametrize("E", ENGINES)
 def test_finetune_steps_are_full_batch_gradient_steps(E):
     data = tiny()
@@ -160,7 +218,7 @@ def test_finetune_steps_are_full_batch_gradient_steps(E):
 
 
 @pytest.mark.parametrize("algo", [Ditto(lr=0.1, personal_lr=0.1, lam=0.1), APFL(lr=0.1, alpha=0.5, alpha_lr=0.1),
-                                  LocalOnly(lr=0.1)], ids=lambda a: a.name)
+                                  FedRep(lr=0.1, head_steps=1), LocalOnly(lr=0.1)], ids=lambda a: a.name)
 def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     """3 rounds straight == 2 rounds, a checkpoint written and read back (as the runner does), 1 more."""
     full, last_full, _, _, data = run(algo, rounds=3, clients=2)
