@@ -1,12 +1,13 @@
 """fedrun `protocol=official` against golden traces of PFLlib (TsingZ0/PFLlib, the most used PFL
-implementation) for FedProx, Ditto, FedPer, FedRep, LG-FedAvg and FedBABU.
+implementation) for FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU and APFL (its `follow=pfllib` rule).
 
 scripts/golden/record_pfllib.py ran PFLlib's own client classes and server aggregation on the tiny
 problem of the pFedMe traces and recorded, per round: the selected clients, every minibatch's rows,
 the server model after aggregation and every client's model(s). Each test composes the matching
 fedrun config, feeds it the same initial weights, clients and minibatches (by replacing
 `fedrun.simulate.sample_round`), and checks the server's shared part after every round and every
-client's persistent part (FedPer/FedRep heads, LG-FedAvg bodies, Ditto's personal models),
+client's persistent part (FedPer/FedRep heads, LG-FedAvg bodies, Ditto's and APFL's personal
+models, APFL's alphas),
 |fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32; aggregation sums in another order).
 protocol=official: aggregation weighted by clients' training rows, as PFLlib's receive_models does.
 """
@@ -42,6 +43,7 @@ OPTIONS = {
     "fedrep": lambda a: ["algo.lr=0.1", "algo.head_steps=2"],
     "lgfedavg": lambda a: ["algo.lr=0.1"],
     "fedbabu": lambda a: ["algo.beta=0.1", "algo.alpha=null"],
+    "apfl": lambda a: ["algo.lr=0.1", f"algo.alpha={a['alpha']}", "algo.alpha_lr=0.1"],  # PFLlib: alpha's lr = lr
 }
 
 
@@ -103,18 +105,20 @@ def compare(trace: dict, states: list) -> dict[str, float]:
         for name, v in it["server"].items():  # the shared part PFLlib's server holds
             close("server", v, state.params[NAMES[name]])
         per_client = {"ditto": ("personal", "personal"), "fedper": ("clients", "part"), "fedrep": ("clients", "part"),
-                      "lgfedavg": ("clients", "part")}.get(algo)
+                      "lgfedavg": ("clients", "part"), "apfl": ("personal", "v")}.get(algo)
         if per_client:
             src, mine = per_client
             for c, models in it[src].items():
                 for name, v in models.items():
                     if NAMES[name] in state.clients[mine]:
                         close(mine, v, state.clients[mine][NAMES[name]][int(c)])
+        if algo == "apfl":
+            close("alpha", [it["alpha"][str(c)] for c in range(len(it["alpha"]))], state.clients["mix"]["alpha"].view(-1))
     assert len(states) == len(trace["iterations"])
     return worst
 
 
-ALGOS = ["fedprox", "ditto", "fedper", "fedrep", "lgfedavg", "fedbabu"]
+ALGOS = ["fedprox", "ditto", "fedper", "fedrep", "lgfedavg", "fedbabu", "apfl"]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -124,6 +128,16 @@ def test_official_protocol_replays_pfllib(algo):
     assert worst and all(v <= 0 for v in worst.values()), worst
     if algo in ("ditto", "fedper", "fedrep", "lgfedavg"):
         assert len(worst) == 2  # the per-client part was compared too
+    if algo == "apfl":
+        assert set(worst) == {"server", "v", "alpha"}
+
+
+def test_apfl_the_paper_rule_is_not_pfllibs():
+    """APFL under protocol=honest (the paper's update, follow=paper) does not replay PFLlib's code:
+    the four differences docs/baselines.md lists move the personal models and the alphas."""
+    trace = load("apfl")
+    worst = compare(trace, replay(trace, ["algo.follow=paper"]))
+    assert worst["v"] > 0 and worst["alpha"] > 0
 
 
 def test_loop_engine_replays_pfllib_too():

@@ -17,6 +17,12 @@
               v_i   <- v_i - lr alpha_i grad f_i(vbar; D)
               alpha_i <- clip(alpha_i - alpha_lr <v_i - w, grad f_i(vbar; D)>, 0, 1)   (alpha_lr 0: fixed)
           w is averaged by the server; the model served is alpha_i v_i + (1 - alpha_i) w^{t+1}.
+          `follow=pfllib` (protocol=official) reproduces PFLlib's clientAPFL instead, which differs
+          from the paper in four places: v_i is trained on its OWN loss (v <- v - lr grad f(v; D));
+          the alpha gradient is <v_i - w, alpha grad f(v_i) + (1 - alpha) grad f(w)> + 0.02 alpha at
+          the stepped models; after the round v_i is overwritten by the mixture
+          (1 - alpha_i) w_i + alpha_i v_i (w_i: the client's own trained w); and that stored mixture
+          is what is served (the traces of tests/test_golden_pfllib.py check it).
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back, so unsampled clients keep theirs): local's and Ditto's models
@@ -28,7 +34,8 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import Algorithm, ConfigError, EvalContext, Local, ServerState, check_positive, gather, scatter, sgd
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, gather,
+                   scatter, sgd)
 from .debias import expand
 
 
@@ -100,8 +107,12 @@ class Ditto(Algorithm):
 class APFL(Algorithm):
     name = "apfl"
 
-    def __init__(self, lr: float, alpha: float, alpha_lr: float):
+    FOLLOW = ("paper", "pfllib")
+
+    def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None):
         check_positive("algo.lr", lr)
+        check_choice("algo.follow", follow or "paper", self.FOLLOW)
+        self.follow = follow or "paper"
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
             raise ConfigError(f"algo.alpha={alpha!r} must be a number in [0, 1]")
         check_positive("algo.alpha_lr", alpha_lr, allow_zero=True)
@@ -125,6 +136,8 @@ class APFL(Algorithm):
         (x, y), = batches
         w, v, alpha = local["params"], local["v"], local["alpha"]
         g, _ = engine.grad(w, x, y)
+        if self.follow == "pfllib":
+            return self._pfllib_step(engine, w, v, alpha, g, x, y)
         gbar, _ = engine.grad(self._mix(v, w, alpha), x, y)
         new_v = {k: v[k] - self.lr * alpha.view(-1, *[1] * (v[k].dim() - 1)) * gbar[k] for k in v}
         if self.alpha_lr:
@@ -132,13 +145,32 @@ class APFL(Algorithm):
             alpha = (alpha - self.alpha_lr * dot.view(-1, 1)).clamp(0.0, 1.0)
         return {"params": sgd(w, g, self.lr), "v": new_v, "alpha": alpha}
 
+    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor, y: Tensor) -> Local:
+        gv, _ = engine.grad(v, x, y)
+        new_w, new_v = sgd(w, g, self.lr), sgd(v, gv, self.lr)
+        if self.alpha_lr:
+            a = alpha.view(-1)
+            dot = sum(((new_v[k] - new_w[k]) * (_bc(a, gv[k]) * gv[k] + _bc(1 - a, g[k]) * g[k])).flatten(1).sum(1)
+                      for k in v)
+            alpha = (alpha - self.alpha_lr * (dot + 0.02 * a).view(-1, 1)).clamp(0.0, 1.0)
+        return {"params": new_w, "v": new_v, "alpha": alpha}
+
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        if self.follow == "pfllib":  # v_i <- (1 - alpha_i) w_i + alpha_i v_i, with the client's own w_i
+            local = {**local, "v": self._mix(local["v"], local["params"], local["alpha"])}
         kept = {"v": scatter(state.clients["v"], clients, local["v"]),
                 "mix": {"alpha": state.clients["mix"]["alpha"].index_copy(0, clients, local["alpha"])}}
         return ServerState(params=new, extra=state.extra, clients={**state.clients, **kept})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         alpha = state.clients["mix"]["alpha"]
+        if self.follow == "pfllib":  # the stored mixture (PFLlib's model_per)
+            return state.clients["v"], None
         return self._mix(state.clients["v"], expand(state.params, alpha.shape[0]), alpha), None
+
+
+def _bc(a: Tensor, like: Tensor) -> Tensor:
+    """Per-client scalars a [m] shaped to broadcast against a stacked tensor like [m, ...]."""
+    return a.view(-1, *[1] * (like.dim() - 1)).to(like.dtype)

@@ -1,4 +1,4 @@
-"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg and FedBABU.
+"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU and APFL.
 
     python -m venv --system-site-packages /work/ref-venv && /work/ref-venv/bin/pip install scikit-learn
     git clone https://github.com/TsingZ0/PFLlib /work/ref/PFLlib     # traces: commit d832e76
@@ -26,7 +26,7 @@ Patches, at run time, none to the math:
     ptrain()/train() in their order, receive_models (client_drop_rate 0), aggregate_parameters.
 What is recorded: per round the selected clients, every minibatch's row indices per client and
 phase, the server model after aggregation (all entries) and every client's model(s) after the
-round (all entries: PFLlib's model, and Ditto's model_per).
+round (all entries: PFLlib's model, and Ditto's and APFL's model_per; APFL's alpha).
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ RUNS = {
     "fedrep": ("clientrep", "clientRep", "serverrep", "FedRep", dict(plocal_epochs=1), [("head", 2), ("body", 1)]),
     "lgfedavg": ("clientlg", "clientLG", "serverlg", "LG_FedAvg", {}, [("train", 3)]),
     "fedbabu": ("clientbabu", "clientBABU", "serverbabu", "FedBABU", dict(fine_tuning_epochs=1), [("train", 3)]),
+    "apfl": ("clientapfl", "clientAPFL", "serverapfl", "APFL", dict(alpha=0.5), [("train", 3)]),
 }
 
 
@@ -122,7 +123,9 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         it = {"selected": selected, "batches": batches,
               "server": {n: p.detach().tolist() for n, p in server.global_model.named_parameters()},
               "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()} for i, c in enumerate(clients)}}
-        if algo == "ditto":
+        if algo == "apfl":
+            it["alpha"] = {str(i): float(c.alpha) for i, c in enumerate(clients)}
+        if algo in ("ditto", "apfl"):
             it["personal"] = {str(i): {n: p.detach().tolist() for n, p in c.model_per.named_parameters()}
                               for i, c in enumerate(clients)}
         trace.append(it)
