@@ -15,6 +15,7 @@ the algorithms as the papers describe them.
                              not the server model; the curves of paper 004 plot this model
   algo.proto_first_step_only=true  (paper 004, P-Avg (Proto)) only each round's first local step
                              uses the Proto features; the authors' loop embeds with the outputs after
+  algo.follow=pfllib         (APFL) PFLlib's clientAPFL update instead of the paper's (fedrun.algorithms.personal)
 
 and papers report the MAX over rounds (summary.json always has the last and the best round).
 `official_2020`: `official`, but Per-FedAvg as the pFedMe authors' code was when the pFedMe paper's
@@ -35,10 +36,10 @@ from omegaconf import DictConfig, OmegaConf
 CHOICES = {
     "honest": {"aggregate": "uniform", "algo.train_all": False, "algo.mu": 0.0, "algo.personalized": "theta",
                "algo.test_time": "train", "algo.outer_step_from": "w", "algo.eval_model": "server",
-               "algo.proto_first_step_only": False},
+               "algo.proto_first_step_only": False, "algo.follow": "paper"},
     "official": {"aggregate": "samples", "algo.train_all": True, "algo.mu": 0.001, "algo.personalized": "local",
                  "algo.test_time": "test_batches", "algo.outer_step_from": "w", "algo.eval_model": "clients_mean",
-                 "algo.proto_first_step_only": True},
+                 "algo.proto_first_step_only": True, "algo.follow": "pfllib"},
 }
 CHOICES["official_2020"] = {**CHOICES["official"], "algo.test_time": "test_then_train", "algo.outer_step_from": "w_tilde"}
 

@@ -325,3 +325,24 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     (out / "settings.json").write_text(json.dumps(old))
     script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
     assert "protocol=honest, data.pad_fill=mean, --sampling replacement" in (out / "table.md").read_text()
+
+
+# the PFL baseline table (scripts/baselines.py): every entry, --quick, then --replot
+def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
+    out = tmp_path / "bl"
+    text = script("baselines.py", ["--quick", "--rounds", "2", "--out", str(out)], tmp_path, monkeypatch)
+    table = pd.read_csv(out / "baselines.csv")
+    import baselines  # noqa: E402 - the script's module, for its list of entries
+    assert list(table["entry"]) == list(baselines.ENTRIES) and (table["rounds"] == 2).all()
+    assert (out / "baselines.png").stat().st_size > 0
+    for _, row in table.iterrows():  # the table's numbers are the runs' CSVs
+        run = next(p for p in (out / "runs" / baselines._slug(row["entry"])).iterdir() if (p / "metrics.csv").exists())
+        m, clients = pd.read_csv(run / "metrics.csv"), pd.read_csv(run / "clients.csv")
+        col = f"{row['scored']}_acc"
+        assert row["last"] == pytest.approx(100 * m[col].iloc[-1]) and row["best"] == pytest.approx(100 * m[col].max())
+        assert row["lowest_decile"] == pytest.approx(100 * clients[col].quantile(0.1))
+        assert f"| {row['entry']} | {row['algo']} |" in text
+    before = (out / "baselines.md").read_text()
+    (out / "baselines.md").unlink()
+    script("baselines.py", ["--replot", str(out)], tmp_path, monkeypatch)
+    assert (out / "baselines.md").read_text() == before

@@ -6,10 +6,14 @@ from __future__ import annotations
 from .base import Algorithm, ConfigError, ServerState
 from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from .perfedavg import FedAvg, PerFedAvg
+from .fedprox import FedProx
+from .personal import APFL, Ditto, LocalOnly
 from .pfedme import PFedMe
+from .split import FedBABU, FedPer, FedRep, LGFedAvg
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
-           "FedDyn", "Scaffold", "names", "build"]
+           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU",
+           "names", "build"]
 
 
 def names(roots: list[str] | None = None) -> list[str]:

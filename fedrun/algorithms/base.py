@@ -148,14 +148,55 @@ def sgd(params: Params, grads: Params, lr: float) -> Params:
 
 
 class OneStepPersonalization:
-    """Serves each client the server model after one gradient step of lr `self.alpha` on the
-    client's own training rows (Per-FedAvg's test-time update; "FedAvg + update" for FedAvg)."""
+    """Serves each client the server model after `finetune_steps` (default one) gradient steps of lr
+    `self.alpha` on the client's own training rows (Per-FedAvg's test-time update; "FedAvg + update"
+    for FedAvg; FedAvg + fine-tuning with more steps)."""
 
     alpha: float
+    finetune_steps: int = 1
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
+        return finetune(engine, self.eval_params(state), ctx, self.alpha, self.finetune_steps)
+
+
+def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int) -> tuple[Params, Tensor | None]:
+    """Every client's model after `steps` SGD steps of `lr` from the shared `params` on its own
+    TRAINING rows: full-batch steps, or (with `personalize_batch`) one fresh minibatch per step.
+    Also returns the shared model's per-client loss on the first step's rows. One step is
+    `one_step_adapt` (the same draws as before this option existed)."""
+    if steps == 1:
         batch = ctx.train_batch() if ctx.personalize_batch else None
-        return one_step_adapt(engine, state.params, ctx.data.train, self.alpha, batch)
+        return one_step_adapt(engine, params, ctx.data.train, lr, batch)
+    x = y = None
+    if ctx.personalize_batch:
+        x, y = ctx.train_batch(steps=(steps,))
+    p, loss = params, None
+    for s in range(steps):
+        if x is None:
+            g, l = engine.full_grad(p, ctx.data.train, shared=s == 0)
+        else:
+            g, l = engine.grad(stack(p, len(x)) if s == 0 else p, x[:, s], y[:, s])
+        p = sgd(p, g, lr)  # step 0 broadcasts the shared params to [C, ...]
+        loss = l if loss is None else loss
+    return p, loss
+
+
+def head_names(params: Params) -> list[str]:
+    """The parameters of the model's output layer (the "head" of FedPer, FedRep, LG-FedAvg, FedBABU):
+    those of the module that owns the last parameter (fedrun's models: MLR `linear`, MLP the last
+    `net.<i>`, CNN `head`). The rest is the "body" (the representation)."""
+    last = list(params)[-1].rsplit(".", 1)[0] + "."
+    return [k for k in params if k.startswith(last)]
+
+
+def gather(full: Params, ids: Tensor) -> Params:
+    """The rows `ids` of per-client state stacked over all clients."""
+    return {k: v[ids] for k, v in full.items()}
+
+
+def scatter(full: Params, ids: Tensor, rows: Params) -> Params:
+    """Per-client state with rows `ids` replaced (a new tensor: earlier states stay as they were)."""
+    return {k: v.index_copy(0, ids, rows[k].to(v.dtype)) for k, v in full.items()}
 
 
 def one_step_adapt(engine: Engine, params: Params, train, lr: float, batch=None) -> tuple[Params, Tensor]:

@@ -28,21 +28,24 @@ from __future__ import annotations
 
 from ..functional import Engine, stack
 from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
-                   check_positive, sgd)
+                   check_int, check_positive, sgd)
 
 
 class FedAvg(OneStepPersonalization, Algorithm):
     """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update
-    ("FedAvg + update", the `pers_*` metrics); null: no test-time update, only the global model is
-    evaluated (no pers_* columns; an evaluation then skips the backward pass over every client's
-    training rows: 30 rounds of the pFedMe MNIST DNN preset, every round evaluated, 26 -> 15 s)."""
+    ("FedAvg + update", the `pers_*` metrics), `finetune_steps` of it (1: the one-step update;
+    more: FedAvg + fine-tuning, the baseline of most PFL tables); null: no test-time update, only
+    the global model is evaluated (no pers_* columns; an evaluation then skips the backward pass
+    over every client's training rows: 30 rounds of the pFedMe MNIST DNN preset, every round
+    evaluated, 26 -> 15 s)."""
 
     name = "fedavg"
 
-    def __init__(self, beta: float, alpha: float | None):
+    def __init__(self, beta: float, alpha: float | None, finetune_steps: int):
         check_positive("algo.beta", beta)
         check_positive("algo.alpha", alpha, allow_zero=True, allow_null=True)
-        self.beta, self.alpha = beta, alpha
+        check_int("algo.finetune_steps", finetune_steps, 1)
+        self.beta, self.alpha, self.finetune_steps = beta, alpha, finetune_steps
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.alpha is None:

@@ -76,6 +76,8 @@ OPTIONS = {
     "pflscaf": META,
     "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
     "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
+    "fedrep": dict(lr=0.1, head_steps=1),  # one head step, then the body: both phases in tau=2
+    "fedbabu": dict(beta=0.1, alpha=0.1, finetune_steps=3),
 }
 
 # Choice options: an algorithm whose config has one is checked with every allowed value.
@@ -91,6 +93,10 @@ EXTRA = [
     ("pfldyn", {"adaptation": "maml", "first_order": True}),
     ("pavg", {"adaptation": "maml", "first_order": True}),
     ("pfldyn", {"eval_model": "clients_mean"}),
+    ("fedavg", {"finetune_steps": 3}),
+    ("fedavg", {"finetune_steps": 3, "personalize_batch": 16}),
+    ("apfl", {"alpha_lr": 0.0}),
+    ("apfl", {"follow": "pfllib"}),
 ]
 SCHEDULE_OPTIONS = {"aggregate"}  # besides each setup's schedule_axes
 

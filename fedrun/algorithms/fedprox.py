@@ -1,0 +1,40 @@
+"""FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020, eq. 2 / Alg. 2).
+
+Each client approximately minimizes its loss plus a proximal term toward the round's server model
+w^t,  h_i(w) = f_i(w) + mu/2 ||w - w^t||^2,  by `tau` SGD steps of lr `beta`:
+
+    w <- w - beta * (grad f_i(w; D) + mu (w - w^t)).
+
+The server averages (as FedAvg). mu = 0 is FedAvg exactly. Test time: the global model, and (as
+FedAvg) `finetune_steps` steps of lr `alpha` on the client's training rows (alpha null: none).
+
+The paper's systems heterogeneity (stragglers doing fewer steps, "gamma-inexact" solutions) is not
+simulated: every sampled client does `tau` steps. PFLlib's FedProx (clientprox.py,
+PerturbedGradientDescent: d_p = grad + mu (p - w^t)) computes the same step.
+"""
+from __future__ import annotations
+
+from ..functional import Engine, stack
+from .base import Local, ServerState, check_positive, sgd
+from .debias import expand
+from .perfedavg import FedAvg
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+
+    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, mu: float):
+        super().__init__(beta, alpha, finetune_steps)
+        check_positive("algo.mu", mu, allow_zero=True)
+        self.mu = mu
+
+    def client_init(self, state: ServerState, clients, rnd: int) -> Local:
+        return {"params": stack(state.params, len(clients)), "anchor": expand(state.params, len(clients))}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        w, anchor = local["params"], local["anchor"]
+        g, _ = engine.grad(w, x, y)
+        if self.mu:
+            g = {k: g[k] + self.mu * (w[k] - anchor[k]) for k in w}
+        return {**local, "params": sgd(w, g, self.beta)}

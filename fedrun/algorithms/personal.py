@@ -1,0 +1,176 @@
+"""Algorithms whose clients keep a whole model of their own across rounds.
+
+  local   Local training only (the lower bound of every PFL table): each sampled client takes `tau`
+          SGD steps of lr `lr` on its own model; nothing is sent or averaged. The server model stays
+          the initial model (the `global_*` metrics score it); `pers_*` score the clients' models.
+  ditto   Ditto (Li, Hu, Beirami, Smith, ICML 2021, Alg. 1): the global model is trained as FedAvg
+          (tau SGD steps of lr `lr` from w^t, averaged), and each sampled client also updates its
+          personal model v_i with tau steps of lr `personal_lr` on
+              f_i(v) + lam/2 ||v - w^t||^2,   v <- v - personal_lr (grad f_i(v; D') + lam (v - w^t)),
+          anchored at the round's server model w^t. Each local step draws two independent
+          minibatches: D for the global step, D' for the personal step (the reference code passes
+          over its loader separately for the two). lam = 0: v_i is a purely local model.
+  apfl    APFL, adaptive personalized FL (Deng, Kamani, Mahdavi 2020, Alg. 1): each client keeps a
+          local model v_i and a mixing weight alpha_i; per local step, on one minibatch D,
+              w     <- w - lr grad f_i(w; D)
+              vbar   = alpha_i v_i + (1 - alpha_i) w                 (before the step)
+              v_i   <- v_i - lr alpha_i grad f_i(vbar; D)
+              alpha_i <- clip(alpha_i - alpha_lr <v_i - w, grad f_i(vbar; D)>, 0, 1)   (alpha_lr 0: fixed)
+          w is averaged by the server; the model served is alpha_i v_i + (1 - alpha_i) w^{t+1}.
+          `follow=pfllib` (protocol=official) reproduces PFLlib's clientAPFL instead, which differs
+          from the paper in four places: v_i is trained on its OWN loss (v <- v - lr grad f(v; D));
+          the alpha gradient is <v_i - w, alpha grad f(v_i) + (1 - alpha) grad f(w)> + 0.02 alpha at
+          the stepped models; after the round v_i is overwritten by the mixture
+          (1 - alpha_i) w_i + alpha_i v_i (w_i: the client's own trained w); and that stored mixture
+          is what is served (the traces of tests/test_golden_pfllib.py check it).
+
+Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
+round's clients and scattered back, so unsampled clients keep theirs): local's and Ditto's models
+(`params` / `personal`, started from the initial model), APFL's `v` and `mix.alpha` ([C, 1]).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional import Engine, Params, stack, weighted_mean
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, gather,
+                   scatter, sgd)
+from .debias import expand
+
+
+class LocalOnly(Algorithm):
+    name = "local"
+    models_per_round = 0  # nothing is transmitted
+
+    def __init__(self, lr: float):
+        check_positive("algo.lr", lr)
+        self.lr = lr
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients={"params": stack(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return {"params": gather(state.clients["params"], clients)}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        g, _ = engine.grad(local["params"], x, y)
+        return {**local, "params": sgd(local["params"], g, self.lr)}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "params": scatter(state.clients["params"], clients, local["params"])})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        return state.clients["params"], None
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    batches_per_step = 2  # D for the global model's step, D' for the personal model's
+
+    def __init__(self, lr: float, personal_lr: float, lam: float):
+        check_positive("algo.lr", lr)
+        check_positive("algo.personal_lr", personal_lr)
+        check_positive("algo.lam", lam, allow_zero=True)
+        self.lr, self.personal_lr, self.lam = lr, personal_lr, lam
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients={"personal": stack(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        m = len(clients)
+        return {"params": stack(state.params, m), "anchor": expand(state.params, m),
+                "personal": gather(state.clients["personal"], clients)}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), (x2, y2) = batches
+        w, v, anchor = local["params"], local["personal"], local["anchor"]
+        g, _ = engine.grad(w, x, y)
+        gv, _ = engine.grad(v, x2, y2)
+        if self.lam:
+            gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
+        return {**local, "params": sgd(w, g, self.lr), "personal": sgd(v, gv, self.personal_lr)}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        personal = scatter(state.clients["personal"], clients, local["personal"])
+        return ServerState(params=new, extra=state.extra, clients={**state.clients, "personal": personal})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        return state.clients["personal"], None
+
+
+class APFL(Algorithm):
+    name = "apfl"
+
+    FOLLOW = ("paper", "pfllib")
+
+    def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None):
+        check_positive("algo.lr", lr)
+        check_choice("algo.follow", follow or "paper", self.FOLLOW)
+        self.follow = follow or "paper"
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
+            raise ConfigError(f"algo.alpha={alpha!r} must be a number in [0, 1]")
+        check_positive("algo.alpha_lr", alpha_lr, allow_zero=True)
+        self.lr, self.alpha, self.alpha_lr = lr, float(alpha), alpha_lr
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        first = next(iter(params.values()))
+        alpha = torch.full((num_clients, 1), self.alpha, dtype=first.dtype, device=first.device)
+        return ServerState(params=params, clients={"v": stack(params, num_clients), "mix": {"alpha": alpha}})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return {"params": stack(state.params, len(clients)), "v": gather(state.clients["v"], clients),
+                "alpha": state.clients["mix"]["alpha"][clients]}
+
+    @staticmethod
+    def _mix(v: Params, w: Params, alpha: Tensor) -> Params:
+        """alpha v + (1 - alpha) w per client (alpha [m, 1])."""
+        return {k: torch.lerp(w[k], v[k], alpha.view(-1, *[1] * (v[k].dim() - 1)).to(v[k].dtype)) for k in v}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        w, v, alpha = local["params"], local["v"], local["alpha"]
+        g, _ = engine.grad(w, x, y)
+        if self.follow == "pfllib":
+            return self._pfllib_step(engine, w, v, alpha, g, x, y)
+        gbar, _ = engine.grad(self._mix(v, w, alpha), x, y)
+        new_v = {k: v[k] - self.lr * alpha.view(-1, *[1] * (v[k].dim() - 1)) * gbar[k] for k in v}
+        if self.alpha_lr:
+            dot = sum(((v[k] - w[k]) * gbar[k]).flatten(1).sum(1) for k in v)
+            alpha = (alpha - self.alpha_lr * dot.view(-1, 1)).clamp(0.0, 1.0)
+        return {"params": sgd(w, g, self.lr), "v": new_v, "alpha": alpha}
+
+    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor, y: Tensor) -> Local:
+        gv, _ = engine.grad(v, x, y)
+        new_w, new_v = sgd(w, g, self.lr), sgd(v, gv, self.lr)
+        if self.alpha_lr:
+            a = alpha.view(-1)
+            dot = sum(((new_v[k] - new_w[k]) * (_bc(a, gv[k]) * gv[k] + _bc(1 - a, g[k]) * g[k])).flatten(1).sum(1)
+                      for k in v)
+            alpha = (alpha - self.alpha_lr * (dot + 0.02 * a).view(-1, 1)).clamp(0.0, 1.0)
+        return {"params": new_w, "v": new_v, "alpha": alpha}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        if self.follow == "pfllib":  # v_i <- (1 - alpha_i) w_i + alpha_i v_i, with the client's own w_i
+            local = {**local, "v": self._mix(local["v"], local["params"], local["alpha"])}
+        kept = {"v": scatter(state.clients["v"], clients, local["v"]),
+                "mix": {"alpha": state.clients["mix"]["alpha"].index_copy(0, clients, local["alpha"])}}
+        return ServerState(params=new, extra=state.extra, clients={**state.clients, **kept})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        alpha = state.clients["mix"]["alpha"]
+        if self.follow == "pfllib":  # the stored mixture (PFLlib's model_per)
+            return state.clients["v"], None
+        return self._mix(state.clients["v"], expand(state.params, alpha.shape[0]), alpha), None
+
+
+def _bc(a: Tensor, like: Tensor) -> Tensor:
+    """Per-client scalars a [m] shaped to broadcast against a stacked tensor like [m, ...]."""
+    return a.view(-1, *[1] * (like.dim() - 1)).to(like.dtype)

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""The personalized-FL baseline table: every baseline fedrun has, one setting, several seeds.
+
+Runs each entry below through `fedrun -m` (seeds batched), then writes one table and one figure:
+personalized test accuracy (pooled over all clients' test rows: total correct / total rows),
+mean ± sample std over seeds, at the LAST round and at the BEST round, and the lowest-decile
+client (the 10th percentile of the per-client accuracies at the last round, mean over seeds).
+Entries that serve no personalized model (FedAvg) are scored with their global model.
+
+Settings (`--setting`):
+  synthetic  pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (CPU-sized)
+  mnist      pFedMe's MNIST split (20 clients, 2 labels each), 5 per round, an MLP 784-100-10
+  cifar10    paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN (GPU)
+The partition is the data config's (conf/data); when Dirichlet / shards partitions land, pass them
+with --data-overrides (e.g. --data-overrides "data=cifar10_dirichlet data.alpha=0.1"); nothing else
+here changes.
+
+    python scripts/baselines.py                      # synthetic, 3 seeds, 200 rounds
+    python scripts/baselines.py --setting mnist --data-root /path/to/data
+    python scripts/baselines.py --quick              # 3 rounds of 3 steps, 10 small synthetic clients, seed 0
+    python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
+
+Writes baselines.csv, baselines.md and baselines.png into the output folder it prints.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _paper  # noqa: E402
+
+NAME = "baselines"
+LR = 0.05  # one local lr for every entry (no per-method tuning: see docs/baselines.md)
+# entry -> (algo, its options, metric prefix scored). Options use each algorithm's own lr name.
+ENTRIES = {
+    "Local": ("local", [f"algo.lr={LR}"], "pers"),
+    "FedAvg": ("fedavg", [f"algo.beta={LR}", "algo.alpha=null"], "global"),
+    "FedAvg+FT": ("fedavg", [f"algo.beta={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    "FedProx+FT": ("fedprox", [f"algo.beta={LR}", "algo.mu=0.01", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    "Per-FedAvg": ("perfedavg", [f"algo.alpha={LR}", f"algo.beta={LR}"], "pers"),
+    "pFedMe": ("pfedme", ["algo.lam=15", f"algo.eta={LR}", f"algo.personal_lr={LR}"], "pers"),
+    "Ditto": ("ditto", [f"algo.lr={LR}", f"algo.personal_lr={LR}", "algo.lam=0.1"], "pers"),
+    "APFL": ("apfl", [f"algo.lr={LR}", f"algo.alpha_lr={LR}"], "pers"),
+    "FedPer": ("fedper", [f"algo.lr={LR}"], "pers"),
+    "LG-FedAvg": ("lgfedavg", [f"algo.lr={LR}"], "pers"),
+    "FedRep": ("fedrep", [f"algo.lr={LR}", "algo.head_steps=5"], "pers"),
+    "FedBABU": ("fedbabu", [f"algo.beta={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+}
+SETTINGS = {
+    "synthetic": dict(data=["data=synthetic", "model=dnn"], rounds=200, run=["tau=10", "batch_size=20", "clients_per_round=10"]),
+    "mnist": dict(data=["data=mnist_pfedme", "model=dnn", "model.hidden=[100]"], rounds=200,
+                  run=["tau=10", "batch_size=20", "clients_per_round=5"]),
+    "cifar10": dict(data=["data=cifar10_acid", "model=cnn"], rounds=500, run=["tau=10", "batch_size=50", "clients_per_round=10"]),
+}
+
+
+def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
+    s = SETTINGS[args.setting]
+    data = list(s["data"])
+    if args.setting in ("mnist", "cifar10"):
+        data += [f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
+    if args.quick and args.setting == "synthetic":
+        data += ["data.num_clients=10", "data.seed=9"]
+    data += args.data_overrides.split() if args.data_overrides else []
+    rounds = args.rounds or (3 if args.quick else s["rounds"])
+    run = s["run"] + (["tau=3"] if args.quick else [])
+    for e in entries:
+        algo, opts, _ = ENTRIES[e]
+        secs = _paper.run_sweep(args, os.path.join(out, "runs", _slug(e)), [
+            f"algo={algo}", *opts, *data, *run, f"rounds={rounds}", f"seed={','.join(map(str, seeds))}",
+            f"device={args.device}", "on_diverge=record"], _paper.HIDDEN_IN_NAMES + ["algo.*", "model.hidden"])
+        print(f"{e}: training took {secs:.0f}s")
+
+
+def _slug(entry: str) -> str:
+    return entry.lower().replace("+", "_").replace("-", "")
+
+
+def _runs(folder: str) -> list[str]:
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, d) for d in os.listdir(folder)
+                  if os.path.exists(os.path.join(folder, d, "metrics.csv")))
+
+
+def _mean(v: list[float]) -> float:
+    return sum(v) / len(v) if v else math.nan
+
+
+def table(out: str) -> list[dict]:
+    import pandas as pd
+
+    from fedrun.outputs import write_atomic, write_csv
+
+    rows, curves = [], {}
+    for e, (algo, _, prefix) in ENTRIES.items():
+        runs = _runs(os.path.join(out, "runs", _slug(e)))
+        col = f"{prefix}_acc"
+        last, best, low, used = [], [], [], []
+        for r in runs:
+            m = pd.read_csv(os.path.join(r, "metrics.csv"))
+            if col not in m or not len(m):
+                print(f"warning: left out {r}: no {col} column")
+                continue
+            last.append(100 * float(m[col].iloc[-1]))
+            best.append(100 * float(m[col].max()))
+            clients = pd.read_csv(os.path.join(r, "clients.csv"))
+            low.append(100 * float(clients[col].quantile(0.1)))
+            used.append(m[["round", col]])
+        if not used:
+            continue
+        curves[e] = pd.concat(used).groupby("round")[col].mean()
+        rows.append({"entry": e, "algo": algo, "scored": prefix, "seeds": len(used),
+                     "rounds": int(used[0]["round"].iloc[-1]), "last": _mean(last), "last_std": _paper.sample_std(last),
+                     "best": _mean(best), "best_std": _paper.sample_std(best), "lowest_decile": _mean(low)})
+    write_csv(os.path.join(out, "baselines.csv"), rows)
+    lines = ["Personalized test accuracy % (pooled over all clients' test rows; mean ± std over seeds). "
+             "Lowest decile: the 10th percentile of the clients' accuracies at the last round (mean over seeds).", "",
+             "| method | fedrun algo | model scored | last round | best round | lowest decile | seeds | rounds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['entry']} | {r['algo']} | {r['scored']} | {_paper.mean_pm_std(r['last'], r['last_std'])} | "
+                     f"{_paper.mean_pm_std(r['best'], r['best_std'])} | {r['lowest_decile']:.2f} | {r['seeds']} | {r['rounds']} |")
+    text = "\n".join(lines) + "\n"
+    write_atomic(os.path.join(out, "baselines.md"), text)
+    print(text)
+    if curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for e, c in curves.items():
+            ax.plot(c.index, 100 * c.values, label=e)
+        ax.set_xlabel("round")
+        ax.set_ylabel("personalized test accuracy % (mean over seeds)")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "baselines.png"), dpi=120)
+        plt.close(fig)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _paper.common_options(ap, NAME)
+    ap.add_argument("--setting", default="synthetic", choices=sorted(SETTINGS))
+    ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, from {', '.join(ENTRIES)}")
+    ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")
+    args = ap.parse_args(argv)
+    entries = [e for e in args.entries.split(",") if e]
+    bad = [e for e in entries if e not in ENTRIES]
+    if bad or not entries:
+        sys.exit(f"error: --entries {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ENTRIES)}")
+    t0 = time.time()
+    out = _paper.out_dir(args, NAME)
+    if not args.replot:
+        os.makedirs(out, exist_ok=True)
+        print(f"outputs: {out}")
+        seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
+        train(args, out, entries, seeds)
+    table(out)
+    print(f"outputs: {out} (baselines.md, baselines.csv, baselines.png); {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU and APFL.
+
+    python -m venv --system-site-packages /work/ref-venv && /work/ref-venv/bin/pip install scikit-learn
+    git clone https://github.com/TsingZ0/PFLlib /work/ref/PFLlib     # traces: commit d832e76
+    /work/ref-venv/bin/python scripts/golden/record_pfllib.py --pfllib /work/ref/PFLlib [--out tests/fixtures/golden]
+
+Runs PFLlib's own client classes (flcore.clients.client*, imported from the checkout; nothing copied
+into fedrun) and its servers' send_models / receive_models / aggregate_parameters (called on a
+stand-in server object holding only the attributes they read), on the tiny fixed problem of the
+pFedMe traces (tests/fixtures/golden/pfedme_data.json: 4 clients, 12 features, 4 classes) and
+writes pfllib_<algo>.json, which tests/test_golden_pfllib.py replays through fedrun.
+
+Setup: 3 rounds, 2 of 4 clients per round (numpy seeded, as their select_clients draws), the DNN
+12-8(ReLU)-4 as PFLlib's personalized algorithms take it (BaseHeadSplit: base = fc1 + ReLU, head =
+the output layer; no log_softmax, so the loss is fedrun's plain cross-entropy), fixed initial
+weights (the pFedMe DNN traces'), learning rate 0.1, CPU.
+
+Patches, at run time, none to the math:
+  * data: each client's `load_train_data` returns a fixed iterable of minibatches (B = 4 rows drawn
+    by a seeded numpy generator) instead of their shuffled DataLoader over .npz files: every pass
+    over it (`for x, y in trainloader`, one per epoch / phase) yields the next recorded list, so
+    PFLlib and fedrun see the same rows. Their epochs (a pass over all of a client's rows, drop_last)
+    become fixed numbers of steps: local_epochs = plocal_epochs = 1 pass of the given list.
+  * the server: their `train()` loops also evaluate, save .h5 files and time clients; the recorder
+    runs only the per-round part: select (recorded), send_models, each selected client's
+    ptrain()/train() in their order, receive_models (client_drop_rate 0), aggregate_parameters.
+What is recorded: per round the selected clients, every minibatch's row indices per client and
+phase, the server model after aggregation (all entries) and every client's model(s) after the
+round (all entries: PFLlib's model, and Ditto's and APFL's model_per; APFL's alpha).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "..", "tests", "fixtures", "golden")
+ROUNDS, JOIN, BATCH, LR, SELECT_SEED, BATCH_SEED = 3, 2, 4, 0.1, 1, 2
+# algo -> (client module, class, server module, class, extra args, passes per round as (phase, steps))
+RUNS = {
+    "fedprox": ("clientprox", "clientProx", "serverprox", "FedProx", dict(mu=0.5), [("train", 3)]),
+    "ditto": ("clientditto", "clientDitto", "serverditto", "Ditto", dict(mu=0.5, plocal_epochs=1),
+              [("personal", 3), ("train", 3)]),
+    "fedper": ("clientper", "clientPer", "serverper", "FedPer", {}, [("train", 3)]),
+    "fedrep": ("clientrep", "clientRep", "serverrep", "FedRep", dict(plocal_epochs=1), [("head", 2), ("body", 1)]),
+    "lgfedavg": ("clientlg", "clientLG", "serverlg", "LG_FedAvg", {}, [("train", 3)]),
+    "fedbabu": ("clientbabu", "clientBABU", "serverbabu", "FedBABU", dict(fine_tuning_epochs=1), [("train", 3)]),
+    "apfl": ("clientapfl", "clientAPFL", "serverapfl", "APFL", dict(alpha=0.5), [("train", 3)]),
+}
+
+
+class Passes:
+    """A stand-in DataLoader: each `for ... in` over it yields the next recorded list of batches."""
+
+    def __init__(self, lists):
+        self.lists = list(lists)
+
+    def __iter__(self):
+        return iter(self.lists.pop(0))
+
+
+def model(init: dict):
+    from flcore.trainmodel.models import BaseHeadSplit
+
+    m = BaseHeadSplit(nn.Sequential(nn.Linear(12, 8), nn.ReLU()), nn.Linear(8, 4))
+    names = {"base.0.weight": "fc1.weight", "base.0.bias": "fc1.bias", "head.weight": "fc2.weight", "head.bias": "fc2.bias"}
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(torch.tensor(init[names[n]]))
+    return m
+
+
+def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
+    import importlib
+
+    cmod, ccls, smod, scls, extra, phases = RUNS[algo]
+    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
+    Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
+    args = types.SimpleNamespace(model=model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
+                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
+                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
+    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
+    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        clients = [Client(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
+                          send_slow=False) for i, c in enumerate(data["clients"])]
+    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
+                                   time_threthold=float("inf"), global_model=__import__("copy").deepcopy(
+                                       args.model.head if algo == "lgfedavg" else args.model))
+    for name in ("send_models", "receive_models", "aggregate_parameters", "add_parameters"):
+        setattr(server, name, getattr(Server, name).__get__(server))
+    rng = np.random.RandomState(BATCH_SEED)
+    np.random.seed(SELECT_SEED)
+    import random
+    random.seed(0)
+    trace = []
+    for r in range(ROUNDS):
+        selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
+        server.selected_clients = [clients[i] for i in selected]
+        server.send_models()
+        batches = {}
+        for i in selected:
+            mine = {ph: [rng.randint(0, len(ys[i]), size=BATCH).tolist() for _ in range(n)] for ph, n in phases}
+            batches[str(i)] = mine
+            lists = [[(xs[i][b], ys[i][b]) for b in mine[ph]] for ph, _ in phases]
+            c = clients[i]
+            c.load_train_data = lambda batch_size=None, lists=lists: Passes([lists.pop(0)] if algo != "fedrep" else lists)
+            if algo == "ditto":
+                c.ptrain()
+            c.train()
+        server.receive_models()
+        server.aggregate_parameters()
+        it = {"selected": selected, "batches": batches,
+              "server": {n: p.detach().tolist() for n, p in server.global_model.named_parameters()},
+              "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()} for i, c in enumerate(clients)}}
+        if algo == "apfl":
+            it["alpha"] = {str(i): float(c.alpha) for i, c in enumerate(clients)}
+        if algo in ("ditto", "apfl"):
+            it["personal"] = {str(i): {n: p.detach().tolist() for n, p in c.model_per.named_parameters()}
+                              for i, c in enumerate(clients)}
+        trace.append(it)
+    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
+            "algorithm": algo, "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+            "phases": phases, "init": init, "iterations": trace}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
+    ap.add_argument("--out", default=FIXTURES)
+    ap.add_argument("--algorithms", default=",".join(RUNS))
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
+    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
+        data = json.load(f)
+    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
+        init = json.load(f)["init"]
+    torch.set_num_threads(1)
+    for algo in a.algorithms.split(","):
+        out = record(a.pfllib, algo, data, init)
+        path = os.path.join(a.out, f"pfllib_{algo}.json")
+        with open(path, "w") as f:
+            json.dump(out, f)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""The PFL baselines (FedProx, Local, fine-tuning, Ditto, APFL, FedPer, LG-FedAvg, FedRep, FedBABU)
+against hand-computed numbers on toy problems, and their per-client state across a resume."""
+import pytest
+import torch
+
+from fedrun import outputs
+from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
+from fedrun.algorithms.base import ConfigError, ServerState, finetune, head_names
+from fedrun.data import synthetic
+from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.models import MLP
+from fedrun.simulate import Progress, Schedule, eval_context, simulate
+from helpers import half_squared, quad_grad, quadratic_setup
+
+ENGINES = [VmapEngine, LoopEngine]
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_fedprox_two_steps_on_a_quadratic(E):
+    model, params, batches = quadratic_setup()
+    engine, beta, mu = E(model, criterion=half_squared), 0.1, 0.7
+    algo = FedProx(beta=beta, mu=mu)
+    w0 = params["weight"][:, 0]
+    state = ServerState(params={"weight": params["weight"][0]})
+    local = algo.client_init(state, torch.arange(3), 1)
+    local["params"] = {"weight": params["weight"].clone()}  # per-client starting points (anchor: w^t = client 0's)
+    local["anchor"] = {"weight": params["weight"][:1].expand_as(params["weight"])}
+    for b in batches[:2]:
+        local = algo.client_step(engine, local, [b], 1)
+    for i in range(3):
+        anchor = w0[0]
+        w1 = w0[i] - beta * (quad_grad(w0[i], *[t[i] for t in batches[0]]) + mu * (w0[i] - anchor))
+        w2 = w1 - beta * (quad_grad(w1, *[t[i] for t in batches[1]]) + mu * (w1 - anchor))
+        torch.testing.assert_close(local["params"]["weight"][i, 0], w2, rtol=1e-12, atol=1e-12)
+
+
+def tiny(num_clients=6, seed=1):
+    return synthetic(num_clients=num_clients, dim=6, num_classes=4, seed=seed, cache_dir=None, chunk_len=16)
+
+
+def run(algo, rounds=3, data=None, clients=3, tau=3, seed=0, start=None, on_checkpoint=None):
+    data = data or tiny()
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    sched = Schedule(rounds=rounds, tau=tau, clients_per_round=clients, batch_size=5)
+    evals = []
+    state, last = simulate(algo, VmapEngine(model), data, params_of(model), sched, seed, start=start,
+                           on_checkpoint=on_checkpoint, checkpoint_every=1 if on_checkpoint else 0,
+                           on_eval=lambda r, t, ev: evals.append(ev))
+    return state, last, evals, model, data
+
+
+def test_fedprox_with_mu_zero_is_fedavg():
+    a = run(FedProx(beta=0.1, alpha=0.1, mu=0.0))
+    b = run(FedAvg(beta=0.1, alpha=0.1))
+    for k in a[0].params:
+        assert torch.equal(a[0].params[k], b[0].params[k])
+    assert a[1].row == b[1].row
+    c = run(FedProx(beta=0.1, alpha=0.1, mu=0.5))  # and the proximal term does act
+    assert not torch.equal(c[0].params["net.0.weight"], a[0].params["net.0.weight"])
+
+
+def test_local_clients_train_alone_and_the_server_model_never_moves():
+    state, last, _, model, data = run(LocalOnly(lr=0.1), rounds=2, clients=6)
+    init = params_of(model)
+    for k in init:
+        assert torch.equal(state.params[k], init[k])
+    # a client's model is its own SGD path: the same as LocalOnly on a one-client copy of its data
+    for k in init:
+        assert not torch.equal(state.clients["params"][k][0], state.clients["params"][k][1])
+    assert last.row["pers_acc"] != last.row["global_acc"]
+    assert LocalOnly.models_per_round == 0
+
+
+def test_local_unsampled_clients_keep_their_initial_model():
+    state, _, _, model, _ = run(LocalOnly(lr=0.1), rounds=1, clients=2)
+    init = params_of(model)
+    moved = [not torch.equal(state.clients["params"]["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
+    assert sum(moved) == 2
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_ditto_two_steps_by_hand_and_lam_zero_is_local_training(E):
+    model, params, batches = quadratic_setup()
+    engine, lr, plr, lam = E(model, criterion=half_squared), 0.2, 0.1, 0.5
+    w0 = params["weight"]
+    v0 = w0 + 0.3
+    steps = [batches[:2], batches[1:]]  # (global batch, personal batch) of two local steps
+    for lam_ in (lam, 0.0):
+        algo = Ditto(lr=lr, personal_lr=plr, lam=lam_)
+        local = {"params": {"weight": w0.clone()}, "anchor": {"weight": w0}, "personal": {"weight": v0}}
+        for b in steps:
+            local = algo.client_step(engine, local, b, 1)
+        for i in range(3):
+            w, v = w0[i, 0], v0[i, 0]
+            for (xg, yg), (xp, yp) in steps:  # the personal model is pulled to w^t = w0, not to the moving w
+                v = v - plr * (quad_grad(v, xp[i], yp[i]) + lam_ * (v - w0[i, 0]))
+                w = w - lr * quad_grad(w, xg[i], yg[i])
+            torch.testing.assert_close(local["params"]["weight"][i, 0], w)
+            torch.testing.assert_close(local["personal"]["weight"][i, 0], v)
+        if lam_ == 0.0:  # the personal model took exactly LocalOnly's steps on the personal batches
+            ref = {"params": {"weight": v0}}
+            for b in steps:
+                ref = LocalOnly(lr=plr).client_step(engine, ref, [b[1]], 1)
+            assert torch.equal(local["personal"]["weight"], ref["params"]["weight"])
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_apfl_step_by_hand(E):
+    model, params, batches = quadratic_setup()
+    engine, lr, alr = E(model, criterion=half_squared), 0.2, 0.3
+    w0 = params["weight"]
+    v0 = w0 + 0.4
+    a0 = torch.tensor([[0.2], [0.5], [0.9]], dtype=torch.float64)
+    out = APFL(lr=lr, alpha=0.5, alpha_lr=alr).client_step(
+        engine, {"params": {"weight": w0}, "v": {"weight": v0}, "alpha": a0}, [batches[0]], 1)
+    for i in range(3):
+        x, y = batches[0][0][i], batches[0][1][i]
+        w, v, a = w0[i, 0], v0[i, 0], a0[i, 0]
+        vbar = a * v + (1 - a) * w
+        gbar = quad_grad(vbar, x, y)
+        torch.testing.assert_close(out["params"]["weight"][i, 0], w - lr * quad_grad(w, x, y))
+        torch.testing.assert_close(out["v"]["weight"][i, 0], v - lr * a * gbar)
+        torch.testing.assert_close(out["alpha"][i, 0], (a - alr * (v - w) @ gbar).clamp(0, 1))
+
+
+def test_apfl_fixed_alpha_zero_serves_the_global_model():
+    state, last, _, _, _ = run(APFL(lr=0.1, alpha=0.0, alpha_lr=0.0))
+    assert (state.clients["mix"]["alpha"] == 0).all()
+    assert last.row["pers_acc"] == pytest.approx(last.row["global_acc"], abs=1e-6)
+
+
+def test_apfl_alpha_must_be_a_fraction():
+    with pytest.raises(ConfigError, match=r"algo.alpha=1.5 must be a number in \[0, 1\]"):
+        APFL(alpha=1.5)
+
+
+def test_head_is_the_output_layer():
+    model = MLP(6, 4, hidden=[5, 3])
+    assert head_names(params_of(model)) == ["net.4.weight", "net.4.bias"]
+
+
+@pytest.mark.parametrize("cls,personal", [(FedPer, "head"), (LGFedAvg, "body")])
+def test_fedper_and_lgfedavg_average_one_part_and_keep_the_other(cls, personal):
+    state, _, _, model, data = run(cls(lr=0.1), rounds=1, clients=2)
+    init = params_of(model)
+    head = head_names(init)
+    mine = head if personal == "head" else [k for k in init if k not in head]
+    assert set(state.clients["part"]) == set(mine)
+    for k in mine:  # the server's copy of the personal part never moves
+        assert torch.equal(state.params[k], init[k])
+    for k in init:
+        if k not in mine:
+            assert not torch.equal(state.params[k], init[k])
+    moved = [not torch.equal(state.clients["part"][mine[0]][c], init[mine[0]]) for c in range(6)]
+    assert sum(moved) == 2
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_fedrep_trains_the_head_first_then_the_body(E):
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    p0 = stack(params_of(model), 2)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 5, 6, generator=g), torch.randint(0, 4, (2, 5), generator=g)) for _ in range(3)]
+    engine = E(model)
+    algo = FedRep(lr=0.1, head_steps=2)
+    local = {"params": p0, "step": torch.zeros(2, 1, dtype=torch.long)}
+    head = head_names(p0)
+    expected = dict(p0)
+    for s, b in enumerate(batches):
+        local = algo.client_step(engine, local, [b], 1)
+        gr, _ = engine.grad(expected, *b)
+        expected = {k: expected[k] - 0.1 * gr[k] if (k in head) == (s < 2) else expected[k] for k in expected}
+        for k in p0:
+            torch.testing.assert_close(local["params"][k], expected[k])
+    for k in p0:  # both phases happened
+        assert not torch.equal(local["params"][k], p0[k])
+
+
+def test_fedbabu_keeps_the_head_at_its_initial_value_and_fine_tunes_at_test_time():
+    state, last, _, model, data = run(FedBABU(beta=0.1, alpha=0.1, finetune_steps=1), rounds=2)
+    init = params_of(model)
+    for k in head_names(init):
+        assert torch.equal(state.params[k], init[k])
+    assert not torch.equal(state.params["net.0.weight"], init["net.0.weight"])
+    # its test-time fine-tuning of one step is FedAvg's one-step update of the same model
+    fedavg = FedAvg(beta=0.1, alpha=0.1)
+    ctx = eval_context(data, Schedule(rounds=2, tau=3, clients_per_round=3, batch_size=5), 0, 2)
+    a, _ = FedBABU(beta=0.1, alpha=0.1, finetune_steps=1).personalize(VmapEngine(model), state, ctx)
+    b, _ = fedavg.personalize(VmapEngine(model), state, ctx)
+    for k in a:
+        assert torch.equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_finetune_steps_are_full_batch_gradient_steps(E):
+    data = tiny()
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5]).double()
+    data.train.x = data.train.x.double()
+    engine, p = E(model), params_of(model)
+    ctx = eval_context(data, Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=5), 0, 1)
+    got, loss = finetune(engine, p, ctx, 0.3, 3)
+    for c in range(data.num_clients):
+        rows = data.train.client_rows(c)
+        q = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+        for s in range(3):
+            out = torch.nn.functional.cross_entropy(torch.func.functional_call(model, q, (data.train.x[rows],)), data.train.y[rows])
+            gr = torch.autograd.grad(out, list(q.values()))
+            if s == 0:
+                torch.testing.assert_close(loss[c], out.detach())
+            q = {k: (v - 0.3 * g).detach().requires_grad_(True) for (k, v), g in zip(q.items(), gr)}
+        for k in p:
+            torch.testing.assert_close(got[k][c], q[k].detach(), rtol=1e-10, atol=1e-12)
+    one, _ = finetune(engine, p, ctx, 0.3, 1)
+    assert not torch.equal(one["net.0.weight"], got["net.0.weight"])
+
+
+@pytest.mark.parametrize("algo", [Ditto(lr=0.1, personal_lr=0.1, lam=0.1), APFL(lr=0.1, alpha=0.5, alpha_lr=0.1),
+                                  FedRep(lr=0.1, head_steps=1), LocalOnly(lr=0.1)], ids=lambda a: a.name)
+def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
+    """3 rounds straight == 2 rounds, a checkpoint written and read back (as the runner does), 1 more."""
+    full, last_full, _, _, data = run(algo, rounds=3, clients=2)
+    saved = []
+    run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(
+        str(tmp_path), at.round, {"transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
+                                                                          "clients": at.state.clients}})))
+    ck = outputs.load_checkpoint(str(tmp_path))
+    assert ck["round"] == 2 and ck["state"]["clients"]
+    start = Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"])
+    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
+    for name in full.clients:
+        for k in full.clients[name]:
+            assert torch.equal(full.clients[name][k], resumed.clients[name][k]), (name, k)
+    assert last.row == last_full.row
