@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import outputs
 from .algorithms.base import ConfigError, ServerState
 from .data import DataMissingError, FederatedData
-from .device import keep_freed_memory, resolve_device
+from .device import cpu_threads, keep_freed_memory, resolve_device
 from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
@@ -46,7 +46,7 @@ def group_key(cfg: DictConfig) -> str:
 class Job:
     """One run's life around the round loop: checked options, resume point, output files, summary."""
 
-    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None):
+    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None, launcher: str | None = None):
         self.t0 = time.time()
         self.cfg, self.out_dir = cfg, out_dir
         self.protocol = apply_protocol(cfg)
@@ -54,6 +54,9 @@ class Job:
         if problems:
             raise ConfigError("\n".join(problems))
         self.device = resolve_device(str(cfg.device))
+        if launcher is None and HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher.get("_target_")
+        self.threads = cpu_threads(cfg.get("threads", "auto"), launcher)  # None: leave them as they are
         self.algo = instantiate_checked(cfg.algo)
         data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
         cache = {} if data_cache is None else data_cache
@@ -161,9 +164,11 @@ class Job:
 USER_ERRORS = (ConfigError, DataMissingError)
 
 
-def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -> list[dict | Exception]:
+def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None,
+             launcher: str | None = None) -> list[dict | Exception]:
     """Runs every (config, output dir) job; jobs equal but for `seed` run together, at most
-    `max_group` seeds at a time (None: all).
+    `max_group` seeds at a time (None: all). `launcher`: the Hydra launcher's `_target_` running
+    them (for `threads=auto`), when it is not the one HydraConfig holds.
 
     Returns, per job in order, its summary, or the exception that stopped it (a ConfigError or
     DataMissingError before any work, a Diverged with `on_diverge=stop`). A group's other jobs go on.
@@ -179,7 +184,7 @@ def run_jobs(jobs: list[tuple[DictConfig, str]], max_group: int | None = None) -
             part = []
             for i in members[s : s + size]:
                 try:
-                    job = Job(*jobs[i], data_cache)
+                    job = Job(*jobs[i], data_cache, launcher)
                 except USER_ERRORS as e:
                     results[i] = e
                     continue
@@ -198,6 +203,8 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     head = jobs[0]
     if head.device.type == "cpu":
         keep_freed_memory()
+        if head.threads is not None:
+            torch.set_num_threads(head.threads)
     cfg = head.cfg
     data = head.data.to(head.device)
     models = [job.model(head.device) for job in jobs]
@@ -250,7 +257,8 @@ def _to_device(obj, device):
 
 def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
     last = history[-1]
-    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine}
+    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine,
+           "threads": torch.get_num_threads()}
     for prefix in ("global", "pers"):
         key = f"{prefix}_acc"
         if key not in last:

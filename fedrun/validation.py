@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from .algorithms.base import ConfigError, check_choice
 from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search_roots
 from .data import DataMissingError
-from .device import resolve_device
+from .device import cpu_threads, resolve_device
 from .functional import ENGINES
 from .simulate import SAMPLING, Schedule
 
@@ -79,6 +79,7 @@ def validate(cfg: DictConfig) -> list[str]:
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
     check(resolve_device, str(cfg.device))
+    check(cpu_threads, cfg.get("threads", "auto"))
     for key in DATA_INTS:
         v = cfg.data.get(key)
         if key in cfg.data and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "seed" else 1)):
