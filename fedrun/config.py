@@ -75,10 +75,10 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 # grouped or hidden, the caller adds it). `device` and `engine` give the same numbers within float
 # tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk` and
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
-# printed or drawn, and what happens on failure or restart.
+# printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
     "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume", "on_diverge",
-    "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len",
+    "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len", "logger",
 )
 
 

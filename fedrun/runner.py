@@ -28,6 +28,7 @@ from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .simulate import Diverged, Progress, Replica, simulate_group
+from .trackers import Trackers
 from .validation import check_model_fits, instantiate_checked, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
@@ -79,6 +80,7 @@ class Job:
                 self.done = done
         self.history: list[dict] = []
         self.log: outputs.CsvLog | None = None
+        self.trackers: Trackers | None = None
 
     def model(self, device: torch.device | None = None):
         torch.manual_seed(self.cfg.seed)
@@ -112,6 +114,8 @@ class Job:
         elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
             os.replace(metrics_path, metrics_path + ".previous")
         fp = fingerprint(cfg)
+        self.trackers = Trackers(cfg, out_dir, f"{os.path.basename(os.path.normpath(out_dir))} seed={cfg.seed}",
+                                 ck["round"] if ck is not None else 0)
 
         def on_eval(rnd: int, transmitted: int, ev) -> None:
             row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
@@ -119,6 +123,7 @@ class Job:
                 self.log = outputs.CsvLog(metrics_path, list(row))
             self.log.write(row)
             self.history.append(row)
+            self.trackers.log(row, rnd)
 
         def on_checkpoint(at: Progress) -> None:
             outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
@@ -137,6 +142,8 @@ class Job:
         cfg, device = self.cfg, self.device
         if self.log is not None:
             self.log.close()
+        if self.trackers is not None:
+            self.trackers.close("failed" if run.error is not None else "finished")
         summary_path = os.path.join(self.out_dir, "summary.json")
         if run.error is not None:
             e = run.error
@@ -213,6 +220,11 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     try:
         simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
                        checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
+    except BaseException:  # an error or a kill (KeyboardInterrupt): the tracker runs end as stopped
+        for job in jobs:
+            if job.trackers is not None:
+                job.trackers.close("stopped")
+        raise
     finally:
         for job in jobs:
             if job.log is not None:
