@@ -1,4 +1,5 @@
-"""The `device=` option: auto | cpu | cuda | cuda:N; and the process's allocator settings for CPU runs."""
+"""The `device=` option: auto | cpu | cuda | cuda:N; the `threads=` option; and the process's allocator
+settings for CPU runs."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +20,33 @@ def resolve_device(name: str) -> torch.device:
             raise ConfigError(f"device={name!r} but no CUDA device is available; use device=auto or device=cpu")
         return torch.device(name)
     raise ConfigError(f"device={name!r} is not allowed; choose one of: auto, cpu, cuda, cuda:N")
+
+
+# torch's own CPU thread count in this process (OMP_NUM_THREADS or the cores), read before fedrun sets any
+TORCH_THREADS = torch.get_num_threads()
+# Launchers under which `threads=auto` gives each job one thread: the joblib launcher's jobs share the
+# CPU's cores, and thread pools that spin under contention made a run beside another 7x slower (56 s
+# against 8.4 s for 50 rounds, README "Engines and speed"); the batched launcher's jobs already
+# train as one stacked computation.
+ONE_THREAD_LAUNCHERS = ("JoblibLauncher", "BatchedLauncher")
+THREADS_HELP = "auto, default, or an integer >= 1"
+
+
+def cpu_threads(option, launcher: str | None = None) -> int | None:
+    """The torch CPU threads a job sets, or None to leave them as they are.
+
+    Args:
+        option: `threads=`: auto (1 under the launchers of ONE_THREAD_LAUNCHERS, else as they are),
+            default (torch's own, TORCH_THREADS) or a number.
+        launcher: the `_target_` of the job's Hydra launcher, if any.
+    """
+    if option == "auto":
+        return 1 if launcher and launcher.rsplit(".", 1)[-1] in ONE_THREAD_LAUNCHERS else None
+    if option == "default":
+        return TORCH_THREADS
+    if isinstance(option, int) and not isinstance(option, bool) and option >= 1:
+        return option
+    raise ConfigError(f"threads={option!r} is not allowed; choose one of: {THREADS_HELP}")
 
 
 # glibc's mallopt parameters (malloc.h), and the settings a user may have made instead

@@ -24,11 +24,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from . import outputs
 from .algorithms.base import ConfigError, ServerState
 from .data import DataMissingError, FederatedData
-from .device import keep_freed_memory, resolve_device
+from .device import cpu_threads, keep_freed_memory, resolve_device
 from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .simulate import Diverged, Progress, Replica, simulate_group
+from .trackers import Trackers
 from .validation import check_model_fits, instantiate_checked, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
@@ -72,9 +73,9 @@ class Job:
     files, summary. `record`: its `.hydra/` files (default: `hydra_record` of the running Hydra job)."""
 
     def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None,
-                 record: dict[str, str] | None = None):
+                 record: dict[str, str] | None = None, launcher: str | None = None):
         self.t0 = time.time()
-        self.cfg, self.out_dir = cfg, out_dir
+        self.cfg, self.out_dir, self.launcher = cfg, out_dir, launcher
         self.record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
         self.protocol = apply_protocol(cfg)
         problems = validate(cfg)
@@ -98,6 +99,10 @@ class Job:
     def _accept(self, data_cache: dict | None) -> None:
         cfg, out_dir = self.cfg, self.out_dir
         self.device = resolve_device(str(cfg.device))
+        launcher = self.launcher
+        if launcher is None and HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher.get("_target_")
+        self.threads = cpu_threads(cfg.get("threads", "auto"), launcher)  # None: leave them as they are
         self.algo = instantiate_checked(cfg.algo)
         data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
         cache = {} if data_cache is None else data_cache
@@ -123,6 +128,7 @@ class Job:
                 self.done = done
         self.history: list[dict] = []
         self.log: outputs.CsvLog | None = None
+        self.trackers: Trackers | None = None
 
     def model(self, device: torch.device | None = None):
         torch.manual_seed(self.cfg.seed)
@@ -165,6 +171,8 @@ class Job:
         elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
             os.replace(metrics_path, metrics_path + ".previous")
         fp = fingerprint(cfg)
+        self.trackers = Trackers(cfg, out_dir, f"{os.path.basename(os.path.normpath(out_dir))} seed={cfg.seed}",
+                                 ck["round"] if ck is not None else 0)
 
         def on_eval(rnd: int, transmitted: int, ev) -> None:
             row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
@@ -172,6 +180,7 @@ class Job:
                 self.log = outputs.CsvLog(metrics_path, list(row))
             self.log.write(row)
             self.history.append(row)
+            self.trackers.log(row, rnd)
 
         def on_checkpoint(at: Progress) -> None:
             outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
@@ -190,6 +199,8 @@ class Job:
         cfg, device = self.cfg, self.device
         if self.log is not None:
             self.log.close()
+        if self.trackers is not None:
+            self.trackers.close("failed" if run.error is not None else "finished")
         summary_path = os.path.join(self.out_dir, "summary.json")
         if run.error is not None:
             e = run.error
@@ -217,9 +228,12 @@ class Job:
 USER_ERRORS = (ConfigError, DataMissingError)
 
 
-def run_jobs(jobs: list[tuple], max_group: int | None = None) -> list[dict | Exception]:
+def run_jobs(jobs: list[tuple], max_group: int | None = None,
+             launcher: str | None = None) -> list[dict | Exception]:
     """Runs every (config, output dir[, record]) job; jobs equal but for `seed` run together, at most
     `max_group` seeds at a time (None: all). `record`: the job's `.hydra/` files (`hydra_record`).
+    `launcher`: the Hydra launcher's `_target_` running them (for `threads=auto`), when it is not
+    the one HydraConfig holds.
 
     Returns, per job in order, its summary, or the exception that stopped it (a ConfigError or
     DataMissingError before any work, a Diverged with `on_diverge=stop`). A group's other jobs go on.
@@ -236,7 +250,7 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None) -> list[dict | Exc
             for i in members[s : s + size]:
                 cfg, out_dir, *record = jobs[i]
                 try:
-                    job = Job(cfg, out_dir, data_cache, *record)
+                    job = Job(cfg, out_dir, data_cache, record[0] if record else None, launcher)
                 except USER_ERRORS as e:
                     results[i] = e
                     continue
@@ -264,6 +278,8 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     head = jobs[0]
     if head.device.type == "cpu":
         keep_freed_memory()
+        if head.threads is not None:
+            torch.set_num_threads(head.threads)
     cfg = head.cfg
     data = head.data.to(head.device)
     models = [job.model(head.device) for job in jobs]
@@ -272,6 +288,11 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     try:
         simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
                        checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
+    except BaseException:  # an error or a kill (KeyboardInterrupt): the tracker runs end as stopped
+        for job in jobs:
+            if job.trackers is not None:
+                job.trackers.close("stopped")
+        raise
     finally:
         for job in jobs:
             if job.log is not None:
@@ -316,7 +337,8 @@ def _to_device(obj, device):
 
 def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
     last = history[-1]
-    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine}
+    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine,
+           "threads": torch.get_num_threads()}
     for prefix in ("global", "pers", "new_global", "new_pers"):
         key = f"{prefix}_acc"
         if key not in last:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -11,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .algorithms.base import Algorithm, EvalContext, Local, ServerState
+from .clock import RoundClock, hms
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
@@ -212,12 +215,14 @@ def simulate_group(
 
     Replicas may start at different rounds (resumed from different checkpoints); each joins when
     the loop reaches its round. A replica that diverges stops with its `error` set; the others go on.
+    After the first rounds, one line on stderr estimates the time left (fedrun.clock).
     """
     for r in runs:
         r.at = r.start or Progress(algo.init(r.params, data.num_clients))
     train = ChunkedTraining(client_chunk)
     bar = None
     first = min(r.at.round for r in runs)
+    clock = RoundClock(sched.rounds, sched.eval_every)
     if progress:
         from tqdm.auto import tqdm
 
@@ -227,6 +232,7 @@ def simulate_group(
         active = [r for r in runs if r.error is None and r.at.round < rnd]
         if not active:
             break
+        t0, eval_s = time.perf_counter(), 0.0
         draws = [sample_round(data, sched, algo.batches_per_step, r.seed, rnd, algo.train_all) for r in active]
         augs = [draw_augmentation(data.augment, tuple(idx.shape), round_generator(r.seed, rnd, stream=2))
                 for r, (_, _, idx) in zip(active, draws)]
@@ -246,15 +252,21 @@ def simulate_group(
             bad = [i - offset for i in bad_all if offset <= i < offset + n]
             offset += n
             try:
-                _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
+                eval_s += _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
             except Diverged as e:
                 r.error = e
+        clock.tick(rnd, time.perf_counter() - t0, eval_s)
+        for line in clock.tell(data.train.x.device.type):
+            (bar.write if bar is not None else print)(f"fedrun: {line}", file=sys.stderr)
         if bar is not None:
             last = active[0].last
             if last is not None and (rnd % sched.eval_every == 0 or rnd == sched.rounds):
                 post = {"global": f"{last.row['global_acc']:.4f}"}
                 if "pers_acc" in last.row:
                     post["pers"] = f"{last.row['pers_acc']:.4f}"
+                est = clock.estimate()
+                if est is not None:  # s/round x rounds, where tqdm's own rate smooths over recent rounds
+                    post["est"] = f"{est.per_round:.2f}s x {est.rounds_left} = {hms(est.left)}"
                 bar.set_postfix(post, refresh=False)
             bar.update(1)
     if bar is not None:
@@ -263,9 +275,10 @@ def simulate_group(
 
 def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, r: Replica, rnd: int,
                   clients: torch.Tensor, trained: torch.Tensor, local: Local, bad: list[int],
-                  checkpoint_every: int) -> None:
+                  checkpoint_every: int) -> float:
     """One replica's part of round `rnd` after local training: the divergence guard (`bad`: its
-    clients with non-finite parameters), the server step, evaluation and callbacks."""
+    clients with non-finite parameters), the server step, evaluation and callbacks. Returns the
+    seconds its evaluation took (0.0: none this round)."""
     if bad:
         raise Diverged(
             f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "
@@ -275,14 +288,18 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
     weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
     state = algo.server_update(r.at.state, local, trained, selected, weights)
     r.at = Progress(state, rnd, r.at.transmitted + len(clients) * algo.models_per_round)
+    eval_s = 0.0
     if rnd % sched.eval_every == 0 or rnd == sched.rounds:
+        t0 = time.perf_counter()
         r.last = evaluate(algo, engine, r.at.state, data, eval_context(data, sched, r.seed, rnd))
+        eval_s = time.perf_counter() - t0  # the row's floats are on the host: evaluation has finished
         if not math.isfinite(r.last.row["train_loss"]):
             raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
         if r.on_eval:
             r.on_eval(rnd, r.at.transmitted, r.last)
     if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds):
         r.on_checkpoint(r.at)
+    return eval_s
 
 
 def _nonfinite_clients(local: Local) -> list[int]:

@@ -7,10 +7,11 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from . import trackers
 from .algorithms.base import ConfigError, check_choice
 from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search_roots
 from .data import DataMissingError
-from .device import resolve_device
+from .device import cpu_threads, resolve_device
 from .functional import ENGINES
 from .simulate import SAMPLING, Schedule
 
@@ -79,6 +80,7 @@ def validate(cfg: DictConfig) -> list[str]:
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
     check(resolve_device, str(cfg.device))
+    check(cpu_threads, cfg.get("threads", "auto"))
     for key in DATA_INTS:
         v = cfg.data.get(key)
         if key in cfg.data and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "seed" else 1)):
@@ -90,6 +92,7 @@ def validate(cfg: DictConfig) -> list[str]:
         if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
             problems.append(f"data.{key}={v!r} must be a number >= 0")
     check(instantiate_checked, cfg.algo)
+    problems += trackers.check(cfg)
     check(lambda: instantiate_checked(cfg.model, in_features=4, num_classes=2))
     return problems
 
@@ -140,6 +143,11 @@ def precheck(argv: list[str]) -> str | None:
             continue
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
+        if key == "logger":  # trackers: one or several, logger=[tensorboard,mlflow]
+            allowed = group_options(key, roots)
+            for v in value.strip("[]").split(","):
+                if v and v not in allowed:
+                    return f"logger={v!r} is not a known logger; choose one of: {', '.join(allowed)} (several: logger=[a,b])"
         if key in (*GROUPS, PRESETS):
             allowed = group_options(key, roots)
             for v in value.split(","):
@@ -167,7 +175,7 @@ def precheck(argv: list[str]) -> str | None:
             continue
         key = arg.split("=", 1)[0]
         head, _, rest = key.partition(".")
-        if head.split("/")[0] == "hydra" or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups
+        if head.split("/")[0] in ("hydra", "logger") or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups; Hydra checks logger.*
             continue
         if head in GROUPS and rest:
             if not (choices[head] or defaults[head]):

@@ -175,3 +175,22 @@ def test_a_diverging_seed_stops_alone_and_the_group_goes_on():
     _, alone = simulate(FedAvg(), VmapEngine(model), data, params_of(model), sched, 2)
     assert runs[2].last.row == pytest.approx(alone.row, abs=1e-6)
     assert runs[2].at.round == 2 and runs[1].at.round == 0
+
+
+def test_the_batched_launcher_gives_each_job_one_thread_unless_told(tmp_path, cache, monkeypatch):
+    """threads=auto: one torch thread per job under the batched launcher; threads=N sets N and
+    threads=default restores torch's own (here pinned to 2). Jobs run in this order in one process,
+    so each job's count is its own setting, not the one before it left."""
+    from helpers import fedrun
+
+    monkeypatch.setattr("fedrun.device.TORCH_THREADS", 2)
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "algo=fedavg", "seed=0", "threads=3,auto,default", "hydra/launcher=batched",
+            f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"]
+    r = fedrun(args, tmp_path, env={"FEDRUN_CACHE": cache})
+    assert r.returncode == 0, r.stderr
+    threads = {}
+    for job in (d for d in sweep.iterdir() if d.is_dir()):  # threads is left out of the folder names
+        option = next(o for o in OmegaConf.load(job / ".hydra" / "overrides.yaml") if o.startswith("threads="))
+        threads[option.split("=")[1]] = json.loads((job / "summary.json").read_text())["threads"]
+    assert threads == {"3": 3, "auto": 1, "default": 2}

@@ -80,3 +80,18 @@ def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
                  "device=cpu", f"hydra.run.dir={tmp_path / 'o'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert calls == [1]
+
+
+def test_threads_option_resolves_per_launcher():
+    from fedrun.algorithms.base import ConfigError
+    from fedrun.device import TORCH_THREADS, cpu_threads
+
+    joblib, batched = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", \
+        "hydra_plugins.fedrun_batched.BatchedLauncher"
+    assert cpu_threads("auto", joblib) == 1 and cpu_threads("auto", batched) == 1
+    assert cpu_threads("auto", "hydra._internal.core_plugins.basic_launcher.BasicLauncher") is None
+    assert cpu_threads("auto", None) is None  # not under Hydra: left as they are
+    assert cpu_threads("default", joblib) == TORCH_THREADS and cpu_threads(3, joblib) == 3
+    for bad in (0, "two", True, 1.5):
+        with pytest.raises(ConfigError, match=r"threads=.* choose one of: auto, default, or an integer >= 1"):
+            cpu_threads(bad)

@@ -5,6 +5,7 @@ sweep in parallel worker processes. fedrun and fedrun-report run in this process
 fedrun.report.main)."""
 import contextlib
 import io
+import json
 import math
 import shutil
 
@@ -207,6 +208,10 @@ def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path)
     r = fedrun([*args, f"hydra.sweep.dir={tmp_path / 'par'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
+    # threads=auto: one per job (joblib itself leaves a worker cores / n_jobs: on a 2-core machine this
+    # holds either way; tests/test_device.py checks the option picks 1 for this launcher)
+    threads = [json.loads((d / "summary.json").read_text())["threads"] for d in (tmp_path / "par").glob("*_algo=*")]
+    assert threads == [1, 1]
     par, seq = jobs_of(tmp_path / "par"), jobs_of(sweep)
     assert set(par) == {("fedavg", 0), ("perfedavg", 0)}
     assert not (tmp_path / "par" / "summary.md").exists() and "sweep summary" not in r.stdout  # callback off

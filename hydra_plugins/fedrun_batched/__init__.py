@@ -84,7 +84,8 @@ class BatchedLauncher(Launcher):
         results: list = [None] * len(jobs)
         for env, mine in by_env.items():
             with env_override(dict(env)):
-                for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group)):
+                me = f"{type(self).__module__}.{type(self).__qualname__}"  # threads=auto: one per job
+                for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group, me)):
                     results[i] = res
         for ret, (_, out_dir, _), result in zip(rets, jobs, results):
             ret.return_value = report(result, out_dir)  # exits on a failed job, as a single run does
