@@ -50,6 +50,11 @@ def main() -> None:
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):  # the options explained (Hydra's own: --hydra-help)
+        from .help import help_text
+
+        sys.stdout.write(help_text(sys.argv[1:]))
+        return
     _hydra_main()
 
 
