@@ -77,7 +77,8 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 # only split the same sums differently; the rest are where files live, what is printed or drawn,
 # and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume", "on_diverge",
+    "device", "engine", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "checkpoint_minutes",
+    "resume", "on_diverge",
     "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len",
 )
 
