@@ -142,6 +142,13 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
+    for name, low in (("rounds", 1), ("loop_rounds", 0), ("warmup", 0), ("tau", 1), ("personalize_batch", 1),
+                      ("threads", 0), ("clients", 1), ("train_per_client", 1), ("test_per_client", 1),
+                      ("clients_per_round", 1), ("batch", 1), ("eval_every", 1), ("authors_rounds", 1)):
+        v = getattr(args, name)
+        if v is not None and v < low:  # one line, as fedrun's option errors
+            print(f"fedrun-bench: error: --{name.replace('_', '-')} {v}: must be at least {low}", file=sys.stderr)
+            sys.exit(2)
     if args.repeats > 1 and (args.seeds or args.authors):
         ap.error(f"--repeats times the vmap and loop engines; it does not apply to --{'seeds' if args.seeds else 'authors'}")
     keep_freed_memory()  # as a run does (fedrun.runner)

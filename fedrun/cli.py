@@ -17,7 +17,7 @@ from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_sear
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
-from .runner import run
+from .runner import discard_empty, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
 
@@ -31,6 +31,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         summary = run(cfg, out_dir)
     except (ConfigError, DataMissingError, Diverged) as e:
+        discard_empty(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise
         for line in str(e).splitlines():
@@ -55,7 +56,11 @@ def main() -> None:
 
         sys.stdout.write(help_text(sys.argv[1:]))
         return
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:  # before training (the round loop says where it stopped itself)
+        print("fedrun: interrupted; nothing was trained yet, rerun the same command to start", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

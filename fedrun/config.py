@@ -88,8 +88,9 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every", "resume",
-    "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download", "data.chunk_len", "logger",
+    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every",
+    "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
+    "data.chunk_len", "logger",
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies
 )
 

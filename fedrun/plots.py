@@ -21,19 +21,26 @@ def save_figure(fig, out_png: str, title: str = "") -> None:
     os.replace(tmp, out_png)
 
 
-def plot_run(metrics_csv: str, out_png: str, title: str = "") -> None:
-    """Accuracy and loss against rounds for the global and personalized models."""
+def plot_run(metrics_csv: str, out_png: str, title: str = "", personalized: str = "personalized models") -> None:
+    """Accuracy and loss against rounds for the global and personalized models (`personalized`: how
+    the run's algorithm personalizes, for the legend)."""
+    from matplotlib.ticker import MaxNLocator
+
     df = pd.read_csv(metrics_csv)
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-    for prefix, label in (("global", "global model"), ("pers", "personalized (1 step on own train data)")):
+    # the train loss first and thin, so the test-loss lines stay visible where they overlap it
+    ax_loss.plot(df["round"], df["train_loss"], label="train loss, global model", linestyle="--", linewidth=1,
+                 color="gray", zorder=1)
+    for prefix, label in (("global", "global model"), ("pers", personalized)):
         if f"{prefix}_acc" in df:
-            ax_acc.plot(df["round"], df[f"{prefix}_acc"], label=label)
-            ax_acc.fill_between(df["round"], df[f"{prefix}_acc_min"], df[f"{prefix}_acc_max"], alpha=0.12)
-            ax_loss.plot(df["round"], df[f"{prefix}_loss"], label=f"test loss, {label}")
-    ax_loss.plot(df["round"], df["train_loss"], label="train loss, global model", linestyle="--")
-    ax_acc.set(xlabel="round", ylabel="test accuracy (pooled over all clients)", title="accuracy (band: min-max client)")
+            line, = ax_acc.plot(df["round"], df[f"{prefix}_acc"], label=label)
+            ax_acc.plot(df["round"], df[f"{prefix}_acc_min"], linestyle=":", linewidth=1, color=line.get_color(),
+                        label=f"lowest client, {label}")
+            ax_loss.plot(df["round"], df[f"{prefix}_loss"], label=f"test loss, {label}", zorder=2)
+    ax_acc.set(xlabel="round", ylabel="test accuracy (pooled over all clients)", title="accuracy")
     ax_loss.set(xlabel="round", ylabel="loss", title="loss")
     for ax in (ax_acc, ax_loss):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_figure(fig, out_png, title)
@@ -65,6 +72,10 @@ def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str =
             y, name = hlines[title]
             ax.axhline(y, color="gray", linestyle=":", linewidth=1, label=name)
         ax.set(title=title, xlabel=xlabel)
+        if x == "round":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no fractional rounds
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in axes[:, 0]:

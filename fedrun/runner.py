@@ -30,7 +30,7 @@ from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
-from .validation import check_model_fits, instantiate_checked, schedule, validate
+from .validation import check_model_fits, check_round_draws, instantiate_checked, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.
@@ -88,6 +88,9 @@ class Job:
         try:
             self._accept(data_cache)
         except BaseException:
+            if os.listdir(out_dir) == [outputs.LOCK_NAME]:  # refused in a folder of its own making: no trace
+                os.remove(os.path.join(out_dir, outputs.LOCK_NAME))
+                discard_empty(out_dir)
             self.close()
             raise
 
@@ -109,10 +112,14 @@ class Job:
         if data_key not in cache:
             cache[data_key] = instantiate_checked(cfg.data)
         self.data: FederatedData = cache[data_key]
-        self.sched = schedule(cfg, self.data.num_train_clients)
+        self.sched = sched = schedule(cfg, self.data.num_train_clients)
         if self.data.num_holdout and getattr(self.algo, "train_all", False):
             raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
+        check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
+                          self.algo.batches_per_step)
+        for line in _warnings(cfg, self.data):
+            print(f"fedrun: warning: {line}", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         check_model_fits(self.model(), self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
@@ -182,7 +189,10 @@ class Job:
             self.history.append(row)
             self.trackers.log(row, rnd)
 
+        self.saved_round, self.saved_at = (ck["round"] if ck is not None else None), time.time()
+
         def on_checkpoint(at: Progress) -> None:
+            self.saved_round, self.saved_at = at.round, time.time()
             outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
                 "config": fp,
                 "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
@@ -191,7 +201,9 @@ class Job:
                 "torch_rng": torch.get_rng_state(),
             })
 
-        return Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint)
+        minutes = cfg.get("checkpoint_minutes") or 0
+        due = (lambda: time.time() - self.saved_at >= 60 * minutes) if minutes else None
+        return Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
 
     def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
         """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
@@ -204,7 +216,7 @@ class Job:
         summary_path = os.path.join(self.out_dir, "summary.json")
         if run.error is not None:
             e = run.error
-            summary = {"status": "diverged", "error": str(e),
+            summary = {"status": "diverged", "error": str(e), **self.identity(),
                        **(_summary(self.history, time.time() - self.t0, cfg, device) if self.history else {})}
             outputs.write_json(summary_path, summary)
             if cfg.on_diverge == "record":
@@ -213,16 +225,31 @@ class Job:
             return e
         if run.last is not None:
             outputs.write_clients(data, run.last, os.path.join(self.out_dir, "clients.csv"))
-        summary = {"status": "finished", **_summary(self.history, time.time() - self.t0, cfg, device),
+        summary = {"status": "finished", **self.identity(), **_summary(self.history, time.time() - self.t0, cfg, device),
                    "protocol": cfg.protocol, "protocol_choices": self.protocol}
         outputs.write_json(summary_path, summary)
-        if cfg.plot:
-            from .plots import plot_run
-
-            plot_run(self.metrics_path, os.path.join(self.out_dir, "metrics.png"),
-                     title=f"{HydraConfig.get().runtime.choices.get('algo', '') if HydraConfig.initialized() else ''}"
-                           f" on {data.name}, seed {cfg.seed}")
+        self.plot()
         return summary
+
+    def plot(self) -> None:
+        """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
+        between summary.json and the figure)."""
+        if not self.cfg.plot:
+            return
+        from .plots import plot_run
+
+        who = self.identity()
+        plot_run(os.path.join(self.out_dir, "metrics.csv"), os.path.join(self.out_dir, "metrics.png"),
+                 title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
+                 personalized=f"personalized ({who['algo']}'s own personalization)")
+
+    def identity(self) -> dict:
+        """What summary.json says the run was: algorithm, data, model (config choices), preset, seed."""
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        return {"algo": choices.get("algo") or getattr(self.algo, "name", str(self.cfg.algo.get("_target_"))),
+                "data": choices.get("data") or self.data.name,
+                "model": choices.get("model") or str(self.cfg.model.get("_target_")),
+                "experiment": choices.get("experiment"), "seed": self.cfg.seed}
 
 
 USER_ERRORS = (ConfigError, DataMissingError)
@@ -255,8 +282,12 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                     results[i] = e
                     continue
                 if job.done is not None:
+                    try:
+                        if not os.path.exists(os.path.join(job.out_dir, "metrics.png")):
+                            job.plot()
+                    finally:
+                        job.close()
                     results[i] = job.done
-                    job.close()
                 else:
                     part.append((i, job))
             if part:
@@ -269,6 +300,14 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
     try:
         return _train(jobs)
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, not a traceback
+        for job in jobs:
+            done = job.history[-1]["round"] if job.history else 0
+            go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
+                     else "start it again (no checkpoint yet)")
+            print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
+                  file=sys.stderr)
+        sys.exit(130)
     finally:
         for job in jobs:
             job.close()
@@ -301,10 +340,20 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     return [job.finish(run, data) for job, run in zip(jobs, runs)]
 
 
+def discard_empty(out_dir: str) -> None:
+    """Removes `out_dir` if it is empty: the folder Hydra made for a command that was then refused
+    (so fedrun-report and `ls outputs/runs` never show it)."""
+    try:
+        os.rmdir(out_dir)
+    except OSError:  # not empty (a run's files), or already gone
+        pass
+
+
 def report(result: dict | Exception, out_dir: str) -> float | None:
     """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
     accuracy; a failed job exits the process (2: bad options or data, 3: diverged)."""
     if isinstance(result, Exception):
+        discard_empty(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise result
         for line in str(result).splitlines():
@@ -325,6 +374,19 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
+    """Settings that run, but likely not as meant."""
+    out = []
+    given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+    if cfg.frac is not None and "clients_per_round" in given:
+        out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
+    largest = int(data.train.sizes.max())
+    if cfg.batch_size > largest:
+        out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
+                   f"each minibatch repeats rows")
+    return out
 
 
 def _to_device(obj, device):

@@ -161,6 +161,7 @@ class Replica:
     start: Progress | None = None
     on_eval: Callable[[int, int, Evaluation], None] | None = None
     on_checkpoint: Callable[[Progress], None] | None = None
+    checkpoint_due: Callable[[], bool] | None = None  # also checkpoint after a round when this says so (e.g. by time)
     at: Progress | None = None
     last: Evaluation | None = None
     error: Diverged | None = None
@@ -297,7 +298,8 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
             raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
         if r.on_eval:
             r.on_eval(rnd, r.at.transmitted, r.last)
-    if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds):
+    if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds
+                            or (r.checkpoint_due is not None and r.checkpoint_due())):
         r.on_checkpoint(r.at)
     return eval_s
 

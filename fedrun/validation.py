@@ -54,6 +54,54 @@ def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
         _int_option(cfg, key, low)
 
 
+def bool_options() -> list[str]:
+    """The top-level options conf/config.yaml gives a true/false default: they take only true or false
+    (Hydra reads `progress=no` as the string 'no', which Python would count as true)."""
+    top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
+    return [k for k in top if k not in ("defaults", "hydra") and isinstance(top._get_node(k)._value(), bool)]
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: int) -> None:
+    """One line naming tau when a round's minibatch draws (drawn at once: a float and an int64 index
+    per row, [clients, tau, batches, batch_size]) would not fit in a quarter of this machine's memory."""
+    per_tau = training_clients * batches_per_step * sched.batch_size * 12
+    limit = physical_memory() // 4
+    if limit and sched.tau * per_tau > limit:
+        raise ConfigError(
+            f"tau={sched.tau} with batch_size={sched.batch_size} and {training_clients} training clients draws "
+            f"{sched.tau * per_tau / 2**30:.0f} GiB of minibatch indices per round, more than a quarter of this "
+            f"machine's {physical_memory() / 2**30:.0f} GiB; allowed: tau <= {max(1, limit // per_tau)}")
+
+
+def _model_hidden(cfg: DictConfig) -> str | None:
+    """model.hidden: layer widths, each an integer >= 1."""
+    if "hidden" not in cfg.model:
+        return None
+    h = cfg.model.hidden
+    widths = list(h) if OmegaConf.is_list(h) else None
+    if widths is None or not widths or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in widths):
+        shown = OmegaConf.to_container(h) if OmegaConf.is_config(h) else h
+        return f"model.hidden={shown!r} must be a list of layer widths, integers >= 1 (e.g. [20] or [80,60])"
+    return None
+
+
+def _cache_dir(cfg: DictConfig) -> list[str]:
+    out = []
+    for key, v in (("cache_dir", cfg.get("cache_dir")), ("data.cache_dir", cfg.data.get("cache_dir"))):
+        if isinstance(v, str) and v and os.path.exists(v) and not os.path.isdir(v):
+            out.append(f"{key}={v!r} is a file, not a folder; give a folder for the data cache (or null: no cache)")
+            break
+    return out
+
+
 DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed", "size_factor")
 
 
@@ -73,12 +121,19 @@ def validate(cfg: DictConfig) -> list[str]:
     for key in ("personalize_batch", "client_chunk"):
         check(_optional_int, cfg, key, 1)
     check(_frac, cfg)
+    m = cfg.get("checkpoint_minutes")
+    if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or m < 0):
+        problems.append(f"checkpoint_minutes={m!r} must be a number of minutes >= 0 (0: checkpoints by rounds only)")
     if cfg.aggregate is not None:
         check(check_choice, "aggregate", cfg.aggregate, ["uniform", "samples"])
     if cfg.get("sampling") is not None:
         check(check_choice, "sampling", cfg.sampling, list(SAMPLING))
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    for key in bool_options():
+        if key in cfg and not isinstance(cfg[key], bool):
+            problems.append(f"{key}={cfg[key]!r} must be true or false")
+    problems += _cache_dir(cfg)
     check(resolve_device, str(cfg.device))
     check(cpu_threads, cfg.get("threads", "auto"))
     for key in DATA_INTS:
@@ -93,7 +148,11 @@ def validate(cfg: DictConfig) -> list[str]:
             problems.append(f"data.{key}={v!r} must be a number >= 0")
     check(instantiate_checked, cfg.algo)
     problems += trackers.check(cfg)
-    check(lambda: instantiate_checked(cfg.model, in_features=4, num_classes=2))
+    hidden = _model_hidden(cfg)
+    if hidden:
+        problems.append(hidden)
+    else:
+        check(lambda: instantiate_checked(cfg.model, in_features=4, num_classes=2))
     return problems
 
 
@@ -170,10 +229,10 @@ def precheck(argv: list[str]) -> str | None:
                 return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"
     top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
-    for arg in argv:
-        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+    for arg in argv:  # +key=value too: fedrun reads no option its configs lack (it would be recorded, not used)
+        if arg.startswith(("-", "~")) or "=" not in arg:
             continue
-        key = arg.split("=", 1)[0]
+        key = arg.split("=", 1)[0].lstrip("+")
         head, _, rest = key.partition(".")
         if head.split("/")[0] in ("hydra", "logger") or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups; Hydra checks logger.*
             continue

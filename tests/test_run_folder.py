@@ -145,3 +145,93 @@ def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     assert "1 jobs, 1 finished" in out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
     assert len(missing) == 2 and "job 1 (tau=0" in missing[0] and "job 2 (tau=3" in missing[1], out
+
+
+# ------------------------------------------------------------------- faults around the edges
+
+def test_a_full_cache_disk_warns_and_goes_on_in_memory(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from fedrun.data import synthetic
+
+    def full_disk(obj, f, *a, **k):  # what torch's zip writer does when the disk fills mid-file
+        with open(f, "wb") as fh:
+            fh.write(b"\0" * 4096)
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 909312 vs 909200")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    data = synthetic(num_clients=4, seed=9, cache_dir=str(tmp_path / "cache"))
+    assert data.num_clients == 4
+    err = capsys.readouterr().err
+    assert "could not write the data cache" in err and "going on with the data in memory" in err
+    assert os.listdir(tmp_path / "cache") == []  # no partial file left
+
+
+def test_a_finished_run_without_its_figure_gets_it_on_rerun(tmp_path):
+    run_dir = tmp_path / "X"
+    args = [*TINY, "rounds=2", f"hydra.run.dir={run_dir}"]
+    assert fedrun(args, tmp_path).returncode == 0  # plot=false: as a kill between summary.json and the figure
+    assert not (run_dir / "metrics.png").exists()
+    r = fedrun([*args, "plot=true"], tmp_path)
+    assert r.returncode == 0 and "already finished" in r.stdout, r.stderr
+    assert (run_dir / "metrics.png").stat().st_size > 1000
+
+
+def test_checkpoints_by_time_as_well_as_by_rounds(tmp_path):
+    run_dir = tmp_path / "X"
+    r = fedrun([*TINY, "rounds=3", "checkpoint_every=0", "checkpoint_minutes=1e-9", f"hydra.run.dir={run_dir}"],
+               tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["round_0000002.pt", "round_0000003.pt"]
+
+
+def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
+    run_dir = tmp_path / "X"
+    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=2",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints").is_dir() or not os.listdir(run_dir / "checkpoints"):
+            assert p.poll() is None, p.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted after round" in lines[0], err
+    assert "rerun the same command to resume from round" in lines[0]
+
+
+# ------------------------------------------------------------------- records that say what they are
+
+def test_summary_names_its_run_and_the_figure_says_what_it_draws(tmp_path, monkeypatch):
+    import json
+
+    import fedrun.plots as plots
+
+    drawn = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, title="": (drawn.append(fig), real_save(fig, out, title)))
+    run_dir = tmp_path / "X"
+    r = fedrun([*TINY, "algo=pfedme", "rounds=3", "seed=4", "plot=true", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {k: summary[k] for k in ("algo", "data", "model", "seed")} == {"algo": "pfedme", "data": "synthetic",
+                                                                          "model": "dnn", "seed": 4}
+    (fig,) = drawn
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert not any("1 step on own train data" in t for t in labels), labels
+    assert "personalized (pfedme's own personalization)" in labels
+    for ax in fig.axes:  # whole rounds only
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+    # the test-loss lines are drawn over the train-loss line
+    loss_ax = fig.axes[1]
+    z = {line.get_label(): line.get_zorder() for line in loss_ax.get_lines()}
+    assert all(z[k] > z["train loss, global model"] for k in z if k.startswith("test loss"))
+    assert not (run_dir / "cli.log").exists()  # Hydra's job log was always empty: not written

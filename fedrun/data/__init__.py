@@ -5,9 +5,11 @@ a second run with the same data settings starts at once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -55,13 +57,26 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
                 "sizes": torch.as_tensor([len(p[1]) for p in parts], dtype=torch.int64),
             }
         if path:
-            os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            torch.save(blob, tmp)
-            os.replace(tmp, path)
+            _write_cache(blob, path)
     splits = {s: ClientSplit.from_flat(chunk_len=chunk_len, **blob[s]) for s in ("train", "test")}
     return FederatedData(name, splits["train"], splits["test"], int(blob["num_classes"]), augment=augment,
                          **blob.get("meta", {}))
+
+
+def _write_cache(blob: dict, path: str) -> None:
+    """Writes the cache file through a temp file. The cache only saves time: when it cannot be written
+    (a full disk, no permission) the run goes on with the data in memory, says so in one line, and
+    leaves no partial file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports ENOSPC as RuntimeError('... unexpected pos ...')
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        print(f"fedrun: warning: could not write the data cache {path} ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:120] if str(e) else ''}); going on with the data in memory", file=sys.stderr)
 
 
 def synthetic(

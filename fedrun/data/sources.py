@@ -45,9 +45,33 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
                 f"{os.path.abspath(os.path.join(root, 'MNIST', 'raw'))} ({why}); copy them there "
                 f"or point data.root at the folder that holds MNIST/raw"
             )
+    for name in MNIST_FILES:
+        _check_idx(os.path.join(root, "MNIST", "raw", name))
     tr = MNIST(root, train=True, download=False)
     te = MNIST(root, train=False, download=False)
     return tr.data.numpy(), tr.targets.numpy(), te.data.numpy(), te.targets.numpy()
+
+
+def _check_idx(path: str) -> None:
+    """DataCorruptError naming `path` unless it is a whole uint8 idx file: magic 0x0000 08 <ndim>,
+    ndim big-endian sizes, then exactly their product of bytes (torchvision would fail on a torn
+    file with a bare AssertionError or a numpy shape error)."""
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) < 4 or head[:3] != b"\x00\x00\x08" or not 1 <= head[3] <= 3:
+            raise DataCorruptError(_corrupt(path, "not an MNIST idx file of bytes (its first 4 bytes are not "
+                                                  "00 00 08 01..03)"))
+        raw = f.read(4 * head[3])
+    if len(raw) < 4 * head[3]:
+        raise DataCorruptError(_corrupt(path, "truncated in its header"))
+    dims = struct.unpack(f">{head[3]}I", raw)
+    want = 4 + 4 * head[3] + int(np.prod(dims))
+    if size != want:
+        raise DataCorruptError(_corrupt(path, f"{size} bytes, but its header ({' x '.join(map(str, dims))}) "
+                                              f"says {want}"))
 
 
 CIFAR_FILES = {

@@ -25,6 +25,8 @@ reference's exactly (x stored as float32); which of them are test rows differs.
 """
 from __future__ import annotations
 
+import math
+
 import hashlib
 
 import numpy as np
@@ -41,6 +43,17 @@ def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes,
         raise ValueError(f"data.num_clients={num_clients}: allowed an integer >= 1")
     if int(size_factor) != size_factor or size_factor < 1:
         raise ValueError(f"data.size_factor={size_factor}: allowed an integer >= 1 (pFedMe 5, FedProx 1)")
+    # rows drawn: (lognormal(4, 2) + 50) * size_factor per client, mean (e^6 + 50) * size_factor;
+    # generated in float64 with the label: (dim + 1) * 8 bytes a row. Refused above a quarter of memory.
+    from ..validation import physical_memory
+
+    row_bytes = (math.exp(6) + 50) * size_factor * (int(dim) + 1) * 8
+    limit = physical_memory() // 4
+    if limit and num_clients * row_bytes > limit:
+        raise ValueError(f"data.num_clients={num_clients}: the synthetic generator would draw about "
+                         f"{num_clients * row_bytes / 2**30:.0f} GiB, more than a quarter of this machine's "
+                         f"{physical_memory() / 2**30:.0f} GiB; allowed: 1..{int(limit // row_bytes)} "
+                         f"(with data.dim={dim}, data.size_factor={size_factor})")
     if int(dim) != dim or dim < 1:
         raise ValueError(f"data.dim={dim}: allowed an integer >= 1")
     if int(num_classes) != num_classes or num_classes < 2:

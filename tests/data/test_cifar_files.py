@@ -115,3 +115,22 @@ def test_a_corrupt_cifar_file_names_itself_and_the_fix(tmp_path, damage, says):
         load_cifar(str(tmp_path), 10, download=False)
     msg = str(e.value)
     assert str(path) in msg and says in msg and "download the dataset again" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda raw: raw[:-100], "but its header"),
+    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "not an MNIST idx file"),
+    (lambda raw: raw[:6], "truncated in its header"),
+])
+def test_a_corrupt_mnist_file_names_itself_and_the_fix(tmp_path, damage, says):
+    from fedrun.data.sources import load_mnist
+    from helpers import write_mnist_idx
+
+    write_mnist_idx(tmp_path, [0, 1, 2, 3], [1, 2])
+    assert load_mnist(str(tmp_path), download=False)[0].shape == (4, 28, 28)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataMissingError) as e:
+        load_mnist(str(tmp_path), download=False)
+    msg = str(e.value)
+    assert str(path) in msg and says in msg and "download the dataset again" in msg and "\n" not in msg
