@@ -14,6 +14,7 @@ the evaluation reports them in `new_*` columns.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -272,8 +273,6 @@ def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk
     label = f"{dataset['name']}_{partition['name']}"
     data = _cached(label, settings, cache_dir, build, chunk_len,
                    augment="crop_flip" if dataset["name"].startswith("cifar") else None)
-    from dataclasses import replace
-
     held = int(data.num_holdout)
     fill = data.augment_fill if dataset.get("pad_fill", "black") == "black" else None
     return replace(data, num_holdout=held, augment_fill=fill)
