@@ -81,8 +81,10 @@ def test_the_batched_launchers_jobs_log_to_runs_of_their_own(tmp_path):
     uri = f"file:{tmp_path / 'mlruns'}"
     sweep = tmp_path / "sweep"
     r = fedrun(["-m", *TINY, "rounds=2", "seed=0,1", "hydra/launcher=batched", "logger=[mlflow,tensorboard]",
-                f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"], tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+                f"logger.mlflow.tracking_uri={uri}", f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"],
+               tmp_path)
     assert r.returncode == 0, r.stderr
+    assert not any("logger" in d.name for d in sweep.iterdir())  # trackers stay out of job folder names
     client = MlflowClient(tracking_uri=uri)
     for job in (d for d in sweep.iterdir() if d.is_dir()):
         csv = pd.read_csv(job / "metrics.csv")
