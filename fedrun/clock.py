@@ -44,9 +44,9 @@ class Estimate:
         if device_type != "cpu" or self.left < HINT_FROM_S:
             return None
         share = "" if self.evaluation is None else \
-            f" (evaluation is {self.evaluation / self.eval_every / self.per_round:.0%} of the time now)"
+            f"; evaluation is {self.evaluation / self.eval_every / self.per_round:.0%} of the time now"
         return (f"hint: this run takes hours on the CPU; a GPU (device=cuda) or evaluating less often "
-                f"(eval_every=10, say{share}) shortens it")
+                f"(e.g. eval_every=10{share}) shortens it")
 
 
 @dataclass

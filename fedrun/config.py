@@ -87,10 +87,22 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
 # tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk` and
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
+def _tracker_options() -> tuple[str, ...]:
+    """`logger.<tracker>.<option>` of every conf/logger file (Hydra leaves out of job folder names
+    only the exact keys it is given, so `logger` alone would not cover an override of these)."""
+    folder = os.path.join(CONF_DIR, "logger")
+    out: list[str] = []
+    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if f.endswith(".yaml"):
+            for name, node in OmegaConf.load(os.path.join(folder, f)).items():
+                out += [f"logger.{name}.{k}" for k in node if k != "_target_"]
+    return tuple(out)
+
+
 NEUTRAL_OPTIONS = (
     "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every",
     "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
-    "data.chunk_len", "logger",
+    "data.chunk_len", "logger", *_tracker_options(),
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies
 )
 

@@ -53,7 +53,7 @@ def test_the_hint_says_the_share_of_evaluation():
     est = c.estimate()  # training: rounds 2-4 = 10 s each; evaluation: the second timed one, 30 s
     assert est.train == pytest.approx(10.0) and est.evaluation == pytest.approx(30.0)
     assert est.left == pytest.approx(496 * 10 + 248 * 30) and est.per_round == pytest.approx(25.0)
-    assert "(evaluation is 60% of the time now)" in est.hint("cpu")  # 30 / 2 / 25
+    assert est.hint("cpu").endswith("(e.g. eval_every=10; evaluation is 60% of the time now) shortens it")  # 30/2/25
 
 
 def test_a_short_run_prints_nothing_and_a_long_one_one_line(capsys, monkeypatch):

@@ -50,21 +50,27 @@ def test_a_resumed_run_continues_its_tensorboard_and_mlflow_runs(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"file:{tmp_path / 'mlruns'}"
-    args = [*TINY, "checkpoint_every=1", "logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}",
+    args = [*TINY, "checkpoint_every=2", "logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri={uri}",
             "hydra.run.dir=run"]
-    assert fedrun([*args, "rounds=2"], tmp_path).returncode == 0
+    assert fedrun([*args, "rounds=3"], tmp_path).returncode == 0
     first = json.loads((tmp_path / "run" / "trackers.json").read_text())["mlflow"]["run_id"]
+    # as if killed after round 3's row was logged, before its checkpoint: round 3 is computed again
+    (tmp_path / "run" / "checkpoints" / "round_0000003.pt").unlink()
+    (tmp_path / "run" / "summary.json").unlink()
     r = fedrun([*args, "rounds=4"], tmp_path)  # more rounds: resumes from round 2's checkpoint
     assert r.returncode == 0 and "resuming from" in r.stderr, r.stderr
     state = json.loads((tmp_path / "run" / "trackers.json").read_text())
     assert state["mlflow"]["run_id"] == first
     csv = pd.read_csv(tmp_path / "run" / "metrics.csv")
-    assert [s for s, _ in tensorboard_scalars(tmp_path / "run" / "tensorboard")["global_acc"]] == [1, 2, 3, 4]
+    tb = tensorboard_scalars(tmp_path / "run" / "tensorboard")["global_acc"]  # the first round 3 purged
+    assert [s for s, _ in tb] == [1, 2, 3, 4] and [v for _, v in tb] == pytest.approx(list(csv["global_acc"]))
     client = MlflowClient(tracking_uri=uri)
-    history = sorted((m.step, m.value) for m in client.get_metric_history(first, "global_acc"))
-    assert [s for s, _ in history] == [1, 2, 3, 4] and [v for _, v in history] == pytest.approx(list(csv["global_acc"]))
+    # MLflow keeps every point it was sent: round 3 twice, with the same value (recomputed exactly)
+    history = dict(sorted((m.step, m.value) for m in client.get_metric_history(first, "global_acc")))
+    assert list(history) == [1, 2, 3, 4] and list(history.values()) == pytest.approx(list(csv["global_acc"]))
+    assert len(client.get_metric_history(first, "global_acc")) == 5
     run = client.get_run(first)
-    assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2"  # the config it started with
+    assert run.info.status == "FINISHED" and run.data.params["rounds"] == "3"  # the config it started with
     config = OmegaConf.load(client.download_artifacts(first, "config.yaml", str(tmp_path)))
     assert config.tau == 2 and config.logger.mlflow.experiment == "fedrun"
 
@@ -75,8 +81,10 @@ def test_the_batched_launchers_jobs_log_to_runs_of_their_own(tmp_path):
     uri = f"file:{tmp_path / 'mlruns'}"
     sweep = tmp_path / "sweep"
     r = fedrun(["-m", *TINY, "rounds=2", "seed=0,1", "hydra/launcher=batched", "logger=[mlflow,tensorboard]",
-                f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"], tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+                f"logger.mlflow.tracking_uri={uri}", f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"],
+               tmp_path)
     assert r.returncode == 0, r.stderr
+    assert not any("logger" in d.name for d in sweep.iterdir())  # trackers stay out of job folder names
     client = MlflowClient(tracking_uri=uri)
     for job in (d for d in sweep.iterdir() if d.is_dir()):
         csv = pd.read_csv(job / "metrics.csv")
