@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     pts = np.concatenate([np.stack(p) for p in paths.values()] + [np.stack(minima), star[None], np.array([START])])
     lo, hi = pts.min(0), pts.max(0)
     pad = 0.15 * (hi - lo) + 0.5
-    res = 40 if args.quick else 160
+    res = 40 if args.quick else 100
     gx, gy = np.meshgrid(np.linspace(lo[0] - pad[0], hi[0] + pad[0], res), np.linspace(lo[1] - pad[1], hi[1] + pad[1], res))
     z = meta_losses(engine, data, np.stack([gx.ravel(), gy.ravel()], 1))
     F = lambda v: float(meta_losses(engine, data, np.asarray(v, dtype=np.float32)[None]).mean())  # noqa: E731
@@ -248,7 +248,7 @@ def draw(png, gx, gy, z, minima, star, paths, rounds, args) -> None:
 
     from fedrun.plots import save_figure
 
-    fig = plt.figure(figsize=(15, 9.6))
+    fig = plt.figure(figsize=(12.5, 8))
     grid = fig.add_gridspec(2, 3)
     axes = [fig.add_subplot(grid[0, i]) for i in range(3)] + [fig.add_subplot(grid[1, :2]), fig.add_subplot(grid[1, 2])]
     panels = [(f"device {i + 1}: f{i + 1} ∘ T{i + 1}", z[i]) for i in range(3)] + [("global F = mean of the three", z.mean(0))]
