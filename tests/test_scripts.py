@@ -346,3 +346,133 @@ def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
     (out / "baselines.md").unlink()
     script("baselines.py", ["--replot", str(out)], tmp_path, monkeypatch)
     assert (out / "baselines.md").read_text() == before
+
+
+# ----------------------------------------------------------------------------------------------
+# pFedMe Figures 1-4 (scripts/pfedme_figures.py) and paper 004's toy (scripts/pfl_toy.py)
+# ----------------------------------------------------------------------------------------------
+
+def _load_script(name):
+    return runpy.run_path(os.path.join(SCRIPTS, name), run_name=name)
+
+
+def test_pfedme_figures_quick_settings_curves_and_replot(data_root, tmp_path, monkeypatch):
+    root, _ = data_root
+    out = tmp_path / "figs"
+    # Figures 3-4, MLR panels (the test's time: every setting is a job): the comparisons on MNIST and
+    # Synthetic; the settings of Figures 1-2 and the DNN are checked without training below
+    text = script("pfedme_figures.py", ["--quick", "--figures", "3,4", "--models", "mlr", "--data-root", root,
+                                        "--out", str(out)], tmp_path, monkeypatch)
+    assert f"outputs: {out}" in text and "settings: 6 runs x 1 seeds, protocol=honest" in text
+    mod = _load_script("pfedme_figures.py")
+    names = {s.name for s in mod["settings_of"]([3, 4], ["mlr"])}
+    assert {p.name for p in (out / "runs").iterdir()} == names and len(names) == 6
+    for png in ("figure3.png", "figure4.png"):
+        assert (out / png).stat().st_size > 10000
+    assert not (out / "figure1.png").exists()
+    expect = {  # setting folder -> options its jobs must have run with
+        "mnist_mlr_pfedme_K5_beta1_eta0.005_personal_lr0.1_lam15": dict(K=5, beta=1.0, eta=0.005, personal_lr=0.1, lam=15),
+        "synthetic_mlr_pfedme_K5_beta1_eta0.005_personal_lr0.01_lam20": dict(lam=20, personal_lr=0.01, eta=0.005),
+        "mnist_mlr_perfedavg_alpha0.005_beta0.001": dict(alpha=0.005, beta=0.001, variant="fo"),
+        "synthetic_mlr_fedavg_beta0.005": dict(beta=0.005),
+    }
+    for name, algo in expect.items():
+        (cfg_path,) = (out / "runs" / name).glob("*/.hydra/config.yaml")
+        cfg = OmegaConf.load(cfg_path)
+        for k, v in algo.items():
+            assert cfg.algo[k] == pytest.approx(v) if isinstance(v, float) else cfg.algo[k] == v, (name, k)
+        data = name.split("_")[0]
+        assert (cfg.rounds, cfg.tau, cfg.batch_size, cfg.protocol) == (2, 20, 20, "honest")
+        assert cfg.clients_per_round == {"mnist": 5, "synthetic": 10}[data]
+        assert cfg.model._target_.endswith("MLR")
+    table = pd.read_csv(out / "figures.csv")
+    assert len(table) == 4 + 4  # Figures 3-4: pFedMe PM, GM, Per-FedAvg, FedAvg
+    for r in table.to_dict("records"):
+        (metrics,) = (out / "runs" / r["setting"]).glob("*/metrics.csv")
+        m = pd.read_csv(metrics)
+        col = "global_acc" if "(GM)" in r["curve"] or r["curve"] == "FedAvg" else "pers_acc"
+        assert r["rounds"] == 2 and len(m) == 2
+        assert r["acc_last_round_mean"] == pytest.approx(100 * m[col].iloc[-1], abs=1e-6)
+        assert r["acc_best_round_mean"] == pytest.approx(100 * m[col].max(), abs=1e-6)
+    fig4 = table[(table.figure == 4) & (table.model == "mlr")].set_index("curve")["acc_best_round_mean"]
+    gap = " / ".join(f"{fig4['pFedMe (PM)'] - fig4[o]:+.1f}" for o in ("pFedMe (GM)", "Per-FedAvg", "FedAvg"))
+    assert f"| 4 | MLR | +6.1 / +3.8 / +5.2 | {gap} |" in (out / "figures.md").read_text()
+    # --replot draws again from the CSVs, training nothing
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
+    (out / "figures.csv").rename(out / "figures.first.csv")
+    again = script("pfedme_figures.py", ["--replot", str(out), "--figures", "3,4", "--models", "mlr"], tmp_path,
+                   monkeypatch)
+    assert "run: fedrun" not in again
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
+    assert (out / "figures.csv").read_text() == (out / "figures.first.csv").read_text()
+
+
+def test_pfedme_figures_settings_follow_the_paper():
+    """Figure 1 varies K only, Figure 2 beta only (beta=4 with eta=0.003, the authors' README), and a
+    setting two figures share is one run folder."""
+    mod = _load_script("pfedme_figures.py")
+    fig1 = {c.setting for cs in mod["FIGURES"][1][2].values() for c in cs}
+    assert sorted(dict(s.options)["K"] for s in fig1 if s.model == "mlr") == [1, 5, 7]
+    assert {tuple((k, v) for k, v in s.options if k != "K") for s in fig1} == {
+        (("beta", 1.0), ("eta", 0.005), ("personal_lr", 0.09), ("lam", 15))}
+    fig2 = {c.setting for cs in mod["FIGURES"][2][2].values() for c in cs}
+    assert {(dict(s.options)["beta"], dict(s.options)["eta"]) for s in fig2} == {(1, 0.005), (2, 0.005), (4, 0.003)}
+    assert len(mod["settings_of"]([1, 2])) == 6 + 4  # beta=1 of Figure 2 is K=5 of Figure 1
+    for data, fig in (("mnist", 3), ("synthetic", 4)):  # the comparisons: the authors' README commands
+        opts = {(c.setting.model, c.setting.algo): dict(c.setting.options) for cs in mod["FIGURES"][fig][2].values()
+                for c in cs}
+        lam, plr = (15, {"mlr": 0.1, "dnn": 0.09}) if data == "mnist" else (20, {"mlr": 0.01, "dnn": 0.01})
+        for m in ("mlr", "dnn"):
+            assert opts[(m, "pfedme")] == dict(K=5, beta=1.0, eta=0.005, personal_lr=plr[m], lam=lam)
+            assert opts[(m, "perfedavg")] == dict(alpha=0.005, beta=0.001) and opts[(m, "fedavg")] == dict(beta=0.005)
+
+
+@pytest.mark.parametrize("script_name, args, message", [
+    ("pfedme_figures.py", ["--figures", "5"], "error: --figures '5' is not allowed; comma-separated, from 1, 2, 3, 4"),
+    ("pfedme_figures.py", ["--rounds", "0"], "error: --rounds 0 is not allowed; a positive integer"),
+    ("pfedme_figures.py", ["--models", "cnn"], "error: --models 'cnn' is not allowed; comma-separated, from mlr, dnn"),
+    ("pfl_toy.py", ["--methods", "fedprox"], "error: --methods fedprox is not allowed; choose from perfedavg, pfldyn, pflscaf"),
+    ("pfl_toy.py", ["--lr", "-1"], "error: --lr -1.0 is not allowed; a positive number"),
+])
+def test_figure_scripts_bad_input_is_one_line_exit_2(script_name, args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        _load_script(script_name)["main"](args + ["--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == message
+    assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_pfl_toy_quick_paths_are_fedruns_updates(tmp_path, monkeypatch):
+    import torch
+
+    out = tmp_path / "toy"
+    text = script("pfl_toy.py", ["--quick", "--tau", "1", "--out", str(out)], tmp_path, monkeypatch)
+    assert f"outputs: {out}" in text and (out / "toy.png").stat().st_size > 10000
+    mod = _load_script("pfl_toy.py")
+    paths = pd.read_csv(out / "paths.csv")
+    assert sorted(set(paths["method"])) == ["perfedavg", "pfldyn", "pflscaf"]
+    # Per-FedAvg (PAvg, MAML), one local step, one active device: round 1's server model is START
+    # minus lr times the gradient of that device's f_i o T_i, computed here by autograd (4 params)
+    data = mod["toy_data"]()
+    p0 = {k: v.clone().requires_grad_(True) for k, v in mod["to_params"](mod["START"]).items()}
+    from fedrun.functional import ENGINES
+    from fedrun.models import MLR
+
+    engine = ENGINES["vmap"](MLR(1, 2))
+    steps = []
+    for c in range(3):
+        rows = data.train.client_rows(c)
+        x, y = data.train.x[rows], data.train.y[rows]
+        g = torch.autograd.grad(engine.loss(p0, x, y), list(p0.values()), create_graph=True)
+        meta = engine.loss({k: p0[k] - mod["INNER_LR"] * gk for k, gk in zip(p0, g)}, x, y)
+        gm = torch.autograd.grad(meta, list(p0.values()))
+        steps.append(mod["to_plane"]({k: (p0[k] - 0.3 * gk).detach() for k, gk in zip(p0, gm)}))
+    first = paths[(paths.method == "perfedavg") & (paths["round"] == 1)][["slope", "intercept"]].to_numpy()[0]
+    assert min(np.abs(first - s).max() for s in steps) < 1e-5
+    assert max(np.abs(first - s).max() for s in steps) > 1e-2  # the devices' steps differ: the check can tell
+    start = paths[paths["round"] == 0][["slope", "intercept"]].to_numpy()
+    assert np.allclose(start, mod["START"])
+    assert (paths.groupby("method")["round"].max() == 4).all()
+    md = (out / "toy.md").read_text()
+    assert "| minimum of F |" in md and "| PFLScaf (MAML) |" in md
