@@ -344,7 +344,9 @@ class VmapEngine(Engine):
         (`class_major_logits`) and the losses come from them; the training-loss pass (`loss_sums`)
         skips the argmax. CPU, one thread, the synthetic training rows (185k): losses alone 36-40 ->
         22-26 ms; the training-loss pass with its unused argmax before, 41-54 ms."""
-        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device), split.sizes)
+        # (output_size: the number of rows is known, so no device-to-host read of the sizes' sum)
+        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device), split.sizes,
+                                        output_size=len(split.y))
         block = self._group(split) * split.chunk_idx.shape[1]
         class_major = self._hand(split.x) and hasattr(self.model, "class_major_logits")
         loss = correct = None
