@@ -22,6 +22,9 @@ PATH is a work tree of their repository (their Synthetic data is generated there
 Seeds batched (issue 11, `hydra/launcher=batched`): wall time of 1, 5, 10 seeds as one computation
 against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench_seeds):
     python -m fedrun.bench --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
+The first GPU's numbers (fedrun.gpu_check): engine agreement on cuda for every device branch, the default run,
+the CIFAR ACID preset, the CIFAR bench and batched seeds, one table; refused (exit 2) without CUDA:
+    python -m fedrun.bench --gpu-check
 """
 from __future__ import annotations
 
@@ -139,7 +142,15 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", default=None, metavar="N,N,...",
                     help="seeds batched: s/round of each number of seeds trained together (e.g. 1,5,10)")
     ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
+    ap.add_argument("--gpu-check", action="store_true",
+                    help="on a CUDA machine: engine agreement (every device branch), the default run, the CIFAR ACID "
+                         "preset, the CIFAR bench and batched seeds, in one table (fedrun.gpu_check); refused on a CPU")
+    ap.add_argument("--gpu-check-device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny run
     args = ap.parse_args(argv)
+    if args.gpu_check:
+        from . import gpu_check
+
+        raise SystemExit(gpu_check.main(args.gpu_check_device))
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
     for name, low in (("rounds", 1), ("loop_rounds", 0), ("warmup", 0), ("tau", 1), ("personalize_batch", 1),

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .branches import check_paths, choose
 from .data.federated import ClientSplit
 
 Params = dict[str, Tensor]
@@ -82,10 +83,19 @@ class Engine:
 
     name = "base"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy):
+    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy,
+                 paths: dict[str, str] | None = None):
         self.model = model
         self.max_chunks = max_chunks  # chunks of rows per vmapped call in full passes (memory bound)
         self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
+        # device branches forced (fedrun.branches.BRANCHES; unset: each device's default)
+        self.paths = check_paths(paths)
+        if "layout" in self.paths and hasattr(model, "layout"):
+            model.layout = self.paths["layout"]
+
+    def path(self, name: str, device: torch.device) -> str:
+        """The value of device branch `name` (fedrun.branches) for tensors on `device`."""
+        return choose(name, device, self.paths)
 
     @property
     def num_classes(self) -> int:
@@ -152,21 +162,22 @@ class Engine:
 class VmapEngine(Engine):
     name = "vmap"
 
-    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy):
-        super().__init__(model, max_chunks, criterion)
+    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy,
+                 paths: dict[str, str] | None = None):
+        super().__init__(model, max_chunks, criterion, paths)
         self._losses = vmap(self.loss)
         self._stacked = hasattr(model, "stacked_forward")
         # the model's hand-written backward pass, for the loss it was written for
-        self._ce_grad = hasattr(model, "stacked_ce_grad") and criterion is F.cross_entropy
+        self._has_ce_grad = hasattr(model, "stacked_ce_grad") and criterion is F.cross_entropy
         self._hvp = vmap(lambda p, v, x, y: jvp(lambda q: grad(self.loss)(q, x, y), (p,), (v,))[1])
         masked_loss = lambda p, x, y, m: self._masked(p, x, y, m)[0]
-        self._chunk_grad = {
+        self._chunk_autograd = {
             shared: vmap(grad_and_value(masked_loss), in_dims=(None if shared else 0, 0, 0, 0))
             for shared in (True, False)
         }
-        if self._ce_grad:  # the hand-written backward per row chunk (its weights: the chunk's row mask)
-            self._chunk_grad = {shared: (lambda p, x, y, m, shared=shared: self.model.stacked_ce_grad(p, x, y, m, shared))
-                                for shared in (True, False)}
+        # the hand-written backward per row chunk (its weights: the chunk's row mask)
+        self._chunk_hand = {shared: (lambda p, x, y, m, shared=shared: self.model.stacked_ce_grad(p, x, y, m, shared))
+                            for shared in (True, False)}
         self._chunk_eval = {
             shared: vmap(self._masked, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
@@ -177,12 +188,12 @@ class VmapEngine(Engine):
             shared: vmap(self._class_sums, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
         self._chunk_x: dict[int, tuple[Tensor, Tensor] | None] = {}
-        # Full passes of convolutional models on the CPU run client by client (the loop engine's):
-        # one convolution over a whole group of row chunks makes activations of hundreds of MB
-        # (64x28x28 floats per CIFAR image) that leave the caches, and with per-client weights it
-        # is a grouped convolution; both measured 1.6-2.3x slower than per-client passes there.
+        # Full passes of convolutional models on the CPU run client by client (the loop engine's;
+        # branch "conv"): one convolution over a whole group of row chunks makes activations of
+        # hundreds of MB (64x28x28 floats per CIFAR image) that leave the caches, and with per-client
+        # weights it is a grouped convolution; both measured 1.6-2.3x slower than per-client passes there.
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-        self._loop = LoopEngine(model, max_chunks, criterion) if convolutional else None
+        self._loop = LoopEngine(model, max_chunks, criterion, paths) if convolutional else None
         if self._stacked and not convolutional:  # per-client models' full passes: the batched-matmul
             self._chunk_eval[False] = self._stacked_masked  # forward (a CNN's: the loop engine's on the
             # CPU, the vmapped `_masked` elsewhere, as before)
@@ -192,7 +203,7 @@ class VmapEngine(Engine):
         # depends only on its own slice of the stacked parameters, so the gradient of the sum with
         # respect to the stack is every client's own gradient (~30% faster on CPU than vmap(grad)).
         # Fully connected models with cross-entropy skip autograd: their hand-written backward.
-        if self._ce_grad:
+        if self._hand(x):
             with torch.no_grad():
                 return self.model.stacked_ce_grad(params, x, y)
         with torch.enable_grad():
@@ -201,9 +212,14 @@ class VmapEngine(Engine):
             grads = torch.autograd.grad(losses.sum(), list(p.values()))
         return dict(zip(p, grads)), losses.detach()
 
+    def _hand(self, x: Tensor) -> bool:
+        """Whether gradients go through the model's hand-written backward (branch "backward")."""
+        return self._has_ce_grad and self.path("backward", x.device) == "hand"
+
     def _stacked_losses(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
         """Per-client mean losses via the model's batched-matmul forward (same numbers as vmap)."""
-        logits = self.model.stacked_forward(p, x)  # [m, B, classes]
+        kw = {} if self._loop is None else {"per_client": self.path("conv", x.device) == "per_client"}
+        logits = self.model.stacked_forward(p, x, **kw)  # [m, B, classes]
         per_row = self.criterion(logits.flatten(0, 1), y.flatten(0, 1), reduction="none")
         return per_row.view(y.shape[0], -1).mean(1)
 
@@ -219,9 +235,10 @@ class VmapEngine(Engine):
         return (rows * mask).sum(1), ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum(1)
 
     def _conv_on_cpu(self, x: Tensor) -> bool:
-        """A convolutional model on the CPU: its vmapped convolutions are grouped convolutions over
-        all clients, slower there than the loop engine's per-client ones (see `__init__`)."""
-        return self._loop is not None and x.device.type == "cpu"
+        """A convolutional model whose passes go client by client (branch "conv", the CPU's default):
+        its vmapped convolutions are grouped convolutions over all clients, slower on the CPU than
+        the loop engine's per-client ones (see `__init__`)."""
+        return self._loop is not None and self.path("conv", x.device) == "per_client"
 
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
         if self._conv_on_cpu(x):
@@ -270,8 +287,9 @@ class VmapEngine(Engine):
     CPU_GROUP_ROWS = 16384
 
     def _group(self, split: ClientSplit) -> int:
-        """Chunks per group of a full pass: `max_chunks`, on the CPU also at most CPU_GROUP_ROWS rows."""
-        if split.x.device.type != "cpu":
+        """Chunks per group of a full pass: `max_chunks`, on the CPU (branch "groups") also at most
+        CPU_GROUP_ROWS rows."""
+        if self.path("groups", split.x.device) == "chunks":
             return self.max_chunks
         return max(1, min(self.max_chunks, self.CPU_GROUP_ROWS // split.chunk_idx.shape[1]))
 
@@ -295,8 +313,9 @@ class VmapEngine(Engine):
     def full_grad(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Params, Tensor]:
         if self._conv_on_cpu(split.x):
             return self._loop.full_grad(params, split, shared)
-        with torch.no_grad() if self._ce_grad else torch.enable_grad():
-            grads, loss = self._sum_per_client(self._chunk_grad, params, split, shared)
+        hand = self._hand(split.x)
+        with torch.no_grad() if hand else torch.enable_grad():
+            grads, loss = self._sum_per_client(self._chunk_hand if hand else self._chunk_autograd, params, split, shared)
         n = split.sizes.to(split.chunk_mask.dtype)
         return {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}, loss / n
 
@@ -325,9 +344,11 @@ class VmapEngine(Engine):
         (`class_major_logits`) and the losses come from them; the training-loss pass (`loss_sums`)
         skips the argmax. CPU, one thread, the synthetic training rows (185k): losses alone 36-40 ->
         22-26 ms; the training-loss pass with its unused argmax before, 41-54 ms."""
-        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device), split.sizes)
+        # (output_size: the number of rows is known, so no device-to-host read of the sizes' sum)
+        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device), split.sizes,
+                                        output_size=len(split.y))
         block = self._group(split) * split.chunk_idx.shape[1]
-        class_major = self._ce_grad and hasattr(self.model, "class_major_logits")
+        class_major = self._hand(split.x) and hasattr(self.model, "class_major_logits")
         loss = correct = None
         for s in range(0, len(split.y), block):
             x, y, o = split.x[s : s + block], split.y[s : s + block], owner[s : s + block]

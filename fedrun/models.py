@@ -22,6 +22,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .branches import choose
+
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
@@ -213,9 +215,12 @@ class CNN(nn.Module):
         convolutions and max-pooling keep: 1.4x (batch 50, forward and backward) to 1.6x (batch 500,
         forward) faster there than NCHW, whose max-pooling alone costs more than the first convolution."""
         x = x.reshape(*batch, self.in_channels, self.image_size, self.image_size)
-        if x.device.type != "cpu" or torch._C._functorch.maybe_current_level() is not None:
+        forced = None if self.layout is None else {"layout": self.layout}
+        if choose("layout", x.device, forced) != "channels_last" or torch._C._functorch.maybe_current_level() is not None:
             return x  # (inside torch.func transforms, vmap cannot choose a memory order)
         return x.contiguous(memory_format=torch.channels_last)
+
+    layout: str | None = None  # branch "layout" forced (fedrun.branches; None: the device's default)
 
     features_and_logits = True
 
@@ -223,15 +228,18 @@ class CNN(nn.Module):
         x = self._images(x, x.shape[0])
         return _outputs(self.hidden(self.conv(x).flatten(1)), self.head, features)
 
-    def stacked_forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
+    def stacked_forward(self, params: dict, x: torch.Tensor, per_client: bool | None = None) -> torch.Tensor:
         """Logits [m, B, classes] for per-client params: the convolutions client by client on the
         CPU (vmap would fold the clients into one grouped convolution over all m * B images, whose
         activations, 64x28x28 per image, leave the caches: 1.5x slower than the loop engine there),
-        vmapped on other devices (one launch); the linear layers as batched matrix products."""
+        vmapped on other devices (one launch); the linear layers as batched matrix products.
+        `per_client` forces the choice (branch "conv" of fedrun.branches; None: the device's)."""
         m, b = x.shape[:2]
         x = x.reshape(m, b, self.in_channels, self.image_size, self.image_size)
         conv = {k.removeprefix("conv."): v for k, v in params.items() if k.startswith("conv.")}
-        if x.device.type == "cpu":
+        if per_client is None:
+            per_client = choose("conv", x.device) == "per_client"
+        if per_client:
             h = torch.stack([torch.func.functional_call(self.conv, {k: v[i] for k, v in conv.items()},
                                                         (self._images(x[i], b),)).flatten(1) for i in range(m)])
         else:

@@ -114,3 +114,27 @@ def test_seed_bench_splits_a_round_into_the_shared_part_and_the_part_per_seed():
     # linear scaling: nothing shared
     fixed, per_seed, one = split_fixed({1: 2.0, 4: 8.0})
     assert (fixed, per_seed, one) == (0.0, 2.0, 2.0)
+
+
+def test_gpu_check_refuses_without_cuda_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--gpu-check"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "no CUDA device is available" in err
+
+
+def test_gpu_check_runs_its_whole_path_on_the_cpu(capsys):
+    """The hidden `--gpu-check-device cpu`: every part at tiny sizes (agreement in float64 and
+    float32, the default run, the CIFAR ACID preset on generated CIFAR-10 files, the bench, batched
+    seeds), one table, exit 0."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--gpu-check", "--gpu-check-device", "cpu"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    table = out[out.index("part "):].splitlines()
+    parts = [line.split()[0] for line in table[1:-1]]
+    assert parts == ["agreement", "agreement", "default", "cifar_acid", "bench", "seeds"], out
+    assert "ERROR" not in out and "generated CIFAR-10 files" in out
+    assert "3/3 within tolerance" in table[1] and "3/3 within tolerance" in table[2]

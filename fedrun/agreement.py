@@ -1,0 +1,164 @@
+"""The vmap engine, with every device branch forced in turn (fedrun.branches), against the loop
+engine: a few rounds of every algorithm on every model, on any device, in float64 or float32.
+
+The test suite runs it on the CPU (tests/algorithms/test_branches_agree.py) and `fedrun-bench
+--gpu-check` on cuda; it needs torch alone (no pytest). Data and models are tiny: 4 synthetic
+clients of 7-12 training rows in chunks of 4, MLR and an MLP of one hidden layer on 6 features,
+paper 004's CNN on 1x16x16 images; full passes in groups that cut clients in two (2 chunks under
+branch groups=rows, 3 under groups=chunks).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .algorithms import build, names
+from .branches import settings
+from .data import ClientSplit, FederatedData
+from .functional import LoopEngine, VmapEngine, params_of
+from .models import CNN, MLP, MLR
+from .simulate import Schedule, simulate
+
+IMAGE = 16  # CNN inputs 1x16x16: the smallest side its two 5x5 convolutions and poolings allow
+MODELS = {
+    "mlr": lambda d: MLR(d.in_features, d.num_classes),
+    "mlp": lambda d: MLP(d.in_features, d.num_classes, hidden=[5]),
+    "cnn": lambda d: CNN(d.in_features, d.num_classes, in_channels=1, image_size=IMAGE),
+}
+SHAPES = {"mlr": (6,), "mlp": (6,), "cnn": (1, IMAGE, IMAGE)}
+TRAIN, TEST, CLASSES, CHUNK = (10, 7, 12, 9), (4, 3, 5, 2), 3, 4
+MAX_CHUNKS, GROUP_ROWS = 3, 8  # the vmap engine's groups: 3 chunks (groups=chunks), 8 rows = 2 chunks (rows)
+
+# Hyperparameters over each algorithm's yaml: small steps that keep the rounds finite, options that
+# use code paths the defaults leave idle (a clip that clips, a decaying lr, two MAML inner steps).
+META = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, inner_lr=0.05, inner_steps=2, test_steps=3)
+OPTIONS = {
+    "fedavg": dict(beta=0.05, alpha=0.05),
+    "perfedavg": dict(alpha=0.05, beta=0.05),
+    "pfedme": dict(lam=15.0, eta=0.05, personal_lr=0.05, K=2, beta=1.5),
+    "pavg": META,
+    "pfldyn": dict(META, alpha=0.01),
+    "pflscaf": META,
+    "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
+    "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
+}
+# Besides every algorithm at its yaml's options: the other engine primitives' users (Per-FedAvg's
+# HVPs, hf's extra gradients, MAML and Proto on each of paper 004's algorithms' defaults).
+EXTRA = [("perfedavg", {"variant": "hf"}), ("perfedavg", {"variant": "exact"}), ("pavg", {"adaptation": "proto"})]
+SCHEDULE = dict(rounds=2, tau=2, clients_per_round=2, batch_size=4)
+TOL = {torch.float64: (1e-9, 1e-10), torch.float32: (1e-4, 1e-5)}  # rtol, atol of params and client states
+# of the logged metrics: the vmap engine sums accuracies with float32 row masks
+METRIC_TOL = {torch.float64: (1e-6, 1e-7), torch.float32: (1e-4, 1e-5)}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    algo: str
+    options: tuple  # ((name, value), ...) over OPTIONS[algo]
+    paths: tuple  # ((branch, value), ...) forced on the vmap engine
+
+    @property
+    def id(self) -> str:
+        parts = [self.model, self.algo, *(f"{k}={v}" for k, v in self.options)]
+        return "-".join(parts) + "-" + (",".join(f"{k}={v}" for k, v in self.paths) or "defaults")
+
+
+def algo_cases(model: str) -> list[tuple[str, dict]]:
+    """Every algorithm conf/algo knows (read there, so a new one is checked), then EXTRA; on MLR not
+    those adapting by Proto (MLR has no hidden layer: Proto's features would be the inputs)."""
+    out = [(a, {}) for a in names()] + EXTRA
+    if model == "mlr":
+        out = [(a, o) for a, o in out if getattr(build(a, **{**OPTIONS.get(a, {}), **o}), "adaptation", "") != "proto"]
+    return out
+
+
+def cases(device: str | torch.device = "cpu") -> list[Case]:
+    """Every model x every path setting that changes something for it on `device` x every algorithm."""
+    out = []
+    for model in MODELS:
+        probe = MODELS[model](data_of(model, torch.float64, "cpu"))
+        for paths in settings(probe, device):
+            for algo, opts in algo_cases(model):
+                out.append(Case(model, algo, tuple(opts.items()), tuple(paths.items())))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_data(model: str) -> FederatedData:
+    """Gaussian features, labels of a random linear teacher plus each client's own label shift."""
+    g = torch.Generator().manual_seed(1)
+    shape = SHAPES[model]
+    teacher = torch.randn(CLASSES, *shape, generator=g, dtype=torch.float64)
+
+    def split(sizes) -> ClientSplit:
+        x = torch.randn(sum(sizes), *shape, generator=g, dtype=torch.float64)
+        owner = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+        y = ((x.flatten(1) @ teacher.flatten(1).T).argmax(1) + owner) % CLASSES
+        return ClientSplit.from_flat(x, y, torch.tensor(sizes), CHUNK)
+
+    return FederatedData(f"agreement_{model}", split(TRAIN), split(TEST), CLASSES)
+
+
+def data_of(model: str, dtype: torch.dtype, device):
+    data = _cpu_data(model).to(device)
+    data.train.x, data.test.x = data.train.x.to(dtype), data.test.x.to(dtype)
+    return data
+
+
+def _run(model_name: str, algo_name: str, options: tuple, paths: tuple | None, device: str, dtype: torch.dtype):
+    """The final state, last evaluation and logged rows of the vmap engine with `paths` forced (None:
+    of the loop engine)."""
+    data = data_of(model_name, dtype, device)
+    torch.manual_seed(0)
+    model = MODELS[model_name](data).to(device=device, dtype=dtype)
+    if paths is None:
+        eng = LoopEngine(model)
+    else:
+        eng = VmapEngine(model, max_chunks=MAX_CHUNKS, paths=dict(paths))
+        eng.CPU_GROUP_ROWS = GROUP_ROWS
+    algo = build(algo_name, **{**OPTIONS.get(algo_name, {}), **dict(options)})
+    rows = []
+    state, last = simulate(algo, eng, data, params_of(model), Schedule(**SCHEDULE), 0,
+                           on_eval=lambda r, t, ev: rows.append(ev.row))
+    return state, last, rows
+
+
+@functools.lru_cache(maxsize=64)
+def _loop_run(model_name: str, algo_name: str, options: tuple, device: str, dtype: torch.dtype):
+    """The loop engine's run: the reference every path setting is compared with, computed once."""
+    return _run(model_name, algo_name, options, None, device, dtype)
+
+
+def run_case(case: Case, device="cpu", dtype=torch.float64) -> dict:
+    """Runs `case` on both engines. Returns {"max_err": largest |vmap - loop| over the final params,
+    client states, every round's metrics and the per-client ones, "ok": whether all of them are
+    within TOL[dtype] (METRIC_TOL for metrics; per element: |a - b| <= atol + rtol |b|), "worst": the quantity furthest
+    out (in units of its tolerance)}."""
+    (sv, ev_v, rows_v) = _run(case.model, case.algo, case.options, case.paths, str(device), dtype)
+    (sl, ev_l, rows_l) = _loop_run(case.model, case.algo, case.options, str(device), dtype)
+    pairs = [(f"params.{k}", sv.params[k], sl.params[k], TOL[dtype]) for k in sv.params]
+    if sv.clients.keys() != sl.clients.keys():
+        raise AssertionError(f"{case.id}: client states {sorted(sv.clients)} vs {sorted(sl.clients)}")
+    pairs += [(f"clients.{s}.{k}", sv.clients[s][k], sl.clients[s][k], TOL[dtype])
+              for s in sv.clients for k in sv.clients[s]]
+    if len(rows_v) != len(rows_l) or any(a.keys() != b.keys() for a, b in zip(rows_v, rows_l)):
+        raise AssertionError(f"{case.id}: the engines logged different rows")
+    pairs += [(f"round{i + 1}.{k}", torch.tensor(a[k], dtype=torch.float64), torch.tensor(b[k], dtype=torch.float64),
+               METRIC_TOL[dtype]) for i, (a, b) in enumerate(zip(rows_v, rows_l)) for k in a]
+    pairs += [(f"per_client.{k}", ev_v.per_client[k], ev_l.per_client[k], METRIC_TOL[dtype]) for k in ev_v.per_client]
+    max_err, worst, worst_ratio = 0.0, None, 0.0
+    for name, a, b, (rtol, atol) in pairs:
+        a, b = a.detach().double().cpu(), b.detach().double().cpu()
+        if a.shape != b.shape:
+            raise AssertionError(f"{case.id}: {name} has shape {tuple(a.shape)} vs {tuple(b.shape)}")
+        fin = torch.isfinite(a)
+        same_nonfinite = torch.equal(fin, torch.isfinite(b)) and torch.equal(a[~fin].nan_to_num(), b[~fin].nan_to_num())
+        diff = torch.where(fin, (a - b).abs(), torch.zeros_like(a)) if same_nonfinite else torch.full_like(a, torch.inf)
+        max_err = max(max_err, float(diff.max()) if diff.numel() else 0.0)
+        ratio = float((diff / (atol + rtol * b.abs().nan_to_num())).max()) if diff.numel() else 0.0
+        if ratio > worst_ratio:
+            worst, worst_ratio = name, ratio
+    return {"max_err": max_err, "ok": worst_ratio <= 1.0, "worst": worst, "ratio": worst_ratio}

@@ -1,0 +1,234 @@
+"""`fedrun-bench --gpu-check`: every number the first session with a GPU needs, in one table.
+
+On a CUDA machine, in a few minutes and with torch, hydra-core and omegaconf alone (no pytest):
+  agreement   the vmap engine with every device branch (fedrun.branches) against the loop engine,
+              every model x algorithm of fedrun.agreement, in float64 and in float32 (TF32 off)
+  default     the default run's setting (fedrun.bench: synthetic, 100 clients, MLP 60-20-10, tau=20,
+              every client evaluated every round) for FedAvg and Per-FedAvg fo/hf/exact, both engines
+  cifar_acid  the preset experiment=cifar10_acid5_pfldyn_proto (CNN, tau=K=50, batch 50) through
+              fedrun's CIFAR loader, on random images written in CIFAR-10's file format when
+              FEDRUN_DATA holds no cifar-10-batches-py
+  bench       fedrun-bench --setting cifar (CIFAR-shaped data, CNN, FedAvg), both engines
+  seeds       5 seeds trained as one computation (hydra/launcher=batched) against 5 runs of one seed,
+              the default Per-FedAvg run
+Columns: s/round (vmap engine; loop engine where timed), peak device memory, the agreement's largest
+|vmap - loop|, the batched-seeds speedup. Exit status 1 when an agreement check fails.
+A machine without CUDA is refused (exit 2); `--gpu-check-device cpu` (hidden) runs the same path on
+tiny sizes on the CPU, for the test suite.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Sizes of each part: on the GPU the settings named above; "tiny" for the CPU path of the tests.
+FULL = dict(rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500, cifar_test=100,
+            per_class=(5000, 1000), seeds=5, agreement_cases=None, preset_clients=100, bench_clients=100,
+            algos=("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-exact"))
+TINY = dict(rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6, cifar_test=2,
+            per_class=(10, 5), seeds=2, agreement_cases=1, preset_clients=10, bench_clients=2, algos=("perfedavg-hf",))
+
+
+@dataclass
+class Row:
+    part: str
+    what: str
+    vmap: float | None = None  # s/round
+    loop: float | None = None
+    memory: float | None = None  # peak device MB
+    error: float | None = None  # agreement: largest |vmap - loop|
+    speedup: float | None = None  # seeds: (n runs of one seed) / (n seeds batched)
+    note: str = ""
+    failed: bool = False
+
+
+def refuse_without_cuda(device: str) -> None:
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print("fedrun-bench --gpu-check: no CUDA device is available (torch.cuda.is_available() is False); "
+              "run it on a machine with an NVIDIA GPU", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_start(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_mb(device) -> float | None:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return None
+
+
+def agreement_rows(device: str, sizes: dict) -> list[Row]:
+    from . import agreement
+
+    rows = []
+    cases = agreement.cases(device)
+    if sizes["agreement_cases"]:  # tiny: a few cases per model, among them the forced (non-default) paths
+        cases = [c for m in agreement.MODELS for c in [c for c in cases if c.model == m and c.paths][: sizes["agreement_cases"]]]
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for dtype in (torch.float64, torch.float32):
+            t0 = time.perf_counter()
+            worst, failed = 0.0, []
+            for case in cases:
+                try:
+                    res = agreement.run_case(case, device, dtype)
+                except Exception as e:  # one broken case must not hide the others' numbers
+                    failed.append(f"{case.id} raised {type(e).__name__}: {e}")
+                    continue
+                worst = max(worst, res["max_err"])
+                if not res["ok"]:
+                    failed.append(f"{case.id}: {res['worst']} off by {res['ratio']:.3g} tolerances")
+            name = str(dtype).removeprefix("torch.")
+            note = f"{len(cases) - len(failed)}/{len(cases)} within tolerance, {time.perf_counter() - t0:.0f} s"
+            rows.append(Row("agreement", name, error=worst, note=note))
+            for f in failed:
+                print(f"AGREEMENT FAILED ({name}): {f}", flush=True)
+            rows[-1].failed = bool(failed)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return rows
+
+
+def _timed(algo, data, sched, device, model_fn, engine: str, warmup: int) -> tuple[float, float | None]:
+    from .bench import time_rounds
+
+    _peak_start(device)
+    s = time_rounds(algo, engine, data, sched, torch.device(device), warmup, model_fn=model_fn)
+    return s, _peak_mb(device)
+
+
+def default_rows(device: str, sizes: dict) -> list[Row]:
+    from .bench import ALGOS, bench_algo
+    from .data import synthetic
+    from .models import MLP
+    from .simulate import Schedule
+
+    data = synthetic(num_clients=sizes["clients"], cache_dir=None).to(device)
+    rows = []
+    for name in sizes["algos"]:
+        sched = Schedule(rounds=sizes["rounds"], tau=sizes["tau"], clients_per_round=min(10, data.num_clients),
+                         batch_size=20)
+        model_fn = lambda: MLP(data.in_features, data.num_classes, hidden=[20])
+        vm, mem = _timed(bench_algo(name, ALGOS), data, sched, device, model_fn, "vmap", sizes["warmup"])
+        lp, _ = _timed(bench_algo(name, ALGOS), data, sched, device, model_fn, "loop", sizes["warmup"])
+        rows.append(Row("default", name, vm, lp, mem))
+    return rows
+
+
+def write_cifar10(root: str, train_per_class: int, test_per_class: int, seed: int = 0) -> None:
+    """Random uint8 images in CIFAR-10's python format (the five data_batch_N and test_batch pickles
+    fedrun's loader reads), `train_per_class` / `test_per_class` images of each of the 10 classes."""
+    import pickle
+
+    from .data.sources import CIFAR_FILES
+
+    folder, train_files, test_files, key = CIFAR_FILES[10]
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(root, folder), exist_ok=True)
+    for files, per_class in ((train_files, train_per_class), (test_files, test_per_class)):
+        y = rng.permutation(np.repeat(np.arange(10), per_class))
+        x = rng.integers(0, 256, size=(len(y), 3072), dtype=np.uint8)
+        for f, xs, ys in zip(files, np.array_split(x, len(files)), np.array_split(y, len(files))):
+            with open(os.path.join(root, folder, f), "wb") as fh:
+                pickle.dump({b"data": xs, key: ys.tolist(), b"batch_label": b"fedrun gpu-check"}, fh)
+
+
+def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
+    from hydra import compose, initialize_config_dir
+
+    from .config import CONF_DIR
+    from .protocol import apply_protocol
+    from .validation import instantiate_checked, schedule
+
+    root = os.environ.get("FEDRUN_DATA", "data")
+    note = "real CIFAR-10"
+    if not os.path.isdir(os.path.join(root, "cifar-10-batches-py")) or sizes is TINY:
+        root = os.path.join(tmp, "cifar")
+        write_cifar10(root, *sizes["per_class"])
+        note = "generated CIFAR-10 files"
+    overrides = ["experiment=cifar10_acid5_pfldyn_proto", f"device={device}", f"data.root={root}", "data.download=false",
+                 f"cache_dir={os.path.join(tmp, 'cache')}", f"data.num_clients={sizes['preset_clients']}",
+                 f"tau={sizes['cifar_tau']}", f"batch_size={sizes['cifar_batch']}"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    apply_protocol(cfg)
+    data = instantiate_checked(cfg.data).to(torch.device(device))
+    algo = instantiate_checked(cfg.algo)
+    sched = schedule(cfg, data.num_clients)
+    sched.rounds = sizes["rounds"]
+    model_fn = lambda: instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+    vm, mem = _timed(algo, data, sched, device, model_fn, cfg.engine, sizes["warmup"])
+    return [Row("cifar_acid", "pfldyn proto", vm, None, mem, note=note)]
+
+
+def bench_rows(device: str, sizes: dict) -> list[Row]:
+    from .bench import CIFAR_ALGOS, bench_algo, cifar_like
+    from .models import CNN
+    from .simulate import Schedule
+
+    data = cifar_like(sizes["bench_clients"], sizes["cifar_train"], sizes["cifar_test"]).to(device)
+    sched = Schedule(rounds=sizes["rounds"], tau=sizes["cifar_tau"], clients_per_round=min(10, data.num_clients),
+                     batch_size=sizes["cifar_batch"])
+    model_fn = lambda: CNN(data.in_features, data.num_classes)
+    vm, mem = _timed(bench_algo("fedavg", CIFAR_ALGOS), data, sched, device, model_fn, "vmap", sizes["warmup"])
+    lp, _ = _timed(bench_algo("fedavg", CIFAR_ALGOS), data, sched, device, model_fn, "loop", sizes["warmup"])
+    return [Row("bench", "cifar fedavg", vm, lp, mem)]
+
+
+def seeds_rows(device: str, sizes: dict) -> list[Row]:
+    from .bench_seeds import SETTINGS, _setup, time_seeds
+
+    overrides = [*SETTINGS["perfedavg"]] + ([] if sizes is FULL else [f"data.num_clients={sizes['clients']}", "tau=2",
+                                                                         "clients_per_round=2"])
+    cfg, algo, data, sched = _setup(overrides, device)
+    n = sizes["seeds"]
+    one = time_seeds(cfg, algo, data, sched, 1, sizes["rounds"])[0]
+    _peak_start(device)
+    many = time_seeds(cfg, algo, data, sched, n, sizes["rounds"])[0]
+    return [Row("seeds", f"perfedavg x{n}", many, None, _peak_mb(device), speedup=n * one / many,
+                note=f"1 seed {one:.4f} s/round")]
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(device: str = "cuda") -> int:
+    refuse_without_cuda(device)
+    sizes = FULL if torch.device(device).type == "cuda" else TINY
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    print(f"fedrun-bench --gpu-check on {device} ({name}), torch {torch.__version__}", flush=True)
+    rows: list[Row] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fedrun-gpu-check-") as tmp:
+        parts = {"agreement": agreement_rows, "default": default_rows,
+                 "cifar_acid": lambda d, s: cifar_preset_rows(d, s, tmp), "bench": bench_rows, "seeds": seeds_rows}
+        for label, part in parts.items():
+            try:
+                rows += part(device, sizes)
+            except Exception as e:  # report the part that broke, go on with the others
+                rows.append(Row(label, "ERROR", note=f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
+                rows[-1].failed = True
+    print(f"{'part':<11}{'setting':<18}{'vmap s/round':>13}{'loop s/round':>13}{'peak MB':>10}{'max |err|':>11}"
+          f"{'speedup':>9}  note")
+    for r in rows:
+        print(f"{r.part:<11}{r.what:<18}{_fmt(r.vmap, '.4f'):>13}{_fmt(r.loop, '.4f'):>13}{_fmt(r.memory, '.0f'):>10}"
+              f"{_fmt(r.error, '.2e'):>11}{_fmt(r.speedup, '.2f'):>9}  {r.note}")
+    print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
+    return 1 if any(getattr(r, "failed", False) for r in rows) else 0

@@ -1,0 +1,169 @@
+"""Mutation check: applies plausible one-line bugs, each ALONE, and reports which the tests catch.
+
+    python scripts/mutate.py                      # every mutant against its own tests
+    python scripts/mutate.py --only vmap-vag-mean,maml-first-order --tests tests/algorithms
+    python scripts/mutate.py --list
+
+Each mutant runs in a temporary copy of the checkout (fedrun/, tests/, conf/, scripts/ and the
+project files), with PYTHONPATH pointing the copy's tests at the copy's fedrun; the checkout itself
+is never written, so an interrupt (Ctrl-C) cannot leave a bug behind. A mutant whose line is not
+found exactly once is reported as "stale" (the code moved on: update the list). Caught: pytest
+exited non-zero; the first failing test is named.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPY = ["fedrun", "tests", "conf", "scripts", "hydra_plugins", "pyproject.toml", "setup.py", "setup.cfg", "pytest.ini"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest's arguments by default (paths, node ids, -k expressions)
+    what: str
+
+
+AGREE = "tests/algorithms/test_branches_agree.py"
+MUTANTS = [
+    # the issue's survivors
+    Mutant("vmap-vag-mean", "fedrun/functional.py",
+           "grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)",
+           "grads = torch.autograd.grad(values.mean(), list(p.values()), allow_unused=True, materialize_grads=True)",
+           (AGREE, "-k", "cnn and pavg and vmap"), "VmapEngine.value_and_grad: mean instead of sum over clients"),
+    Mutant("vmap-grad-autograd-mean", "fedrun/functional.py",
+           "grads = torch.autograd.grad(losses.sum(), list(p.values()))",
+           "grads = torch.autograd.grad(losses.mean(), list(p.values()))",
+           (AGREE, "-k", "mlp and fedavg and autograd"), "VmapEngine.grad's autograd path: mean instead of sum"),
+    Mutant("onestep-lr", "fedrun/algorithms/base.py",
+           "return one_step_adapt(engine, state.params, ctx.data.train, self.alpha, batch)",
+           "return one_step_adapt(engine, state.params, ctx.data.train, 2 * self.alpha, batch)",
+           ("tests/algorithms/test_personalize_by_value.py",), "honest test-time step (FedAvg + update, Per-FedAvg): lr 2 alpha"),
+    Mutant("pfedme-pm-extra-round", "fedrun/algorithms/pfedme.py",
+           "        for r in range(ctx.tau):\n            local = self.client_step(",
+           "        for r in range(ctx.tau + 1):\n            local = self.client_step(",
+           ("tests/algorithms/test_personalize_by_value.py",), "pFedMe's honest PM: one extra local round (IndexError expected: "
+                                                 "the batches hold tau rounds)"),
+    Mutant("pfedme-pm-one-round-less", "fedrun/algorithms/pfedme.py",
+           "        for r in range(ctx.tau):\n            local = self.client_step(",
+           "        for r in range(ctx.tau - 1):\n            local = self.client_step(",
+           ("tests/algorithms/test_personalize_by_value.py",), "pFedMe's honest PM: one local round less"),
+    Mutant("maml-first-order-ignored", "fedrun/algorithms/adaptation.py",
+           "create_graph=not self.first_order)", "create_graph=True)",
+           ("tests/algorithms/test_debias.py",), "MAML's first_order=true ignored"),
+    Mutant("maml-test-steps-ignored", "fedrun/algorithms/adaptation.py",
+           "for s in range(self.test_steps):", "for s in range(self.inner_steps):",
+           ("tests/algorithms/test_debias.py",), "MAML's test_steps ignored (inner_steps used)"),
+    Mutant("exact-hvp-sign", "fedrun/algorithms/perfedavg.py",
+           "g2 = {k: g2[k] - self.alpha * hv[k] for k in params}", "g2 = {k: g2[k] + self.alpha * hv[k] for k in params}",
+           ("tests/algorithms/test_perfedavg.py",), "Per-FedAvg exact: HVP sign flipped"),
+    Mutant("synthetic-cut-seed", "fedrun/data/synthetic.py",
+           "perm = np.random.default_rng([seed, k, SHUFFLE_STREAM]).permutation(len(y))",
+           "perm = np.random.default_rng([seed, k + 1, SHUFFLE_STREAM]).permutation(len(y))",
+           ("tests/test_draws_pinned.py",),
+           "synthetic train/test cut seeded differently"),
+    Mutant("sampling-stream", "fedrun/simulate.py",
+           "    g = round_generator(seed, rnd)\n", "    g = round_generator(seed, rnd, stream=3)\n",
+           ("tests/test_draws_pinned.py",), "clients and minibatch rows drawn from another random stream"),
+    # a few more
+    Mutant("hf-delta-sign", "fedrun/algorithms/perfedavg.py",
+           "g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
+           "g2 = {k: g2[k] + self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
+           ("tests/algorithms/test_perfedavg.py",), "Per-FedAvg hf: finite-difference HVP sign flipped"),
+    Mutant("group-drops-a-chunk", "fedrun/functional.py",
+           "            sl = slice(s, s + group)\n", "            sl = slice(s, s + group - 1)\n",
+           (AGREE, "-k", "mlp and pfedme and chunks"), "full passes: each group of chunks loses its last chunk"),
+    Mutant("vmap-conv-per-client-forward", "fedrun/models.py",
+           "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x)",
+           "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x.flip(0))",
+           (AGREE, "-k", "cnn and fedavg and vmap"), "CNN.stacked_forward's vmapped (GPU) convolutions: clients' images swapped"),
+    Mutant("per-client-sync", "fedrun/simulate.py",
+           "    return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []",
+           "    return [i for i in range(len(ok)) if not bool(ok[i])]",
+           ("tests/test_host_syncs.py", "-k", "grow"), "the divergence guard reads every client's flag from the device"),
+    Mutant("cpu-index-in-round", "fedrun/simulate.py",
+           "        xb, yb = data.train.rows(idx[:, s])  # step s: [m, k, B] rows",
+           "        xb, yb = data.train.rows(idx[:, s].cpu())  # step s: [m, k, B] rows",
+           ("tests/test_host_syncs.py", "-k", "fake"), "a CPU index tensor mixed into the device's minibatch gather"),
+    Mutant("nonfinite-guard-off", "fedrun/simulate.py",
+           "    return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []",
+           "    return []",
+           ("tests/test_cli.py",), "the divergence guard never fires"),
+]
+
+
+def _copy(dst: str) -> None:
+    for name in COPY:
+        src = os.path.join(REPO, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, os.path.join(dst, name), ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif os.path.exists(src):
+            shutil.copy2(src, os.path.join(dst, name))
+
+
+def run(m: Mutant, tests: tuple[str, ...] | None, timeout: int) -> tuple[str, str, float]:
+    """(status, first failing test or note, seconds). status: caught | SURVIVED | stale | timeout."""
+    with tempfile.TemporaryDirectory(prefix=f"fedrun-mutant-{m.name}-") as tmp:
+        _copy(tmp)
+        path = os.path.join(tmp, m.path)
+        with open(path) as f:
+            src = f.read()
+        if src.count(m.old) != 1:
+            return "stale", f"line found {src.count(m.old)} times in {m.path}", 0.0
+        with open(path, "w") as f:
+            f.write(src.replace(m.old, m.new))
+        env = {**os.environ, "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *(tests or m.tests)]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout", f"no verdict in {timeout} s", time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        fail = next((line.split(" - ")[0].removeprefix("FAILED ").removeprefix("ERROR ")
+                     for line in p.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+        return ("caught" if p.returncode != 0 else "SURVIVED"), fail or p.stdout.strip().splitlines()[-1:][0], dt
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=None, help="comma-separated mutant names (default: all)")
+    ap.add_argument("--tests", nargs="*", default=None, help="tests to run for every mutant (default: each mutant's own)")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per mutant")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+    known = {m.name: m for m in MUTANTS}
+    chosen = MUTANTS
+    if args.only:
+        bad = [n for n in args.only.split(",") if n not in known]
+        if bad:
+            print(f"--only {','.join(bad)}: not a mutant; choose from: {', '.join(known)}", file=sys.stderr)
+            return 2
+        chosen = [known[n] for n in args.only.split(",")]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<30}{m.path:<34}{m.what}")
+        return 0
+    print(f"| mutant | what | status | caught by | s |\n|---|---|---|---|---|", flush=True)
+    survived = 0
+    for m in chosen:
+        status, by, dt = run(m, tuple(args.tests) if args.tests else None, args.timeout)
+        survived += status != "caught"
+        print(f"| {m.name} | {m.what} | {status} | {by} | {dt:.0f} |", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
