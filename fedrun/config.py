@@ -79,14 +79,6 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
             return path
     raise FileNotFoundError(f"{group}/{name}.yaml is in none of {', '.join(roots or [CONF_DIR])}")
 
-# Options that do not change a run's numbers, as dotted paths of the composed config. They are
-# never part of a configuration's identity: the resume fingerprint, fedrun-report's grouping,
-# Hydra's job folder names (conf/config.yaml interpolates `${fedrun.neutral:seed}`) and the paper
-# scripts all read this one list. `seed` is not in it (it changes the numbers; where seeds are
-# grouped or hidden, the caller adds it). `device` and `engine` give the same numbers within float
-# tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk` and
-# `data.chunk_len` only split the same sums differently; the rest are where files live, what is
-# printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 def _tracker_options() -> tuple[str, ...]:
     """`logger.<tracker>.<option>` of every conf/logger file (Hydra leaves out of job folder names
     only the exact keys it is given, so `logger` alone would not cover an override of these)."""
@@ -99,6 +91,14 @@ def _tracker_options() -> tuple[str, ...]:
     return tuple(out)
 
 
+# Options that do not change a run's numbers, as dotted paths of the composed config. They are
+# never part of a configuration's identity: the resume fingerprint, fedrun-report's grouping,
+# Hydra's job folder names (conf/config.yaml interpolates `${fedrun.neutral:seed}`) and the paper
+# scripts all read this one list. `seed` is not in it (it changes the numbers; where seeds are
+# grouped or hidden, the caller adds it). `device` and `engine` give the same numbers within float
+# tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk` and
+# `data.chunk_len` only split the same sums differently; the rest are where files live, what is
+# printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
     "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every",
     "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
