@@ -79,6 +79,7 @@ def group_file(group: str, name: str, roots: list[str] | None = None) -> str:
             return path
     raise FileNotFoundError(f"{group}/{name}.yaml is in none of {', '.join(roots or [CONF_DIR])}")
 
+
 def _tracker_options() -> tuple[str, ...]:
     """`logger.<tracker>.<option>` of every conf/logger file (Hydra leaves out of job folder names
     only the exact keys it is given, so `logger` alone would not cover an override of these)."""
