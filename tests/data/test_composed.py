@@ -157,9 +157,6 @@ def test_held_out_clients_are_never_sampled():
 
 @pytest.mark.parametrize("args, expected", [
     (["partition.alpha=-1"], "partition.alpha=-1"),
-    (["partition.holdout=1.5"], "partition.holdout=1.5"),
-    (["partition.test=both"], "partition.test='both': allowed one of split, dataset"),
-    (["dataset.name=svhn"], "dataset.name='svhn': allowed one of mnist, fmnist, emnist, cifar10, cifar100"),
     (["data=synthetic"], "cannot go with data=synthetic"),
     (["partition=nope"], "partition='nope' is not a known partition"),
     (["partition.shards_per_client=2"], "partition.shards_per_client is not an option of partition=dirichlet"),
@@ -255,6 +252,10 @@ def test_partition_options_checked_before_any_file_is_read(tmp_path):
     for part, msg in ((dict(name="dirichlet", alpha=-1.0), "partition.alpha=-1.0: allowed a number > 0"),
                       (dict(name="shards", alpha=0.5), "partition.alpha is not an option of partition=shards"),
                       (dict(name="quantity", sizes="zipf"), "partition.sizes='zipf'"),
-                      (dict(name="iid", num_clients=0), "partition.num_clients=0")):
+                      (dict(name="iid", num_clients=0), "partition.num_clients=0"),
+                      (dict(name="iid", holdout=1.5), "partition.holdout=1.5"),
+                      (dict(name="iid", test="both"), "partition.test='both': allowed one of split, dataset")):
         with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
             composed(dict(name="mnist", root=str(tmp_path), download=False), part)
+    with pytest.raises(ValueError, match="dataset.name='svhn': allowed one of mnist, fmnist, emnist, cifar10, cifar100"):
+        composed(dict(name="svhn", root=str(tmp_path)), dict(name="iid"))
