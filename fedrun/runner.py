@@ -323,11 +323,12 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     data = head.data.to(head.device)
     models = [job.model(head.device) for job in jobs]
     engine = ENGINES[cfg.engine](models[0], max_chunks=cfg.max_chunks)
-    runs = [job.replica(data, model) for job, model in zip(jobs, models)]
     try:
+        runs = [job.replica(data, model) for job, model in zip(jobs, models)]  # opens files and trackers
         simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
                        checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
-    except BaseException:  # an error or a kill (KeyboardInterrupt): the tracker runs end as stopped
+    except BaseException:  # an error, a kill (KeyboardInterrupt), a tracker that cannot start:
+        # the tracker runs opened so far end as stopped
         for job in jobs:
             if job.trackers is not None:
                 job.trackers.close("stopped")

@@ -164,3 +164,14 @@ def test_bad_wandb_mode_is_refused_before_any_work(tmp_path):
     r = fedrun([*TINY, "rounds=2", "logger=wandb", "logger.wandb.mode=onlin", "hydra.run.dir=run"], tmp_path)
     assert r.returncode == 2 and "logger.wandb.mode='onlin' is not allowed; choose one of: offline, online, disabled" \
         in r.stderr
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_exit_2(tmp_path):
+    """An MLflow store that cannot be opened: one line, exit 2; TensorBoard, opened first, is closed."""
+    (tmp_path / "blocker").write_text("a file where the store's folder would go")
+    r = fedrun([*TINY, "rounds=2", "logger=[tensorboard,mlflow]", f"logger.mlflow.tracking_uri=file:{tmp_path}/blocker",
+                "hydra.run.dir=run"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("fedrun: error:")]
+    assert len(errors) == 1 and errors[0].startswith("fedrun: error: logger=mlflow could not start: "), r.stderr
+    assert not (tmp_path / "run" / "metrics.csv").exists()
