@@ -169,13 +169,12 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
 
     from fedrun.outputs import write_atomic, write_csv
     from fedrun.plots import save_figure
     from fedrun.report import mean_curve
 
-    rows, lines = [], []
+    rows = []
     for f in figures:
         title, data, by_model = FIGURES[f]
         shown = [(m, t) for m, t in MODELS if m in models]
@@ -183,7 +182,7 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         for col, (m, model_title) in enumerate(shown):
             acc_ax, loss_ax = axes[0, col], axes[1, col]
             colors = {}
-            for i, c in enumerate(by_model[m]):
+            for c in by_model[m]:
                 jobs = found.get(c.setting.name)
                 if not jobs:
                     continue
@@ -191,7 +190,7 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                 style = dict(color=color, linestyle="-" if c.model == "pers" else "-.", linewidth=1.2)
                 _band(acc_ax, mean_curve(jobs, f"{c.model}_acc"), c.label, style)
                 if c.model == "global":
-                    _band(loss_ax, mean_curve(jobs, "train_loss"), c.label.replace("(GM)", "(GM)"), style)
+                    _band(loss_ax, mean_curve(jobs, "train_loss"), c.label, style)
                 last = [float(j.metrics[f"{c.model}_acc"].iloc[-1]) for j in jobs]
                 best = [float(j.metrics[f"{c.model}_acc"].max()) for j in jobs]
                 rows.append({"figure": f, "data": data, "model": m, "curve": c.label, "setting": c.setting.name,
