@@ -6,7 +6,7 @@
 
 Each mutant runs in a temporary copy of the checkout (fedrun/, tests/, conf/, scripts/ and the
 project files), with PYTHONPATH pointing the copy's tests at the copy's fedrun; the checkout itself
-is never written, so an interrupt (Ctrl-C) cannot leave a bug behind. A mutant whose line is not
+is never written, so an interrupt (Ctrl-C, SIGTERM) cannot leave a bug behind. A mutant whose line is not
 found exactly once is reported as "stale" (the code moved on: update the list). Caught: pytest
 exited non-zero; the first failing test is named.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,7 +138,12 @@ def run(m: Mutant, tests: tuple[str, ...] | None, timeout: int) -> tuple[str, st
         return ("caught" if p.returncode != 0 else "SURVIVED"), fail or p.stdout.strip().splitlines()[-1:][0], dt
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the temporary copy is removed on the way out
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated mutant names (default: all)")
     ap.add_argument("--tests", nargs="*", default=None, help="tests to run for every mutant (default: each mutant's own)")
