@@ -14,7 +14,7 @@ from fedrun.algorithms.adaptation import MAML, Proto
 from fedrun.algorithms.base import ConfigError
 from helpers import fedrun, group_options as options
 from fedrun.cli import CONF_DIR, precheck
-from fedrun.data import cifar, synthetic
+from fedrun.data import ClientSplit, cifar, synthetic
 from fedrun.functional import LoopEngine, VmapEngine, class_means, params_of, proto_logits
 from fedrun.models import CNN, MLP
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
@@ -119,7 +119,7 @@ class Features4(Features):
 
 @pytest.mark.parametrize("E", ENGINES)
 @pytest.mark.parametrize("first_order", [False, True])
-@pytest.mark.parametrize("steps", [1, 2])
+@pytest.mark.parametrize("steps", [1, 2, 5])
 def test_maml_meta_gradient_on_quadratic(E, first_order, steps):
     """k inner steps of a on D, loss on D': the gradient is prod_k (I - a H_D) g_D'(w_k) exactly,
     and g_D'(w_k) alone when first_order drops the Hessian terms."""
@@ -138,6 +138,26 @@ def test_maml_meta_gradient_on_quadratic(E, first_order, steps):
             J = torch.eye(len(w), dtype=w.dtype) - a * xs[i].T @ xs[i] / len(ys[i])
             expected = torch.linalg.matrix_power(J, steps) @ expected
         torch.testing.assert_close(g["weight"][i, 0], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("E", ENGINES)
+@pytest.mark.parametrize("test_steps", [None, 3])
+def test_maml_test_time_steps_on_quadratic(E, test_steps):
+    """MAML's personalization: `test_steps` (null: inner_steps) full-batch GD steps of inner_lr
+    from the shared model on each client's training rows, by hand."""
+    model, params, batches = quadratic_setup(m=3, B=5)
+    x, y = batches[0]
+    split = ClientSplit.from_flat(x.reshape(-1, x.shape[-1]), y.reshape(-1), torch.tensor([5, 5, 5]), chunk_len=2)
+    split.y = y.reshape(-1)  # real-valued targets of the quadratic (from_flat stores class labels)
+    a, shared = 0.2, {"weight": params["weight"][0]}
+    maml = MAML(inner_lr=a, inner_steps=5, test_steps=test_steps)
+    adapted, loss = maml.personalize(E(model, criterion=half_squared), shared, split)
+    for i in range(3):
+        w = shared["weight"][0]
+        torch.testing.assert_close(loss[i], half_squared(x[i] @ w, y[i]), rtol=1e-12, atol=1e-12)
+        for _ in range(test_steps or 5):
+            w = w - a * quad_grad(w, x[i], y[i])
+        torch.testing.assert_close(adapted["weight"][i, 0], w, rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------
