@@ -102,6 +102,9 @@ def table(out: str) -> list[dict]:
         col = f"{prefix}_acc"
         last, best, low, used = [], [], [], []
         for r in runs:
+            if not os.path.exists(os.path.join(r, "clients.csv")):  # written at the end: the run did not finish
+                print(f"warning: left out {r}: unfinished (no clients.csv)")
+                continue
             m = pd.read_csv(os.path.join(r, "metrics.csv"))
             if col not in m or not len(m):
                 print(f"warning: left out {r}: no {col} column")

@@ -70,7 +70,7 @@ def test_overrides_reach_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["algo=nope"], "algo='nope' is not a known algo; choose one of: fedavg, feddyn, pavg, perfedavg, pfedme, pfldyn, pflscaf, scaffold"),
+    (["algo=nope"], "algo='nope' is not a known algo; choose one of: " + ", ".join(options("algo"))),  # conf/algo
     (["data=cifar5"], "data='cifar5' is not a known data; choose one of:"),
     (["tau=-1"], "tau=-1 must be an integer >= 1"),
     (["rounds=0"], "rounds=0 must be an integer >= 1"),

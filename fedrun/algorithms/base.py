@@ -154,8 +154,11 @@ class OneStepPersonalization:
 
     alpha: float
     finetune_steps: int = 1
+    finetune_epochs: int | None = None
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
+        if self.finetune_epochs:
+            return finetune_epochs(engine, self.eval_params(state), ctx, self.alpha, self.finetune_epochs)
         return finetune(engine, self.eval_params(state), ctx, self.alpha, self.finetune_steps)
 
 
@@ -179,6 +182,30 @@ def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps:
         p = sgd(p, g, lr)  # step 0 broadcasts the shared params to [C, ...]
         loss = l if loss is None else loss
     return p, loss
+
+
+def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float, epochs: int) -> tuple[Params, None]:
+    """Every client's model after `epochs` passes of minibatch SGD of `lr` over its own TRAINING rows,
+    from the shared `params`: each pass a fresh shuffle cut into floor(n_c / B) minibatches of B rows
+    (B = personalize_batch, else the run's batch_size; the last partial batch dropped, as a
+    DataLoader with drop_last), so clients take different numbers of steps. All clients step
+    together for the largest client's count; a client's update is multiplied by 0 after its own
+    last step (exact). Clients with fewer than B rows are not fine-tuned."""
+    split = ctx.data.train
+    B = ctx.personalize_batch or ctx.batch_size
+    steps = split.sizes.cpu() // B  # [C] steps per epoch (sizes are host-known: no device sync)
+    S = max(int(steps.max()), 1)
+    everyone = torch.arange(split.num_clients)
+    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs, S, B)
+    live = (torch.arange(S).view(1, -1) < steps.view(-1, 1)).to(split.x.device)  # [C, S]
+    p = stack(params, split.num_clients)
+    for e in range(epochs):
+        for s in range(S):
+            x, y = split.rows(idx[:, e, s])
+            g, _ = engine.grad(p, x, y)
+            on = live[:, s]
+            p = {k: p[k] - lr * on.view(-1, *[1] * (p[k].dim() - 1)).to(p[k].dtype) * g[k] for k in p}
+    return p, None
 
 
 def head_names(params: Params) -> list[str]:

@@ -23,8 +23,8 @@ from .perfedavg import FedAvg
 class FedProx(FedAvg):
     name = "fedprox"
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, mu: float):
-        super().__init__(beta, alpha, finetune_steps)
+    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None, mu: float):
+        super().__init__(beta, alpha, finetune_steps, finetune_epochs)
         check_positive("algo.mu", mu, allow_zero=True)
         self.mu = mu
 

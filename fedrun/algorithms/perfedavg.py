@@ -34,18 +34,21 @@ from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonaliz
 class FedAvg(OneStepPersonalization, Algorithm):
     """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update
     ("FedAvg + update", the `pers_*` metrics), `finetune_steps` of it (1: the one-step update;
-    more: FedAvg + fine-tuning, the baseline of most PFL tables); null: no test-time update, only
+    more: FedAvg + fine-tuning, the baseline of most PFL tables), or `finetune_epochs` passes of
+    minibatch SGD over each client's training rows (`base.finetune_epochs`; overrides the steps); null: no test-time update, only
     the global model is evaluated (no pers_* columns; an evaluation then skips the backward pass
     over every client's training rows: 30 rounds of the pFedMe MNIST DNN preset, every round
     evaluated, 26 -> 15 s)."""
 
     name = "fedavg"
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int):
+    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
         check_positive("algo.beta", beta)
         check_positive("algo.alpha", alpha, allow_zero=True, allow_null=True)
         check_int("algo.finetune_steps", finetune_steps, 1)
-        self.beta, self.alpha, self.finetune_steps = beta, alpha, finetune_steps
+        if finetune_epochs is not None:
+            check_int("algo.finetune_epochs", finetune_epochs, 1)
+        self.beta, self.alpha, self.finetune_steps, self.finetune_epochs = beta, alpha, finetune_steps, finetune_epochs
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.alpha is None:

@@ -106,8 +106,8 @@ class FedRep(FedPer):
 class FedBABU(FedAvg):
     name = "fedbabu"
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int):
-        super().__init__(beta, alpha, finetune_steps)
+    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
+        super().__init__(beta, alpha, finetune_steps, finetune_epochs)
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches

@@ -5,7 +5,7 @@ import torch
 
 from fedrun import outputs
 from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
-from fedrun.algorithms.base import ConfigError, ServerState, finetune, head_names
+from fedrun.algorithms.base import ConfigError, ServerState, finetune, finetune_epochs, head_names
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
@@ -234,3 +234,32 @@ def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
         for k in full.clients[name]:
             assert torch.equal(full.clients[name][k], resumed.clients[name][k]), (name, k)
     assert last.row == last_full.row
+
+
+@pytest.mark.parametrize("E", ENGINES)
+def test_finetune_epochs_are_shuffled_passes_with_drop_last_per_client(E):
+    data = tiny()
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5]).double()
+    data.train.x = data.train.x.double()
+    B = int(data.train.sizes.max()) // 3  # the largest client takes 3 steps a pass, the others fewer
+    engine, p, epochs, lr = E(model), params_of(model), 2, 0.3
+    sched = Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=B)
+    got, _ = finetune_epochs(engine, p, eval_context(data, sched, 0, 1), lr, epochs)
+    n = data.train.sizes
+    S = int((n // B).max())
+    idx = data.train.shuffled_indices(torch.arange(6), epochs, S * B, eval_context(data, sched, 0, 1).gen)
+    assert len(set((n // B).tolist())) > 1  # clients take different numbers of steps
+    for c in range(6):
+        q = dict(p)
+        for e in range(epochs):
+            for s in range(int(n[c]) // B):  # its own floor(n_c / B) steps per pass, the rest dropped
+                rows = idx[c, e, s * B:(s + 1) * B]
+                assert len(set(rows.tolist())) == B and all(data.train.client_rows(c).start <= r < data.train.client_rows(c).stop
+                                                            for r in rows.tolist())
+                qq = {k: v.clone().requires_grad_(True) for k, v in q.items()}
+                out = torch.nn.functional.cross_entropy(torch.func.functional_call(model, qq, (data.train.x[rows],)),
+                                                        data.train.y[rows])
+                q = {k: (v - lr * g).detach() for (k, v), g in zip(qq.items(), torch.autograd.grad(out, list(qq.values())))}
+        for k in p:
+            torch.testing.assert_close(got[k][c], q[k], rtol=1e-10, atol=1e-12)
