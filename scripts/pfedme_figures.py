@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -189,8 +190,11 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                 color = colors.setdefault(c.setting.name, COLORS[len(colors) % len(COLORS)])
                 style = dict(color=color, linestyle="-" if c.model == "pers" else "-.", linewidth=1.2)
                 _band(acc_ax, mean_curve(jobs, f"{c.model}_acc"), c.label, style)
-                if c.model == "global":
-                    _band(loss_ax, mean_curve(jobs, "train_loss"), c.label, style)
+                # train_loss is the global model's: drawn once per run, under its GM curve's label when it has one
+                has_gm = any(o.setting == c.setting and o.model == "global" for o in by_model[m])
+                if c.model == "global" or not has_gm:
+                    _band(loss_ax, mean_curve(jobs, "train_loss"), c.label if has_gm else f"{c.label} (global model)",
+                          style)
                 last = [float(j.metrics[f"{c.model}_acc"].iloc[-1]) for j in jobs]
                 best = [float(j.metrics[f"{c.model}_acc"].max()) for j in jobs]
                 rows.append({"figure": f, "data": data, "model": m, "curve": c.label, "setting": c.setting.name,
@@ -205,7 +209,8 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                 if ax.lines:
                     ax.legend(fontsize=7)
         png = os.path.join(out, f"figure{f}.png")
-        save_figure(fig, png, f"pFedMe Figure {f} (fedrun): {title}; mean over seeds, band ± std")
+        head = f"pFedMe Figure {f} (fedrun): {title}; mean over seeds, band ± std"
+        save_figure(fig, png, "\n".join(textwrap.wrap(head, 62 * len(shown))))  # one column: a narrow title
         print(f"wrote {png}")
     if not rows:
         sys.exit("error: no finished runs to draw")
