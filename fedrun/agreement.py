@@ -68,10 +68,12 @@ class Case:
 
 def algo_cases(model: str) -> list[tuple[str, dict]]:
     """Every algorithm conf/algo knows (read there, so a new one is checked), then EXTRA; on MLR not
-    those adapting by Proto (MLR has no hidden layer: Proto's features would be the inputs)."""
+    those adapting by Proto (MLR has no hidden layer: Proto's features would be the inputs) nor those
+    splitting the model into body and head (MLR is a head alone; they refuse it)."""
     out = [(a, {}) for a in names()] + EXTRA
     if model == "mlr":
-        out = [(a, o) for a, o in out if getattr(build(a, **{**OPTIONS.get(a, {}), **o}), "adaptation", "") != "proto"]
+        out = [(a, o) for a, o in out if getattr(build(a, **{**OPTIONS.get(a, {}), **o}), "adaptation", "") != "proto"
+               and not hasattr(build(a, **{**OPTIONS.get(a, {}), **o}), "check_params")]
     return out
 
 

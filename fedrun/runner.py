@@ -121,8 +121,11 @@ class Job:
         for line in _warnings(cfg, self.data):
             print(f"fedrun: warning: {line}", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        check_model_fits(self.model(), self.data, choices.get("model", cfg.model._target_),
+        model = self.model()
+        check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
+        if hasattr(self.algo, "check_params"):  # an algorithm's own needs of the model (a body and a head)
+            self.algo.check_params(params_of(model))
         self.ck = find_resume_point(cfg, out_dir)
         self.done: dict | None = None  # the summary of a run that had already finished
         summary_path = os.path.join(out_dir, "summary.json")

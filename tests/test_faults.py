@@ -27,6 +27,7 @@ CASES = [  # (arguments, the option the error line names)
     (["eval_every=0"], "eval_every"),
     (["checkpoint_every=-1"], "checkpoint_every"),
     (["checkpoint_minutes=-1"], "checkpoint_minutes"),
+    (["threads=abc"], "threads"),
     (["max_chunks=0"], "max_chunks"),
     (["client_chunk=0"], "client_chunk"),
     (["personalize_batch=0"], "personalize_batch"),
@@ -60,6 +61,8 @@ CASES = [  # (arguments, the option the error line names)
     (["experiment=nope"], "experiment"),
     (["+bogus=1"], "bogus"),
     (["bogus=1"], "bogus"),
+    (["algo=fedper", "model=mlr"], "algo=fedper"),       # a one-layer model has no body to share
+    (["algo=lgfedavg", "model=mlr"], "algo=lgfedavg"),
 ]
 
 

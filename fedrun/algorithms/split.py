@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
                    scatter, sgd)
 from .perfedavg import FedAvg
 
@@ -47,7 +47,16 @@ class FedPer(Algorithm):
         head = head_names(params)
         return head if self.personal_part == "head" else [k for k in params if k not in head]
 
+    def check_params(self, params: Params) -> None:
+        """One line when the model has no body (MLR is a head alone): nothing to split."""
+        mine = self.personal_names(params)
+        if not mine or len(mine) == len(params):
+            raise ConfigError(f"algo={self.name} keeps the model's {self.personal_part} per client and shares the rest, "
+                              f"but this model is one layer (a head without a body); use a model with a hidden "
+                              f"layer: model=mlp, dnn or cnn")
+
     def init(self, params: Params, num_clients: int) -> ServerState:
+        self.check_params(params)
         mine = {k: params[k] for k in self.personal_names(params)}
         return ServerState(params=params, clients={"part": stack(mine, num_clients)})
 
