@@ -147,6 +147,14 @@ def sgd(params: Params, grads: Params, lr: float) -> Params:
     return {k: torch.add(params[k], grads[k], alpha=-lr) for k in params}  # one op per tensor
 
 
+def sgd_step(engine, local: Local, batches, lr: float) -> Local:
+    """One plain SGD step of every client's `local["params"]` on its one minibatch (FedAvg's local
+    step; Local's and FedPer's too)."""
+    (x, y), = batches
+    g, _ = engine.grad(local["params"], x, y)
+    return {**local, "params": sgd(local["params"], g, lr)}
+
+
 class OneStepPersonalization:
     """Serves each client the server model after `finetune_steps` (default one) gradient steps of lr
     `self.alpha` on the client's own training rows (Per-FedAvg's test-time update; "FedAvg + update"

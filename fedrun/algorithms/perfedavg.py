@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..functional import Engine, stack
 from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
-                   check_int, check_positive, sgd)
+                   check_int, check_positive, sgd, sgd_step)
 
 
 class FedAvg(OneStepPersonalization, Algorithm):
@@ -56,9 +56,7 @@ class FedAvg(OneStepPersonalization, Algorithm):
         return super().personalize(engine, state, ctx)
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.beta)}
+        return sgd_step(engine, local, batches, self.beta)
 
 
 class PerFedAvg(OneStepPersonalization, Algorithm):

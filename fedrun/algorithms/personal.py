@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
 from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, gather,
-                   scatter, sgd)
+                   scatter, sgd, sgd_step)
 from .debias import expand
 
 
@@ -54,9 +54,7 @@ class LocalOnly(Algorithm):
         return {"params": gather(state.clients["params"], clients)}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        return sgd_step(engine, local, batches, self.lr)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
 from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
-                   scatter, sgd)
+                   scatter, sgd_step)
 from .perfedavg import FedAvg
 
 
@@ -65,9 +65,7 @@ class FedPer(Algorithm):
         return {"params": {**p, **gather(state.clients["part"], clients)}}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        return sgd_step(engine, local, batches, self.lr)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
