@@ -43,6 +43,8 @@ OPTIONS = {
     "pflscaf": META,
     "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
     "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
+    "fedrep": dict(lr=0.1, head_steps=1),  # one head step, then the body: both phases in tau=2
+    "fedbabu": dict(beta=0.1, alpha=0.1, finetune_steps=3),
 }
 # Besides every algorithm at its yaml's options: the other engine primitives' users (Per-FedAvg's
 # HVPs, hf's extra gradients, MAML and Proto on each of paper 004's algorithms' defaults).

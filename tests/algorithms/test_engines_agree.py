@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from fedrun import agreement
 from fedrun.algorithms import PerFedAvg
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.cli import CONF_DIR
@@ -64,21 +65,9 @@ F64 = Setup(data=lambda: _float64(synthetic(num_clients=6, dim=6, num_classes=4,
 
 SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME}  # others: F64
 
-# Hyperparameters merged over an algorithm's config: small steps that keep 2-3 rounds finite, and
-# options that exercise code paths the defaults leave idle (a clip that clips, a decaying lr).
-META = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, inner_lr=0.05, inner_steps=2, test_steps=3)
-OPTIONS = {
-    "fedavg": dict(beta=0.05, alpha=0.05),
-    "perfedavg": dict(alpha=0.05, beta=0.05),
-    "pfedme": dict(lam=15.0, eta=0.05, personal_lr=0.05, K=3, beta=1.5),
-    "pavg": META,
-    "pfldyn": dict(META, alpha=0.01),
-    "pflscaf": META,
-    "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
-    "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
-    "fedrep": dict(lr=0.1, head_steps=1),  # one head step, then the body: both phases in tau=2
-    "fedbabu": dict(beta=0.1, alpha=0.1, finetune_steps=3),
-}
+# Hyperparameters merged over an algorithm's config: fedrun.agreement's (small steps that keep 2-3
+# rounds finite, options that exercise code paths the defaults leave idle), pFedMe with 3 inner steps.
+OPTIONS = {**agreement.OPTIONS, "pfedme": dict(agreement.OPTIONS["pfedme"], K=3)}
 
 # Choice options: an algorithm whose config has one is checked with every allowed value.
 CHOICES = {"variant": PerFedAvg.VARIANTS, "adaptation": ADAPTATIONS, "train_all": (False, True)}
