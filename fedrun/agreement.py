@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .algorithms import build, names
+from .algorithms.base import ConfigError
 from .branches import settings
 from .data import ClientSplit, FederatedData
 from .functional import LoopEngine, VmapEngine, params_of
@@ -74,9 +75,21 @@ def algo_cases(model: str) -> list[tuple[str, dict]]:
     splitting the model into body and head (MLR is a head alone; they refuse it)."""
     out = [(a, {}) for a in names()] + EXTRA
     if model == "mlr":
-        out = [(a, o) for a, o in out if getattr(build(a, **{**OPTIONS.get(a, {}), **o}), "adaptation", "") != "proto"
-               and not hasattr(build(a, **{**OPTIONS.get(a, {}), **o}), "check_params")]
+        mlr = params_of(MODELS["mlr"](data_of("mlr", torch.float64, "cpu")))
+        out = [(a, o) for a, o in out if _serves(build(a, **{**OPTIONS.get(a, {}), **o}), mlr)]
     return out
+
+
+def _serves(algo, params) -> bool:
+    """Whether `algo` runs on a model with these params (Proto needs a hidden layer; the body/head
+    splits refuse a model that is a head alone)."""
+    if getattr(algo, "adaptation", "") == "proto":
+        return False
+    try:
+        algo.check_params(params)
+    except ConfigError:
+        return False
+    return True
 
 
 def cases(device: str | torch.device = "cpu") -> list[Case]:

@@ -124,8 +124,7 @@ class Job:
         model = self.model()
         check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
-        if hasattr(self.algo, "check_params"):  # an algorithm's own needs of the model (a body and a head)
-            self.algo.check_params(params_of(model))
+        self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
         self.ck = find_resume_point(cfg, out_dir)
         self.done: dict | None = None  # the summary of a run that had already finished
         summary_path = os.path.join(out_dir, "summary.json")

@@ -108,6 +108,10 @@ class Algorithm(metaclass=AlgorithmMeta):
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
 
+    def check_params(self, params: Params) -> None:
+        """Raises ConfigError (one line) when the model's parameters cannot serve this algorithm;
+        run before any file is written. Any model serves by default."""
+
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params)
 
