@@ -86,6 +86,8 @@ def generate_synthetic(
     rng = np.random.RandomState(seed)
     sizes = (rng.lognormal(4, 2, num_clients).astype(int) + 50) * size_factor
     cov_x = np.diag(np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2))
+    _, s, v = np.linalg.svd(cov_x)  # as numpy's legacy multivariate_normal factors cov_x
+    factor = np.sqrt(s)[:, None] * v
     if iid:
         w_all = rng.normal(0, 1, (dim, num_classes))
         b_all = rng.normal(0, 1, num_classes)
@@ -102,7 +104,12 @@ def generate_synthetic(
         else:
             w = rng.normal(mean_w[k], 1, (dim, num_classes))
             b = rng.normal(mean_b[k], 1, num_classes)
-        x = rng.multivariate_normal(mean_x[k], cov_x, sizes[k])
+        # rng.multivariate_normal(mean_x[k], cov_x, n) draws n x dim standard normals and multiplies
+        # them by a factor of cov_x from an SVD it recomputes on every call (100 SVDs, most of the
+        # generation time with BLAS threads contending); the factor is computed once, and the rows
+        # are the same bytes (tests/data: the digests pinned from the authors' generator)
+        x = np.dot(rng.standard_normal((sizes[k], dim)), factor)
+        x += mean_x[k]
         y = np.argmax(x @ w + b, axis=1)
         # shuffling here is safe: its generator is not `rng`, so later clients' draws are unchanged
         perm = np.random.default_rng([seed, k, SHUFFLE_STREAM]).permutation(len(y))
