@@ -172,3 +172,38 @@ def test_algo_help_explains_each_of_its_options(algo, tmp_path):
         assert comment, f"conf/algo/{algo}.yaml: {key} has no comment to explain it"
         meaning = _help_meaning(r.stdout, f"algo.{key}={default}")
         assert meaning.startswith(" ".join(comment.split()[:4])), (key, meaning)
+
+
+def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
+    """fedrun.cli answers Hydra's get_mode from the command line (saving a whole composition per run);
+    that is right only while no file in conf/ sets hydra.mode. A file that starts to set it fails here."""
+    import glob
+    import os
+
+    import yaml
+
+    setting = []
+    for path in glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True):
+        node = yaml.safe_load(open(path)) or {}
+        if isinstance(node, dict) and "mode" in (node.get("hydra") or {}):
+            setting.append(path)
+    assert not setting
+
+
+@pytest.mark.parametrize("argv", [[], ["algo=pfedme", "experiment=pfedme_synthetic_mlr_pfedme"], ["hydra.mode=MULTIRUN"],
+                                  ["hydra.mode=RUN", "seed=1"]])
+def test_mode_from_the_command_line_is_hydras(argv):
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedrun.cli import _mode_from_command_line
+
+    GlobalHydra.instance().clear()
+    try:
+        hydra = Hydra.create_main_hydra2("fedrun", create_config_search_path(CONF_DIR))
+        assert _mode_from_command_line(argv) == hydra.get_mode("config", list(argv))
+    finally:
+        GlobalHydra.instance().clear()
+    assert _mode_from_command_line(["hydra.searchpath=[file:///x]"]) is False
+    assert _mode_from_command_line(["--config-dir", "/x"]) is False
