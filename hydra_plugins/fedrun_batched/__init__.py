@@ -48,6 +48,23 @@ class BatchedLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        # Hydra's sweeper composes every job's config to validate a batch (validate_batch_is_legal),
+        # then a launcher composes each again: a quarter of a small sweep's CPU time. The configs the
+        # validation composed (through this shared loader) are kept and used once each by launch().
+        loader = hydra_context.config_loader
+        self._compose, self._composed = loader.load_sweep_config, {}
+
+        def compose_and_keep(master_config: DictConfig, sweep_overrides: list) -> DictConfig:
+            cfg = self._compose(master_config, sweep_overrides)
+            self._composed[(id(master_config), tuple(sweep_overrides))] = cfg
+            return cfg
+
+        loader.load_sweep_config = compose_and_keep
+
+    def _job_config(self, overrides: Sequence[str]) -> DictConfig:
+        """The job's config: the one the sweeper's validation composed, else composed now."""
+        kept = self._composed.pop((id(self.config), tuple(overrides)), None)
+        return kept if kept is not None else self._compose(self.config, list(overrides))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from fedrun.runner import hydra_record, report, run_jobs
@@ -64,7 +81,7 @@ class BatchedLauncher(Launcher):
         for idx, overrides in enumerate(job_overrides):
             idx = initial_job_idx + idx
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            sweep_config = self._job_config(overrides)
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = idx
                 sweep_config.hydra.job.num = idx
