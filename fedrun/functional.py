@@ -56,7 +56,59 @@ def weighted_mean(stacked: Params, weights: Tensor | None = None) -> Params:
 
 
 def params_of(model: nn.Module) -> Params:
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
+    """The model's initial state: its parameters and, for a model with BatchNorm layers, their
+    buffers (running_mean, running_var, num_batches_tracked; see `split_buffers`)."""
+    out = {k: v.detach().clone() for k, v in model.named_parameters()}
+    out.update({k: v.detach().clone() for k, v in model.named_buffers()})
+    return out
+
+
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")  # what a BatchNorm layer keeps besides
+# its affine parameters; fedrun's models have no other buffers
+
+
+def is_buffer(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in BUFFERS
+
+
+def split_buffers(state: Params) -> tuple[Params, Params]:
+    """(trainable parameters, BatchNorm buffers) of a model state; buffers are {} without BatchNorm."""
+    return ({k: v for k, v in state.items() if not is_buffer(k)}, {k: v for k, v in state.items() if is_buffer(k)})
+
+
+def batchnorm_names(state: Params) -> list[str]:
+    """The entries of the model's BatchNorm layers: their affine parameters and their buffers (the
+    layers are the modules owning a running_mean)."""
+    layers = {k.rsplit(".", 1)[0] + "." for k in state if k.endswith(".running_mean")}
+    return [k for k in state if k.rsplit(".", 1)[0] + "." in layers]
+
+
+def mean_buffers(stacked: Params, weights: Tensor | None = None) -> Params:
+    """The server's BatchNorm buffers from clients' (leading dim = clients): running statistics
+    averaged as parameters are (`weighted_mean`); the integer step counter num_batches_tracked,
+    which BatchNorm reads only when its momentum is None (never in fedrun), the largest."""
+    floats = {k: v for k, v in stacked.items() if v.is_floating_point()}
+    out = weighted_mean(floats, weights)
+    out.update({k: v.max(0).values for k, v in stacked.items() if not v.is_floating_point()})
+    return {k: out[k] for k in stacked}
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+class _training:
+    """The model in training mode for a block (BatchNorm: batch statistics, running ones updated);
+    fedrun keeps BatchNorm models in eval mode otherwise (evaluation uses the running statistics)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self):
+        self.model.train()
+
+    def __exit__(self, *exc):
+        self.model.eval()
 
 
 def class_means(feats: Tensor, y: Tensor, num_classes: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -92,6 +144,9 @@ class Engine:
         self.paths = check_paths(paths)
         if "layout" in self.paths and hasattr(model, "layout"):
             model.layout = self.paths["layout"]
+        self.batchnorm = _has_batchnorm(model)
+        if self.batchnorm:  # every pass but `train_grad` scores with the running statistics
+            model.eval()
 
     def path(self, name: str, device: torch.device) -> str:
         """The value of device branch `name` (fedrun.branches) for tensors on `device`."""
@@ -110,7 +165,20 @@ class Engine:
         return functional_call(self.model, p, (x,), {"features": True})
 
     def loss(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
+        if self.batchnorm:
+            raise RuntimeError("a BatchNorm model trains through Engine.train_grad (its batch statistics "
+                               "and running buffers); this algorithm's gradients do not handle them")
         return self.criterion(self.logits(p, x), y)
+
+    def _train_loss(self, p: Params, b: Params, x: Tensor, y: Tensor) -> Tensor:
+        """A client's minibatch loss in training mode; updates its buffers `b` in place (BatchNorm's
+        running statistics: momentum-weighted means of the batch's mean and unbiased variance)."""
+        return self.criterion(functional_call(self.model, (p, b), (x,)), y)
+
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+        """`grad` for a model with BatchNorm: per-client gradients and losses in training mode (each
+        client's batch statistics) and every client's buffers after the step (stacked, new tensors)."""
+        raise NotImplementedError
 
     def _masked(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.logits(p, x)
@@ -166,7 +234,7 @@ class VmapEngine(Engine):
                  paths: dict[str, str] | None = None):
         super().__init__(model, max_chunks, criterion, paths)
         self._losses = vmap(self.loss)
-        self._stacked = hasattr(model, "stacked_forward")
+        self._stacked = callable(getattr(model, "stacked_forward", None))
         # the model's hand-written backward pass, for the loss it was written for
         self._has_ce_grad = hasattr(model, "stacked_ce_grad") and criterion is F.cross_entropy
         self._hvp = vmap(lambda p, v, x, y: jvp(lambda q: grad(self.loss)(q, x, y), (p,), (v,))[1])
@@ -211,6 +279,18 @@ class VmapEngine(Engine):
             losses = self._stacked_losses(p, x, y) if self._stacked else self._losses(p, x, y)
             grads = torch.autograd.grad(losses.sum(), list(p.values()))
         return dict(zip(p, grads)), losses.detach()
+
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+        # The vmapped forward updates each client's slice of the stacked buffer copies in place
+        # (torch.func batches BatchNorm's running-statistics update over clients); they are returned.
+        if self._conv_on_cpu(x):
+            return self._loop.train_grad(params, buffers, x, y)
+        b = {k: v.clone() for k, v in buffers.items()}
+        with torch.enable_grad(), _training(self.model):
+            p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            losses = vmap(self._train_loss)(p, b, x, y)
+            grads = torch.autograd.grad(losses.sum(), list(p.values()))
+        return dict(zip(p, grads)), losses.detach(), b
 
     def _hand(self, x: Tensor) -> bool:
         """Whether gradients go through the model's hand-written backward (branch "backward")."""
@@ -404,6 +484,18 @@ class LoopEngine(Engine):
             grads.append(g)
             losses.append(loss.detach())
         return self._stack(grads), torch.stack(losses)
+
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+        grads, losses, bufs = [], [], []
+        with _training(self.model):
+            for i in range(len(x)):
+                p = {k: v.detach().requires_grad_(True) for k, v in self._client(params, i).items()}
+                b = {k: v[i].clone() for k, v in buffers.items()}  # updated in place by the forward
+                loss = self._train_loss(p, b, x[i], y[i])
+                grads.append(dict(zip(p, torch.autograd.grad(loss, list(p.values())))))
+                losses.append(loss.detach())
+                bufs.append(b)
+        return self._stack(grads), torch.stack(losses), self._stack(bufs)
 
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
         out = []

@@ -248,3 +248,47 @@ class CNN(nn.Module):
         for i, layer in enumerate(self.hidden):
             h = _stacked_linear(params, f"hidden.{i}", h) if isinstance(layer, nn.Linear) else layer(h)
         return _stacked_linear(params, "head", h)
+
+
+class MLPBN(nn.Module):
+    """A fully connected network with BatchNorm: in -> [Linear -> BatchNorm1d -> activation] per
+    hidden width -> Linear -> num_classes (FedBN's setting on cheap data; `model=mlp_bn`).
+
+    In training mode BatchNorm normalizes by the minibatch's statistics and updates its running
+    ones; fedrun's engines keep the model in eval mode otherwise (`Engine.train_grad`). No batched-
+    matmul forward or hand-written backward: the engine goes through torch.func."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: Sequence[int] = (20,), activation: str = "relu"):
+        super().__init__()
+        self.num_classes = num_classes
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+        layers: list[nn.Module] = []
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, int(h)), nn.BatchNorm1d(int(h)), ACTIVATIONS[activation]()]
+            width = int(h)
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    features_and_logits = True
+
+    def forward(self, x: torch.Tensor, features: bool | str = False):
+        x = x.flatten(1)
+        for layer in self.net[:-1]:
+            x = layer(x)
+        return _outputs(x, self.net[-1], features)
+
+
+class CNNBN(CNN):
+    """Paper 004's CIFAR CNN with BatchNorm2d after each convolution (conv-BN-ReLU-pool, the order of
+    FedBN's networks; `model=cnn_bn`). Its passes go through torch.func (no batched-matmul forward)."""
+
+    def __init__(self, in_features: int, num_classes: int, in_channels: int = 3, image_size: int = 32):
+        super().__init__(in_features, num_classes, in_channels, image_size)
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        )
+
+    stacked_forward = None

@@ -307,6 +307,6 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
 def _nonfinite_clients(local: Local) -> list[int]:
     ok = None
     for v in tree_leaves(local):
-        f = torch.isfinite(v.flatten(1)).all(1)
+        f = torch.isfinite(v.reshape(len(v), -1)).all(1)  # (1-D: a per-client counter)
         ok = f if ok is None else ok & f
     return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []

@@ -162,16 +162,16 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
     import torch
 
     x = data.train.x[:1].cpu()
-    try:
+    try:  # in eval mode: a BatchNorm layer takes one row and its running statistics stay as they were
         with torch.no_grad():
-            model.cpu()(x)
+            model.cpu().eval()(x)
     except RuntimeError as e:
         fits = []
         for name in group_options("model"):
             try:
                 with torch.no_grad():
                     instantiate(OmegaConf.load(group_file("model", name)), in_features=data.in_features,
-                                num_classes=data.num_classes)(x)
+                                num_classes=data.num_classes).eval()(x)
                 fits.append(name)
             except Exception:  # noqa: BLE001 - any failure means it does not fit
                 pass

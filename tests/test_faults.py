@@ -63,6 +63,8 @@ CASES = [  # (arguments, the option the error line names)
     (["bogus=1"], "bogus"),
     (["algo=fedper", "model=mlr"], "algo=fedper"),       # a one-layer model has no body to share
     (["algo=lgfedavg", "model=mlr"], "algo=lgfedavg"),
+    (["algo=fedbn"], "algo=fedbn"),                      # FedBN needs BatchNorm layers to keep local
+    (["algo=fedprox", "model=mlp_bn"], "algo=fedprox"),  # an algorithm that does not handle BatchNorm
 ]
 
 

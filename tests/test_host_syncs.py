@@ -36,10 +36,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedrun.algorithms import build, names
+from fedrun.algorithms import ConfigError, build, names
 from fedrun.data import synthetic
 from fedrun.functional import VmapEngine, params_of
-from fedrun.models import MLP
+from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
@@ -103,6 +103,11 @@ def data():
 def _count(data, algo_name: str, clients: int, rounds: int, sampling: str = "replacement") -> collections.Counter:
     torch.manual_seed(0)
     model = MLP(6, 3, hidden=[5])
+    try:
+        build(algo_name).check_params(params_of(model))
+    except ConfigError:  # an algorithm that needs BatchNorm (FedBN) gets the MLP with BatchNorm
+        torch.manual_seed(0)
+        model = MLPBN(6, 3, hidden=[5])
     sched = Schedule(rounds=rounds, tau=2, clients_per_round=clients, batch_size=4, sampling=sampling)
     with SyncCounter() as c:
         simulate(build(algo_name), VmapEngine(model), data, params_of(model), sched, 0)

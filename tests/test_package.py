@@ -204,7 +204,7 @@ def test_a_model_that_does_not_fit_the_data_gets_one_line(tmp_path):
         run(composed("model=cnn", "rounds=1", "device=cpu", f"cache_dir={tmp_path}"), str(tmp_path / "run"))
     msg = str(e.value)
     assert "\n" not in msg and "does not fit data=synthetic" in msg and "shape [60]" in msg
-    assert msg.endswith("models that fit it: dnn, mlp, mlr")
+    assert msg.endswith("models that fit it: dnn, mlp, mlp_bn, mlr")
 
 
 class _NotPlain:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from .base import Algorithm, ConfigError, ServerState
 from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from .perfedavg import FedAvg, PerFedAvg
+from .fedbn import FedBN
 from .fedprox import FedProx
 from .personal import APFL, Ditto, LocalOnly
 from .pfedme import PFedMe
 from .split import FedBABU, FedPer, FedRep, LGFedAvg
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
-           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU",
+           "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
            "names", "build"]
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..data.federated import FederatedData
-from ..functional import Engine, Params, stack, weighted_mean
+from ..functional import Engine, Params, mean_buffers, split_buffers, stack, weighted_mean
 from .options import AlgorithmMeta, ConfigError  # noqa: F401 - ConfigError is imported from here
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
@@ -107,16 +107,26 @@ class Algorithm(metaclass=AlgorithmMeta):
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
+    batchnorm = False  # handles BatchNorm models' buffers (running statistics); others refuse them
 
     def check_params(self, params: Params) -> None:
-        """Raises ConfigError (one line) when the model's parameters cannot serve this algorithm;
-        run before any file is written. Any model serves by default."""
+        """Raises ConfigError (one line) when the model (its state: `functional.params_of`, with any
+        BatchNorm buffers) cannot serve this algorithm; run before any file is written. Any model
+        without BatchNorm serves by default."""
+        if split_buffers(params)[1] and not self.batchnorm:
+            raise ConfigError(f"algo={self.name} does not handle BatchNorm layers (their running statistics); "
+                              f"with model=mlp_bn or cnn_bn use algo=fedavg or fedbn")
 
     def init(self, params: Params, num_clients: int) -> ServerState:
-        return ServerState(params=params)
+        """A BatchNorm model's buffers (params holds the model's state) go to `extra["buffers"]`."""
+        params, buffers = split_buffers(params)
+        return ServerState(params=params, extra={"buffers": buffers} if buffers else {})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        return {"params": stack(state.params, len(clients))}
+        local = {"params": stack(state.params, len(clients))}
+        if "buffers" in state.extra:
+            local["buffers"] = stack(state.extra["buffers"], len(clients))
+        return local
 
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         raise NotImplementedError
@@ -124,11 +134,15 @@ class Algorithm(metaclass=AlgorithmMeta):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         new = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
-        return ServerState(params=new, extra=state.extra, clients=state.clients)
+        extra = state.extra
+        if "buffers" in local:  # FedAvg with BatchNorm: running statistics averaged like parameters
+            extra = {**extra, "buffers": mean_buffers({k: v[selected] for k, v in local["buffers"].items()}, weights)}
+        return ServerState(params=new, extra=extra, clients=state.clients)
 
     def eval_params(self, state: ServerState) -> Params:
-        """The shared model that evaluation scores as "global" and personalizes from."""
-        return state.params
+        """The shared model that evaluation scores as "global" and personalizes from (with a
+        BatchNorm model's running statistics)."""
+        return {**state.params, **state.extra.get("buffers", {})}
 
     def personalize(self, engine: Engine, state: ServerState,
                     ctx: EvalContext) -> tuple[Params | Prototypes | None, Tensor | None]:
@@ -155,6 +169,9 @@ def sgd_step(engine, local: Local, batches, lr: float) -> Local:
     """One plain SGD step of every client's `local["params"]` on its one minibatch (FedAvg's local
     step; Local's and FedPer's too)."""
     (x, y), = batches
+    if "buffers" in local:  # a BatchNorm model: training-mode statistics, running ones updated
+        g, _, buffers = engine.train_grad(local["params"], local["buffers"], x, y)
+        return {**local, "params": sgd(local["params"], g, lr), "buffers": buffers}
     g, _ = engine.grad(local["params"], x, y)
     return {**local, "params": sgd(local["params"], g, lr)}
 

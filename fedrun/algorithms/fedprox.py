@@ -22,6 +22,7 @@ from .perfedavg import FedAvg
 
 class FedProx(FedAvg):
     name = "fedprox"
+    batchnorm = False
 
     def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None, mu: float):
         super().__init__(beta, alpha, finetune_steps, finetune_epochs)

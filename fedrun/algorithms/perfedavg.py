@@ -26,7 +26,7 @@ reproduce it (`protocol=official_2020` sets both):
 """
 from __future__ import annotations
 
-from ..functional import Engine, stack
+from ..functional import Engine, Params, split_buffers, stack
 from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
                    check_int, check_positive, sgd, sgd_step)
 
@@ -41,6 +41,13 @@ class FedAvg(OneStepPersonalization, Algorithm):
     evaluated, 26 -> 15 s)."""
 
     name = "fedavg"
+    batchnorm = True  # a BatchNorm model's running statistics are averaged like its parameters
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        if self.batchnorm and split_buffers(params)[1] and self.alpha is not None:
+            raise ConfigError(f"algo={self.name} with a BatchNorm model scores the global model only: test-time "
+                              f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; set algo.alpha=null")
 
     def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
         check_positive("algo.beta", beta)

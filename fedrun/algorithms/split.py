@@ -49,6 +49,7 @@ class FedPer(Algorithm):
 
     def check_params(self, params: Params) -> None:
         """One line when the model has no body (MLR is a head alone): nothing to split."""
+        super().check_params(params)
         mine = self.personal_names(params)
         if not mine or len(mine) == len(params):
             raise ConfigError(f"algo={self.name} keeps the model's {self.personal_part} per client and shares the rest, "
@@ -112,6 +113,7 @@ class FedRep(FedPer):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    batchnorm = False
 
     def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
         super().__init__(beta, alpha, finetune_steps, finetune_epochs)

@@ -1,4 +1,5 @@
-"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU and APFL.
+"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU, APFL
+and FedBN.
 
     python -m venv --system-site-packages /work/ref-venv && /work/ref-venv/bin/pip install scikit-learn
     git clone https://github.com/TsingZ0/PFLlib /work/ref/PFLlib     # traces: commit d832e76
@@ -24,6 +25,13 @@ Patches, at run time, none to the math:
   * the server: their `train()` loops also evaluate, save .h5 files and time clients; the recorder
     runs only the per-round part: select (recorded), send_models, each selected client's
     ptrain()/train() in their order, receive_models (client_drop_rate 0), aggregate_parameters.
+FedBN takes a model with BatchNorm instead: fc1 12-8, bn1 BatchNorm1d(8), ReLU, fc2 8-4 (PFLlib's
+clientBN keeps local every parameter whose NAME contains "bn"; its running statistics, buffers, are
+never sent at all), fc1/fc2 initialized as the DNN, bn1 as PyTorch does (weight 1, bias 0, running
+mean 0, variance 1); its clients' BatchNorm buffers and the server's are recorded too. FedBN runs in
+float64 (data: the float32 rows, widened): BatchNorm over 4 rows amplifies rounding, so that in
+float32 PFLlib itself moved by 7e-6 between one thread and several, and fedrun's vmap engine
+(another summation order) by 1.6e-6, beyond the float32 traces' tolerance; in float64 that is ~1e-15.
 What is recorded: per round the selected clients, every minibatch's row indices per client and
 phase, the server model after aggregation (all entries) and every client's model(s) after the
 round (all entries: PFLlib's model, and Ditto's and APFL's model_per; APFL's alpha).
@@ -56,6 +64,7 @@ RUNS = {
     "lgfedavg": ("clientlg", "clientLG", "serverlg", "LG_FedAvg", {}, [("train", 3)]),
     "fedbabu": ("clientbabu", "clientBABU", "serverbabu", "FedBABU", dict(fine_tuning_epochs=1), [("train", 3)]),
     "apfl": ("clientapfl", "clientAPFL", "serverapfl", "APFL", dict(alpha=0.5), [("train", 3)]),
+    "fedbn": ("clientbn", "clientBN", "serverbn", "FedBN", {}, [("train", 3)]),
 }
 
 
@@ -80,16 +89,44 @@ def model(init: dict):
     return m
 
 
+class BNNet(nn.Module):
+    """FedBN's model: the DNN with a BatchNorm layer after its hidden layer (named bn1, as PFLlib's
+    FedBN needs: it finds BatchNorm parameters by the substring "bn" in their names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn1, self.fc2 = nn.Linear(12, 8), nn.BatchNorm1d(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn1(self.fc1(x))))
+
+
+def bn_model(init: dict) -> BNNet:
+    m = BNNet()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.startswith("fc"):
+                p.copy_(torch.tensor(init[n]))
+    return m
+
+
+def state(m: nn.Module) -> dict:
+    return {n: p.detach().tolist() for n, p in [*m.named_parameters(), *m.named_buffers()]}
+
+
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     import importlib
 
     cmod, ccls, smod, scls, extra, phases = RUNS[algo]
     Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
     Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
-    args = types.SimpleNamespace(model=model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
+    dtype = torch.float64 if algo == "fedbn" else torch.float32
+    if algo == "fedbn":
+        init = state(bn_model(init).double())
+    args = types.SimpleNamespace(model=bn_model(init).double() if algo == "fedbn" else model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
                                  num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
                                  learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
+    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32).to(dtype) for c in data["clients"]]
     ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
     with contextlib.redirect_stdout(io.StringIO()):
         clients = [Client(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
@@ -123,6 +160,9 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         it = {"selected": selected, "batches": batches,
               "server": {n: p.detach().tolist() for n, p in server.global_model.named_parameters()},
               "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()} for i, c in enumerate(clients)}}
+        if algo == "fedbn":  # with the BatchNorm buffers
+            it["server"] = state(server.global_model)
+            it["clients"] = {str(i): state(c.model) for i, c in enumerate(clients)}
         if algo == "apfl":
             it["alpha"] = {str(i): float(c.alpha) for i, c in enumerate(clients)}
         if algo in ("ditto", "apfl"):
@@ -131,7 +171,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         trace.append(it)
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
-            "algorithm": algo, "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+            "algorithm": algo, "dtype": str(dtype).removeprefix("torch."), "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
             "phases": phases, "init": init, "iterations": trace}
 
 

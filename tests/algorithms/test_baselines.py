@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
+from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
 from fedrun.algorithms.base import ConfigError, ServerState, finetune, finetune_epochs, head_names
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
-from fedrun.models import MLP
+from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Progress, Schedule, eval_context, simulate
 from helpers import half_squared, quad_grad, quadratic_setup
 
@@ -41,7 +41,7 @@ def tiny(num_clients=6, seed=1):
 def run(algo, rounds=3, data=None, clients=3, tau=3, seed=0, start=None, on_checkpoint=None):
     data = data or tiny()
     torch.manual_seed(0)
-    model = MLP(6, 4, hidden=[5])
+    model = MLPBN(6, 4, hidden=[5]) if algo.name == "fedbn" else MLP(6, 4, hidden=[5])  # FedBN needs BatchNorm
     sched = Schedule(rounds=rounds, tau=tau, clients_per_round=clients, batch_size=5)
     evals = []
     state, last = simulate(algo, VmapEngine(model), data, params_of(model), sched, seed, start=start,
@@ -218,7 +218,7 @@ def test_finetune_steps_are_full_batch_gradient_steps(E):
 
 
 @pytest.mark.parametrize("algo", [Ditto(lr=0.1, personal_lr=0.1, lam=0.1), APFL(lr=0.1, alpha=0.5, alpha_lr=0.1),
-                                  FedRep(lr=0.1, head_steps=1), LocalOnly(lr=0.1)], ids=lambda a: a.name)
+                                  FedRep(lr=0.1, head_steps=1), LocalOnly(lr=0.1), FedBN(lr=0.1)], ids=lambda a: a.name)
 def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     """3 rounds straight == 2 rounds, a checkpoint written and read back (as the runner does), 1 more."""
     full, last_full, _, _, data = run(algo, rounds=3, clients=2)
@@ -233,6 +233,8 @@ def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     for name in full.clients:
         for k in full.clients[name]:
             assert torch.equal(full.clients[name][k], resumed.clients[name][k]), (name, k)
+    for k, v in full.extra.get("buffers", {}).items():  # FedBN's server BatchNorm statistics
+        assert torch.equal(v, resumed.extra["buffers"][k]), k
     assert last.row == last_full.row
 
 

@@ -26,7 +26,7 @@ from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.cli import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of
-from fedrun.models import MLP, MLR
+from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Schedule, simulate
 from helpers import group_options
 
@@ -63,7 +63,11 @@ F64 = Setup(data=lambda: _float64(synthetic(num_clients=6, dim=6, num_classes=4,
             schedule=dict(rounds=2, tau=2, clients_per_round=3, batch_size=5), tol=(1e-9, 1e-10),
             row_tol=(1e-6, 1e-7))
 
-SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME}  # others: F64
+# float64 tiny MLP with BatchNorm: FedBN (its per-client BatchNorm parameters and running statistics)
+BN64 = Setup(data=F64.data, model=lambda d: MLPBN(6, 4, hidden=[5]).double(), schedule=F64.schedule, tol=F64.tol,
+             row_tol=F64.row_tol)
+
+SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME, "fedbn": BN64}  # others: F64
 
 # Hyperparameters merged over an algorithm's config: fedrun.agreement's (small steps that keep 2-3
 # rounds finite, options that exercise code paths the defaults leave idle), pFedMe with 3 inner steps.
