@@ -406,3 +406,25 @@ def test_a_job_from_before_an_option_groups_with_the_value_it_computed(tmp_path)
     assert "3 jobs, 3 finished, 2 configurations" in r.stdout
     table = (root / "summary.csv").read_text()
     assert "mean" in table and "black" in table
+
+
+def test_read_yaml_reads_as_omegaconf_does(tmp_path):
+    """fedrun.config.read_yaml (libyaml with OmegaConf's rules; the report reads every job's .hydra
+    files with it) gives what OmegaConf.load + to_container(resolve=False) gives: every shipped config,
+    and OmegaConf's own cases (1e-3 is a float, a date stays a string, interpolations stay strings)."""
+    import glob
+    import os
+
+    from omegaconf import OmegaConf
+
+    from fedrun.config import CONF_DIR, read_yaml
+
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("a: 1e-3\nb: 2020-01-01\nc: ${a}\nd: .5\ne: [1, '2', null, true]\nf: {g: -.inf}\nh: 1_000\n")
+    files = [*glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True), str(odd)]
+    for path in files:
+        want = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert read_yaml(path) == want and repr(read_yaml(path)) == repr(want), path
+    (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
+    with pytest.raises(Exception, match="duplicate key a"):
+        read_yaml(str(tmp_path / "dup.yaml"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import group_file, neutral_options
+from ..config import group_file, neutral_options, read_yaml
 from ..resume import ADDED_OPTIONS
 
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
@@ -74,14 +74,15 @@ def find_job_dirs(roots: list[str]) -> list[str]:
 def load_job(path: str) -> Job:
     job = Job(path=path)
     hydra_dir = os.path.join(path, ".hydra")
-    cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(hydra_dir, "config.yaml")), resolve=False)
+    cfg = read_yaml(os.path.join(hydra_dir, "config.yaml")) or {}
     choices = {}
     hydra_yaml = os.path.join(hydra_dir, "hydra.yaml")
     if os.path.isfile(hydra_yaml):
-        hy = OmegaConf.load(hydra_yaml).hydra
-        choices = {g: hy.runtime.choices.get(g) for g in GROUPS if hy.runtime.choices.get(g) is not None}
-        num = OmegaConf.select(hy, "job.num", default=None)
-        job.num = int(num) if isinstance(num, int) else None
+        hy = (read_yaml(hydra_yaml) or {}).get("hydra") or {}
+        picked = (hy.get("runtime") or {}).get("choices") or {}
+        choices = {g: picked[g] for g in GROUPS if picked.get(g) is not None}
+        num = (hy.get("job") or {}).get("num")
+        job.num = int(num) if isinstance(num, int) and not isinstance(num, bool) else None
     job.seed = cfg.get("seed")
     flat = _flatten(cfg)
     _fill_added_options(flat, choices)
