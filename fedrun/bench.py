@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from .algorithms import build, names
+from .args import ArgumentParser
 from .data import ClientSplit, FederatedData, synthetic
 from .device import keep_freed_memory
 from .functional import ENGINES, params_of
@@ -113,7 +114,7 @@ def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int =
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog="fedrun-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20; --seeds: 3)")
     ap.add_argument("--loop-rounds", type=int, default=5, help="timed rounds of the loop engine (0: vmap only)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -152,14 +153,19 @@ def main(argv=None) -> None:
 
         raise SystemExit(gpu_check.main(args.gpu_check_device))
     if args.repeats < 1:
-        ap.error(f"--repeats {args.repeats}: must be at least 1")
+        ap.refuse("--repeats", args.repeats, "must be at least 1")
+    if args.seeds and not all(n.strip().isdigit() and int(n) >= 1 for n in args.seeds.split(",")):
+        ap.refuse("--seeds", args.seeds, "must be a comma-separated list of positive integers, e.g. 1,5,10")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        ap.refuse("--device", args.device, "allowed: cpu, cuda, cuda:N")
     for name, low in (("rounds", 1), ("loop_rounds", 0), ("warmup", 0), ("tau", 1), ("personalize_batch", 1),
                       ("threads", 0), ("clients", 1), ("train_per_client", 1), ("test_per_client", 1),
                       ("clients_per_round", 1), ("batch", 1), ("eval_every", 1), ("authors_rounds", 1)):
         v = getattr(args, name)
         if v is not None and v < low:  # one line, as fedrun's option errors
-            print(f"fedrun-bench: error: --{name.replace('_', '-')} {v}: must be at least {low}", file=sys.stderr)
-            sys.exit(2)
+            ap.refuse(f"--{name.replace('_', '-')}", v, f"must be at least {low}")
     if args.repeats > 1 and (args.seeds or args.authors):
         ap.error(f"--repeats times the vmap and loop engines; it does not apply to --{'seeds' if args.seeds else 'authors'}")
     keep_freed_memory()  # as a run does (fedrun.runner)

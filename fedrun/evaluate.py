@@ -4,6 +4,8 @@ For each served model ("global": the algorithm's shared model, `Algorithm.eval_p
 the server model; "pers": the per-client personalized models):
   <m>_acc             pooled accuracy over all clients' test rows (total correct / total rows)
   <m>_acc_mean/std/min/max   over clients, each client's accuracy counting once (unweighted)
+  <m>_acc_p10/p25/p75        quantiles of the clients' accuracies (linear interpolation, unweighted):
+                      the lowest decile's bound and the inter-quartile range
   <m>_loss            pooled mean test loss; <m>_loss_mean: unweighted mean of client losses
   train_loss          the global model's mean loss over all clients' training rows (pooled), or over
                       the personalization minibatches when `personalize_batch` is set
@@ -29,18 +31,21 @@ class Evaluation:
     per_client: dict[str, Tensor]  # name -> [C] values for clients.csv
 
 
+# the client quantiles of accuracy in metrics.csv: the lowest decile and the inter-quartile range
+QUANTILES = (("p10", 0.10), ("p25", 0.25), ("p75", 0.75))
+
+
 def _summaries(prefix: str, loss_sum: Tensor, correct: Tensor, n: Tensor) -> dict:
+    """The metrics.csv columns of one served model over a set of clients, computed on the device and
+    read back in one copy (no read per client, nor per column)."""
     acc = correct / n
     loss = loss_sum / n
-    return {
-        f"{prefix}_acc": float(correct.sum() / n.sum()),
-        f"{prefix}_acc_mean": float(acc.mean()),
-        f"{prefix}_acc_std": float(acc.std(unbiased=False)),
-        f"{prefix}_acc_min": float(acc.min()),
-        f"{prefix}_acc_max": float(acc.max()),
-        f"{prefix}_loss": float(loss_sum.sum() / n.sum()),
-        f"{prefix}_loss_mean": float(loss.mean()),
-    }
+    q = torch.quantile(acc, torch.tensor([v for _, v in QUANTILES], dtype=acc.dtype, device=acc.device))
+    values = torch.stack([correct.sum() / n.sum(), acc.mean(), acc.std(unbiased=False), acc.min(), acc.max(), *q,
+                          loss_sum.sum() / n.sum(), loss.mean()]).tolist()
+    names = ["acc", "acc_mean", "acc_std", "acc_min", "acc_max", *(f"acc_{name}" for name, _ in QUANTILES),
+             "loss", "loss_mean"]
+    return {f"{prefix}_{k}": v for k, v in zip(names, values)}
 
 
 @torch.no_grad()

@@ -43,11 +43,12 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_csv(path: str, rows: list[dict]) -> None:
-    """Whole-table CSV, written to a temp file then renamed into place."""
+def write_csv(path: str, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Whole-table CSV (`columns`: default the first row's keys; a row without one leaves it empty),
+    written to a temp file then renamed into place."""
     tmp = f"{path}.tmp"
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=columns or list(rows[0]))
         w.writeheader()
         for r in rows:
             w.writerow({k: _fmt(v) for k, v in r.items()})

@@ -16,33 +16,50 @@ def save_figure(fig, out_png: str, title: str = "") -> None:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")  # "tight": a legend placed below the panels is kept
     plt.close(fig)
     os.replace(tmp, out_png)
 
 
 def plot_run(metrics_csv: str, out_png: str, title: str = "", personalized: str = "personalized models") -> None:
     """Accuracy and loss against rounds for the global and personalized models (`personalized`: how
-    the run's algorithm personalizes, for the legend)."""
+    the run's algorithm personalizes, for the legend).
+
+    Accuracy: the pooled accuracy, a band over the middle half of the clients (their accuracies'
+    inter-quartile range, metrics.csv `<m>_acc_p25`..`<m>_acc_p75`) and a dotted line under which
+    the lowest tenth of the clients lie (`<m>_acc_p10`); a metrics.csv from before those columns
+    gets the lowest client's line instead. Loss: each test loss as a wide line, the train loss as a
+    thin dashed line over them, so that neither hides the other where they coincide."""
     from matplotlib.ticker import MaxNLocator
 
     df = pd.read_csv(metrics_csv)
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-    # the train loss first and thin, so the test-loss lines stay visible where they overlap it
-    ax_loss.plot(df["round"], df["train_loss"], label="train loss, global model", linestyle="--", linewidth=1,
-                 color="gray", zorder=1)
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.8))
+    x = df["round"]
     for prefix, label in (("global", "global model"), ("pers", personalized)):
-        if f"{prefix}_acc" in df:
-            line, = ax_acc.plot(df["round"], df[f"{prefix}_acc"], label=label)
-            ax_acc.plot(df["round"], df[f"{prefix}_acc_min"], linestyle=":", linewidth=1, color=line.get_color(),
-                        label=f"lowest client, {label}")
-            ax_loss.plot(df["round"], df[f"{prefix}_loss"], label=f"test loss, {label}", zorder=2)
-    ax_acc.set(xlabel="round", ylabel="test accuracy (pooled over all clients)", title="accuracy")
+        if f"{prefix}_acc" not in df:
+            continue
+        line, = ax_acc.plot(x, df[f"{prefix}_acc"], label=f"{label} (pooled)", linewidth=1.6)
+        color = line.get_color()
+        if f"{prefix}_acc_p25" in df:
+            ax_acc.fill_between(x, df[f"{prefix}_acc_p25"], df[f"{prefix}_acc_p75"], color=color, alpha=0.18,
+                                linewidth=0, label="middle half of its clients (p25-p75)")
+            ax_acc.plot(x, df[f"{prefix}_acc_p10"], linestyle=":", linewidth=1.2, color=color,
+                        label="lowest tenth of its clients below (p10)")
+        else:  # a metrics.csv from before the quantile columns
+            ax_acc.plot(x, df[f"{prefix}_acc_min"], linestyle=":", linewidth=1, color=color,
+                        label="its lowest client")
+        ax_loss.plot(x, df[f"{prefix}_loss"], label=f"test loss, {label}", linewidth=2.6, alpha=0.75, color=color,
+                     zorder=2)
+    ax_loss.plot(x, df["train_loss"], label="train loss, global model", linestyle=(0, (4, 3)), linewidth=1.1,
+                 color="black", zorder=3)
+    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
     ax_loss.set(xlabel="round", ylabel="loss", title="loss")
     for ax in (ax_acc, ax_loss):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        # below the panel, clear of the curves and of the round axis' label
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
+                  ncol=2 if ax is ax_acc and "pers_acc" in df else 1)  # acc: a column per model
     save_figure(fig, out_png, title)
 
 
@@ -77,11 +94,19 @@ def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str =
 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no fractional rounds
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
+    # one legend for all panels, below them: clear of every curve and of the axis labels
+    legend: dict = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.tight_layout()
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), fontsize=8,
+                   ncol=min(len(legend), 3), frameon=False)
     save_figure(fig, out_png, suptitle)
 
 

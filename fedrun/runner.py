@@ -186,7 +186,11 @@ class Job:
         def on_eval(rnd: int, transmitted: int, ev) -> None:
             row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
             if self.log is None:
-                self.log = outputs.CsvLog(metrics_path, list(row))
+                columns = list(row)
+                if self.history and list(self.history[0]) != columns:  # a checkpoint from before a column
+                    columns += [k for k in self.history[0] if k not in row]  # existed: its rows get it empty
+                    outputs.write_csv(metrics_path, self.history, columns)
+                self.log = outputs.CsvLog(metrics_path, columns)
             self.log.write(row)
             self.history.append(row)
             self.trackers.log(row, rnd)

@@ -181,3 +181,23 @@ def write_cifar(root, num_classes: int, train_per_class: int, test_per_class: in
             with open(os.path.join(root, folder, f), "wb") as fh:
                 pickle.dump({b"data": xs, key: ys.tolist(), b"batch_label": b"tiny"}, fh)
     return trx.reshape(-1, 3, 32, 32), try_, tex.reshape(-1, 3, 32, 32), tey
+
+
+# ----------------------------------------------------------------------------------------------
+# tiny LEAF (FEMNIST) JSON user files
+# ----------------------------------------------------------------------------------------------
+
+def write_leaf(root, writers: int = 6, seed: int = 0) -> None:
+    """LEAF's FEMNIST layout: femnist/data/{train,test}/*.json, users split over two files."""
+    import json
+
+    rng = np.random.RandomState(seed)
+    for split, per in (("train", 9), ("test", 3)):
+        folder = os.path.join(root, "femnist", "data", split)
+        os.makedirs(folder, exist_ok=True)
+        users = [f"f{u:04d}_{u % 3}" for u in range(writers)]
+        for i, chunk in enumerate((users[: writers // 2], users[writers // 2:])):
+            blob = {"users": chunk, "num_samples": [per] * len(chunk), "user_data": {
+                u: {"x": rng.rand(per, 784).round(3).tolist(), "y": rng.randint(0, 62, per).tolist()} for u in chunk}}
+            with open(os.path.join(folder, f"all_data_{i}_niid_{split}.json"), "w") as f:
+                json.dump(blob, f)

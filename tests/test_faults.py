@@ -87,16 +87,6 @@ def test_every_top_level_option_has_a_row():
     assert sorted(k for k in top if k not in ("defaults", "hydra") and k not in named) == []
 
 
-def test_bench_options_out_of_range_are_one_line(capsys):
-    from fedrun.bench import main
-
-    for argv, option in ((["--rounds", "-1"], "--rounds"), (["--warmup", "-1"], "--warmup"), (["--tau", "0"], "--tau")):
-        with pytest.raises(SystemExit) as e:
-            main(argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and len(err) == 1 and option in err[0], err
-
-
 @pytest.mark.parametrize("args, says", [
     (["frac=0.5", "clients_per_round=3"], "clients_per_round=3 is ignored"),
     (["batch_size=5000"], "larger than every client's training rows"),
@@ -105,3 +95,90 @@ def test_settings_that_run_but_likely_not_as_meant_get_a_warning(args, says, tmp
     r = fedrun([*TINY, "rounds=1", *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert [line for line in r.stderr.splitlines() if line.startswith("fedrun: warning:") and says in line]
+
+
+# ---------------------------------------------------------------- the other console scripts' options
+
+CONSOLE = [  # (console script, its arguments, the option its line must name)
+    ("fedrun-bench", ["--rounds", "-1"], "--rounds"),
+    ("fedrun-bench", ["--warmup", "-1"], "--warmup"),
+    ("fedrun-bench", ["--tau", "0"], "--tau"),
+    ("fedrun-bench", ["--repeats", "0"], "--repeats"),
+    ("fedrun-bench", ["--rounds", "abc"], "--rounds"),           # argparse's own errors: one line too
+    ("fedrun-bench", ["--setting", "nope"], "--setting"),
+    ("fedrun-bench", ["--bogus"], "--bogus"),
+    ("fedrun-bench", ["--repeats", "2", "--seeds", "1,2"], "--repeats"),
+    ("fedrun-data", ["--clients", "abc"], "--clients"),
+    ("fedrun-data", ["--clients", "-1"], "--clients"),
+    ("fedrun-data", ["--bogus"], "--bogus"),
+    ("fedrun-data", ["data.num_clients=0"], "data.num_clients"),
+    ("fedrun-data", ["+bogus=1"], "bogus"),
+    ("fedrun-report", [], "dirs"),
+    ("fedrun-report", ["{tmp}", "--bogus"], "--bogus"),
+    ("fedrun-report", ["{tmp}", "--target", "abc"], "--target"),
+    ("fedrun-report", ["{tmp}/none"], "{tmp}/none"),
+]
+
+
+def _console_main(script: str):
+    if script == "fedrun-bench":
+        from fedrun.bench import main
+    elif script == "fedrun-data":
+        from fedrun.data.show import main
+    else:
+        from fedrun.report import main
+    return main
+
+
+@pytest.mark.parametrize("script, args, option", CONSOLE, ids=[f"{s} {' '.join(a)}" for s, a, _ in CONSOLE])
+def test_console_script_errors_are_one_line_naming_the_option(script, args, option, tmp_path, capsys):
+    args = [a.format(tmp=tmp_path) for a in args]
+    try:
+        code = _console_main(script)(args)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith(f"{script}: error: "), err
+    assert option.format(tmp=tmp_path) in err[0], err
+
+
+# ---------------------------------------------------------------- LEAF's JSON user files
+
+LEAF_DAMAGE = [
+    (lambda raw: raw[: len(raw) // 2], "not valid JSON"),                          # a torn copy
+    (lambda raw: b"[1, 2, 3]", "not a LEAF user file"),                              # JSON, not LEAF's
+    (lambda raw: raw.replace(b'"user_data"', b'"userdata"'), "not a LEAF user file"),
+    (lambda raw: raw.replace(b'"y": [', b'"y": [7, ', 1), "rows of x but"),        # x and y disagree
+]
+
+
+def _damaged_leaf(root, damage):
+    from helpers import write_leaf
+
+    write_leaf(str(root), writers=4)
+    path = root / "femnist" / "data" / "train" / "all_data_1_niid_train.json"
+    path.write_bytes(damage(path.read_bytes()))
+    return path
+
+
+@pytest.mark.parametrize("damage, says", LEAF_DAMAGE)
+def test_a_corrupt_leaf_json_file_is_one_line_naming_it_and_the_fix(damage, says, tmp_path):
+    from fedrun.data.sources import DataCorruptError, load_leaf
+
+    path = _damaged_leaf(tmp_path, damage)
+    with pytest.raises(DataCorruptError) as e:  # a DataMissingError: fedrun exits 2 on it, before any work
+        load_leaf(str(tmp_path), "femnist")
+    msg = str(e.value)
+    assert str(path) in msg and says in msg and "preprocess.sh again" in msg and "\n" not in msg, msg
+
+
+def test_a_torn_leaf_file_stops_fedrun_in_one_line(tmp_path):
+    path = _damaged_leaf(tmp_path / "leaf", LEAF_DAMAGE[0][0])
+    run_dir = tmp_path / "run"
+    r = fedrun(["dataset=femnist", f"dataset.root={tmp_path / 'leaf'}", "partition=natural", "rounds=1",
+                "clients_per_round=2", "progress=false", "plot=false", f"hydra.run.dir={run_dir}"], tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fedrun: error: "), r.stderr
+    assert str(path) in lines[0] and "not valid JSON" in lines[0], lines[0]
+    assert not run_dir.exists()

@@ -13,9 +13,9 @@ moved to the device) are not syncs of this kind and are not counted.
 The reads that remain, per round (vmap engine, every algorithm, evaluation every round):
   simulate._nonfinite_clients    1  one bool: are all clients' new parameters finite (the divergence
                                     guard; the clients' list is read only when some are not)
-  evaluate._summaries            7  per served model (global, and pers when personalized): the
+  evaluate._summaries            1  per served model (global, and pers when personalized): the
                                     metrics.csv row's floats (pooled and per-client mean/std/min/max
-                                    accuracy, pooled and mean loss)
+                                    and p10/p25/p75 accuracy, pooled and mean loss), one stacked copy
   evaluate.evaluate              1  the row's train_loss float
                                  3-5 `.cpu()` of the per-client metrics for clients.csv (one copy each)
 Nothing in local training, the server step or the engines' passes reads from the device.
@@ -128,10 +128,10 @@ def test_reads_per_round_do_not_grow_with_the_clients_and_are_the_named_ones(dat
     assert few == many, (few, many)
     one_round = _count(data, algo_name, 8, 1)
     per_round = many - one_round  # round 2 alone
-    served = 2 if per_round[("_local_scalar_dense", "evaluate._summaries")] == 14 else 1
-    assert per_round[("_local_scalar_dense", "evaluate._summaries")] == 7 * served
+    served = per_round[("tolist", "evaluate._summaries")]
+    assert served in (1, 2)
     expected = {("_local_scalar_dense", "simulate._nonfinite_clients"): 1,
-                ("_local_scalar_dense", "evaluate._summaries"): 7 * served,
+                ("tolist", "evaluate._summaries"): served,
                 ("_local_scalar_dense", "evaluate.evaluate"): 1,
                 ("cpu", "evaluate.<dictcomp>"): 1 + 2 * served}
     assert dict(per_round) == expected

@@ -204,7 +204,8 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
             p.kill()
     assert p.returncode == 130, err
     # the cost estimate printed after the first rounds (fedrun.clock) is the only other line
-    lines = [line for line in err.strip().splitlines() if not line.startswith("fedrun: estimated time")]
+    # (and, on a loaded machine, its hint that the run takes hours)
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("fedrun: estimated time", "fedrun: hint:"))]
     assert len(lines) == 1 and "interrupted after round" in lines[0], err
     assert "rerun the same command to resume from round" in lines[0]
 
@@ -229,11 +230,91 @@ def test_summary_names_its_run_and_the_figure_says_what_it_draws(tmp_path, monke
     (fig,) = drawn
     labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
     assert not any("1 step on own train data" in t for t in labels), labels
-    assert "personalized (pfedme's own personalization)" in labels
+    assert "personalized (pfedme's own personalization) (pooled)" in labels
     for ax in fig.axes:  # whole rounds only
         assert all(float(t).is_integer() for t in ax.get_xticks())
-    # the test-loss lines are drawn over the train-loss line
-    loss_ax = fig.axes[1]
-    z = {line.get_label(): line.get_zorder() for line in loss_ax.get_lines()}
-    assert all(z[k] > z["train loss, global model"] for k in z if k.startswith("test loss"))
+    # the client band is the inter-quartile range, with the lowest decile's line (not the 0-1 min-max)
+    assert labels.count("middle half of its clients (p25-p75)") == 2
+    assert labels.count("lowest tenth of its clients below (p10)") == 2
+    # neither loss line hides the other: each test loss wide, the train loss thin, dashed and over them
+    lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
+    train = lines.pop("train loss, global model")
+    assert train.get_linestyle() != "-" and sorted(lines) == [
+        "test loss, global model", "test loss, personalized (pfedme's own personalization)"]
+    for line in lines.values():
+        assert line.get_linewidth() >= 2 * train.get_linewidth() and line.get_zorder() < train.get_zorder()
+    _assert_legends_clear_of_labels(fig)
     assert not (run_dir / "cli.log").exists()  # Hydra's job log was always empty: not written
+
+
+def _assert_legends_clear_of_labels(fig):
+    """No legend overlaps a panel's plotting area or an axis label (as drawn)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # (the saved figure was closed)
+    canvas.draw()
+    r = canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert legends
+    for leg in legends:
+        box = leg.get_window_extent(r)
+        for ax in fig.axes:
+            for other in (ax.get_window_extent(r), ax.xaxis.label.get_window_extent(r),
+                          ax.yaxis.label.get_window_extent(r)):
+                assert not box.overlaps(other), (leg, ax)
+
+
+def test_metrics_quantiles_are_the_clients_and_summary_png_legend_is_clear(tmp_path, monkeypatch):
+    """metrics.csv's <m>_acc_p10/p25/p75 are the quantiles of the clients' accuracies that clients.csv
+    holds for the last round; fedrun-report's summary.png draws whole rounds and its legend clear of
+    the panels and the axis labels."""
+    import numpy as np
+
+    import fedrun.plots as plots
+
+    run_dir = tmp_path / "X"
+    r = fedrun([*TINY, "rounds=2", "seed=1", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    last = pd.read_csv(run_dir / "metrics.csv").iloc[-1]
+    clients = pd.read_csv(run_dir / "clients.csv")
+    for m in ("global", "pers"):
+        acc = clients[f"{m}_acc"].to_numpy()
+        for name, q in (("p10", 0.10), ("p25", 0.25), ("p75", 0.75)):
+            assert abs(last[f"{m}_acc_{name}"] - np.quantile(acc, q)) < 1e-6, (m, name)
+        assert last[f"{m}_acc_min"] <= last[f"{m}_acc_p10"] <= last[f"{m}_acc_p25"] <= last[f"{m}_acc_p75"] \
+            <= last[f"{m}_acc_max"]
+    drawn = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, title="": (drawn.append(fig), real_save(fig, out, title)))
+    code, out, err = _report([run_dir, "--out", tmp_path / "rep"])
+    assert code == 0, err
+    (fig,) = drawn
+    for ax in fig.axes:
+        if ax.get_visible():
+            assert all(float(t).is_integer() for t in ax.get_xticks())
+    _assert_legends_clear_of_labels(fig)
+
+
+def test_resuming_a_checkpoint_from_before_a_metrics_column_keeps_metrics_csv_one_table(tmp_path):
+    """A checkpoint written before metrics.csv had the client quantile columns: the resumed run's
+    metrics.csv is one table (one header, every row as many fields), the old rows with them empty."""
+    import torch
+
+    from fedrun import outputs
+
+    run_dir = tmp_path / "X"
+    assert fedrun([*TINY, "rounds=2", "checkpoint_every=1", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    path = str(run_dir / "checkpoints" / "round_0000001.pt")
+    ck = torch.load(path, weights_only=True)
+    old = [k for k in ck["history"][0] if k.endswith(("_p10", "_p25", "_p75"))]
+    assert len(old) == 6
+    ck["history"] = [{k: v for k, v in row.items() if k not in old} for row in ck["history"]]
+    torch.save(ck, path)
+    os.remove(run_dir / "checkpoints" / "round_0000002.pt")
+    r = fedrun([*TINY, "rounds=3", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0 and "resuming from" in r.stderr, r.stderr
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    assert len(lines) == 4 and len({line.count(",") for line in lines}) == 1, lines
+    m = pd.read_csv(run_dir / "metrics.csv")
+    assert m["round"].tolist() == [1, 2, 3] and m["pers_acc_p25"].isna().tolist() == [True, False, False]
+    assert outputs.checkpoint_paths(str(run_dir / "checkpoints"))

@@ -42,18 +42,21 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
     from ..algorithms.base import ConfigError
+    from ..args import ArgumentParser
     from ..config import CONF_DIR, with_composed_data, with_env_searchpath
     from ..outputs import write_partition
     from ..plots import plot_partition
     from ..validation import instantiate_checked, precheck
     from . import DataMissingError
 
-    ap = argparse.ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
+    ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="partition", help="folder for partition.csv and partition.png (default ./partition)")
     ap.add_argument("--clients", type=int, default=50, help="print at most this many clients' lines (default 50; 0: none)")
     ap.add_argument("overrides", nargs="*", help="fedrun's overrides, e.g. dataset=mnist partition=shards")
     args = ap.parse_args(argv)
+    if args.clients < 0:
+        ap.refuse("--clients", args.clients, "must be at least 0 (0: no client lines)")
     overrides = with_composed_data(with_env_searchpath(args.overrides))
     problem = precheck(overrides)
     if problem:

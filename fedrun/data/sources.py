@@ -273,14 +273,44 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
 
 # ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
 
+def _leaf_users(path: str, dataset: str):
+    """(user, x float32 [n, features], y int64 [n]) of each user in one LEAF JSON file; a torn or
+    foreign file is a DataCorruptError naming it and the fix, in one line."""
+    import json
+
+    def bad(what: str) -> DataCorruptError:
+        return DataCorruptError(f"{os.path.abspath(path)} is {what}; delete it and run LEAF's "
+                                f"data/{dataset}/preprocess.sh again (or copy a good copy there)")
+
+    try:
+        with open(path, "rb") as f:
+            blob = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise bad(f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else 'empty?'}; a torn copy?)") from None
+    if not (isinstance(blob, dict) and isinstance(blob.get("users"), list) and isinstance(blob.get("user_data"), dict)):
+        raise bad('not a LEAF user file (expected {"users": [...], "user_data": {user: {"x": ..., "y": ...}}})')
+    out = []
+    for user in blob["users"]:
+        u = blob["user_data"].get(user) if isinstance(user, str) else None
+        if not isinstance(u, dict) or "x" not in u or "y" not in u:
+            raise bad(f"not a LEAF user file: user {user!r} has no x and y in user_data")
+        try:
+            y = np.asarray(u["y"], dtype=np.int64).reshape(-1)
+            x = np.asarray(u["x"], dtype=np.float32)
+        except (ValueError, TypeError):
+            raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers") from None
+        if x.ndim < 1 or len(x) != len(y):
+            raise bad(f"not a LEAF user file: user {user!r} has {len(x) if x.ndim else 0} rows of x but {len(y)} of y")
+        out.append((user, x.reshape(len(y), -1), y))
+    return out
+
+
 def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
     """A LEAF dataset as its scripts write it: `root`/<dataset>/data/{train,test}/*.json, each
     {"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}.
 
     Returns (train_x float32 [N, 784], train_y, train_writers, test_x, test_y, test_writers); writer
     ids are the user names. JSON only: nothing in the files can run code."""
-    import json
-
     base = os.path.join(root, dataset, "data")
     folders = [os.path.join(base, s) for s in ("train", "test")]
     files = [sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else [] for d in folders]
@@ -293,12 +323,10 @@ def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
     for d, names in zip(folders, files):
         xs, ys, ws = [], [], []
         for name in names:
-            with open(os.path.join(d, name)) as f:
-                blob = json.load(f)
-            for user in blob["users"]:
-                u = blob["user_data"][user]
-                xs.append(np.asarray(u["x"], dtype=np.float32).reshape(len(u["y"]), -1))
-                ys.append(np.asarray(u["y"], dtype=np.int64))
-                ws.append(np.full(len(u["y"]), user, dtype=object))
+            path = os.path.join(d, name)
+            for user, x, y in _leaf_users(path, dataset):
+                xs.append(x)
+                ys.append(y)
+                ws.append(np.full(len(y), user, dtype=object))
         out += [np.concatenate(xs), np.concatenate(ys), np.concatenate(ws).astype(str)]
     return tuple(out)

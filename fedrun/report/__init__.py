@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 
+from ..args import ArgumentParser
 from .jobs import (GROUPS, MODEL_NAMES, NEUTRAL_KEYS, PREFIXES, Group, Job, expected_rows, find_job_dirs,  # noqa: F401
                    group_jobs, load_job, missing_job_numbers, missing_jobs, sweep_jobs, torn_row)
 from .markdown import _not_reached, _pm, gain_cell, markdown  # noqa: F401
@@ -54,7 +55,7 @@ def parse_targets(values: list[str]) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fedrun-report", description=__doc__.split("\n\n")[0],
+    ap = ArgumentParser(prog="fedrun-report", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="e.g. fedrun-report outputs/multirun/2026-01-01_12-00-00 --target 80 90 --baseline perfedavg")
     ap.add_argument("dirs", nargs="+", help="multirun folder(s) or run folders; searched recursively for jobs")

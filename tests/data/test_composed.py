@@ -19,7 +19,7 @@ from fedrun.config import with_composed_data
 from fedrun.data import DataMissingError
 from fedrun.data.composed import composed
 from fedrun.data.sources import idx_files, load_idx, read_idx
-from helpers import _write_idx, fedrun, write_cifar, write_mnist_idx
+from helpers import _write_idx, fedrun, write_cifar, write_leaf, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
 TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))
@@ -200,22 +200,8 @@ def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, cap
     assert e.value.code == 2 and "partition.shards_per_client=0" in capsys.readouterr().err
 
 
-def _write_leaf(root, writers: int = 6, seed: int = 0):
-    """LEAF's FEMNIST layout: femnist/data/{train,test}/*.json, users split over two files."""
-    rng = np.random.RandomState(seed)
-    for split, per in (("train", 9), ("test", 3)):
-        folder = os.path.join(root, "femnist", "data", split)
-        os.makedirs(folder, exist_ok=True)
-        users = [f"f{u:04d}_{u % 3}" for u in range(writers)]
-        for i, chunk in enumerate((users[: writers // 2], users[writers // 2:])):
-            blob = {"users": chunk, "num_samples": [per] * len(chunk), "user_data": {
-                u: {"x": rng.rand(per, 784).round(3).tolist(), "y": rng.randint(0, 62, per).tolist()} for u in chunk}}
-            with open(os.path.join(folder, f"all_data_{i}_niid_{split}.json"), "w") as f:
-                json.dump(blob, f)
-
-
 def test_femnist_natural_split_is_per_writer_with_leafs_test_rows(tmp_path):
-    _write_leaf(str(tmp_path))
+    write_leaf(str(tmp_path))
     d = composed(dict(name="femnist", root=str(tmp_path)), dict(name="natural", test="dataset", holdout=2))
     assert d.num_clients == 6 and d.num_holdout == 2 and d.num_classes == 62 and d.feature_shape == (784,)
     assert d.train.sizes.tolist() == [9] * 6 and d.test.sizes.tolist() == [3] * 6
