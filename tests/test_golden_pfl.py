@@ -279,11 +279,16 @@ def test_crop_flip_is_the_authors_augmentation():
         assert not any(torch.equal(o, want[i]) for o in crop_flip_apply(xs, dy, dx, flip, p))
 
 
-if __name__ == "__main__":  # per method: the largest |fedrun - authors| of the parameters/states and of the metrics
+if __name__ == "__main__":  # per method and round: the largest |fedrun - authors| and the closest call
     for m in sys.argv[1:] or sorted(PRESETS):
         rep = compare(m)
-        params = [r for r in rep if "_test" not in r[0]]
-        metrics = [r for r in rep if "_test" in r[0]]
-        w = max(rep, key=lambda r: r[1] / r[2])
-        print(f"{m}: max abs diff {max(r[1] for r in params):.1e} (parameters, states), "
-              f"{max(r[1] for r in metrics):.1e} (accuracy, loss); worst vs tolerance {w[0]} {w[1]:.1e} <= {w[2]:.1e}")
+        for r in range(1, load(m)["rounds_total"] + 1):
+            mine = [x for x in rep if x[0].startswith(f"r{r} ")]
+            params = [x for x in mine if "_test" not in x[0]]
+            metrics = [x for x in mine if "_test" in x[0]]
+            ref = [(x[2] - ATOL) / RTOL for x in params]  # |authors' number|, from its tolerance
+            rel = max(x[1] / b for x, b in zip(params, ref) if b > 1e-6)
+            w = max(mine, key=lambda x: x[1] / x[2])
+            print(f"{m} round {r}: {len(params)} model/state numbers, max abs diff {max(x[1] for x in params):.1e}, "
+                  f"max rel {rel:.1e} (|authors| > 1e-6); accuracy/loss max abs {max(x[1] for x in metrics):.1e}; "
+                  f"closest to tolerance {w[0]} {w[1]:.1e} <= {w[2]:.1e}")

@@ -1,9 +1,13 @@
 """Golden traces of the authors' paper-004 code (github.com/alpemreacar/PFL, the snapshot in
 /work/.mirror/alpemreacar+PFL) on a tiny fixed problem, for tests/test_golden_pfl.py.
 
-    git -C /work/.mirror/alpemreacar+PFL/repo archive HEAD | tar -x -C /work/ext/pfl
-    pip install higher==0.2.1      # the authors' code's own dependency
-    python scripts/golden/record_pfl.py --authors /work/ext/pfl [--out tests/fixtures/golden]
+    mkdir -p /tmp/pfl_authors && git -C /work/.mirror/alpemreacar+PFL/repo archive HEAD | tar -x -C /tmp/pfl_authors
+    python -m venv --system-site-packages /tmp/authvenv && /tmp/authvenv/bin/pip install higher==0.2.1
+    /tmp/authvenv/bin/python scripts/golden/record_pfl.py --authors /tmp/pfl_authors \
+        --commit $(git -C /work/.mirror/alpemreacar+PFL/repo rev-parse HEAD) [--out tests/fixtures/golden]
+
+(higher 0.2.1 is the authors' code's own dependency.) The committed traces: their commit 0ba7929,
+torch 2.14.1, 4 minutes on one core; re-recording gives byte-identical files.
 
 It imports the authors' modules (utils_methods, utils_general, utils_dataset, utils_models) from
 --authors and calls their train_* functions, unchanged, on the problem of `pfl_problem.py` (3
@@ -68,7 +72,9 @@ Findings (fedrun before this comparison vs their code; fixed in fedrun unless sa
     adaptation at test time ("No Per., ... - Proto A."); fedrun's FedDyn/SCAFFOLD serve the plain
     model (matched here), the Proto- and MAML-adapted numbers are recorded but not compared.
   * The same maths from the same weights in float64 agree to ~1e-15 per step; the rest of every
-    difference was float64 rounding (the test's tolerance: 1e-9 relative, 1e-10 absolute).
+    difference was float64 rounding (the test's tolerance: 1e-9 relative, 1e-10 absolute). In
+    PFLDyn/PFLScaf (Proto) the two codes' rounding differences grow ~100x per round: in round 3
+    the closest number (the sum of a c_i tensor, 102k entries) is at 0.35 of its tolerance.
 """
 from __future__ import annotations
 
@@ -308,12 +314,13 @@ def main() -> None:
     ap.add_argument("--authors", required=True, help="work tree of alpemreacar/PFL (utils_methods.py ...)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "golden"))
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--commit", default=None, help="the authors' commit the work tree is from (recorded)")
     a = ap.parse_args()
     out = os.path.abspath(a.out)
     torch.set_num_threads(1)
     rec = Recorder(a.authors)
     for m in a.methods:
-        trace = rec.run(m)
+        trace = {"authors_commit": a.commit, **rec.run(m)}
         path = os.path.join(out, f"pfl_{m}.json")
         with open(path, "w") as f:
             json.dump(trace, f, indent=0)
