@@ -229,7 +229,8 @@ def test_fedrun_matches_the_authors_code(method):
 
 def test_honest_pflscaf_serves_the_server_model_the_authors_evaluated_as_sel():
     """protocol=honest trains the same (the choices above are no protocol matter) and personalizes
-    the server model: the authors' 'sel' evaluation (their printed, not plotted, numbers)."""
+    the server model: the authors' 'sel' evaluation (their printed, not plotted, numbers). Round 1
+    only: the training is the one the test above checks for 3 rounds."""
     check(compare("pflscaf_proto", ["protocol=honest"], rounds=1))
 
 
@@ -239,7 +240,8 @@ def test_honest_pflscaf_serves_the_server_model_the_authors_evaluated_as_sel():
 ])
 def test_pavg_proto_honest_differs_by_the_authors_proto_switch_only(overrides, differs):
     """The authors' P-Avg (Proto) loop embeds with the outputs after each round's first step; fedrun
-    does so under protocol=official (algo.proto_first_step_only); honest keeps the Proto features."""
+    does so under protocol=official (algo.proto_first_step_only); honest keeps the Proto features.
+    Round 1 only: the switch acts within every round."""
     report = [r for r in compare("pavg_proto", overrides, rounds=1) if " client" in r[0] and "_test" not in r[0]]
     assert any(r[1] > 1e3 * r[2] for r in report) == differs
     if not differs:
