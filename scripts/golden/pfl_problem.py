@@ -119,16 +119,24 @@ def sketch(tensors: list[torch.Tensor], proj: list[torch.Tensor], entries: list[
 
 def sketches(models: list[list[torch.Tensor]], proj: list[torch.Tensor], entries: list[int]) -> list[dict]:
     """`sketch` of several models at once (one pass over each projection matrix)."""
-    flat = [torch.stack([m[i].detach().to(torch.float64).reshape(-1) for m in models]) for i in range(len(NAMES))]
-    whole = torch.cat(flat, 1)
-    sums, norms = [v.sum(1).tolist() for v in flat], [v.norm(dim=1).tolist() for v in flat]
-    projected = [(v @ r.T).tolist() for v, r in zip(flat, proj)]
-    picked = whole[:, entries].tolist()
+    sizes = [math.prod(s) for s in SHAPES]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    where = [next((i, e - o) for i, o in reversed(list(enumerate(starts))) if e >= o) for e in entries]
+    sums, norms, projected, picked = [], [], [], [[] for _ in models]
+    for i in range(len(NAMES)):
+        v = torch.stack([m[i].detach().reshape(-1) for m in models]).to(torch.float64)
+        sums.append(v.sum(1).tolist())
+        norms.append(v.norm(dim=1).tolist())
+        projected.append((v @ proj[i].T).tolist())
+        for j, (t, e) in enumerate(where):
+            if t == i:
+                for k in range(len(models)):
+                    picked[k].append((j, float(v[k, e])))
     out = []
-    for j in range(len(models)):
-        d = {name: [sums[i][j], norms[i][j]] for i, (name, _) in enumerate(NAMES)}
-        d["entries"] = picked[j]
-        d["proj"] = {name: projected[i][j] for i, (name, _) in enumerate(NAMES)}
+    for k in range(len(models)):
+        d = {name: [sums[i][k], norms[i][k]] for i, (name, _) in enumerate(NAMES)}
+        d["entries"] = [x for _, x in sorted(picked[k])]
+        d["proj"] = {name: projected[i][k] for i, (name, _) in enumerate(NAMES)}
         out.append(d)
     return out
 
