@@ -12,9 +12,9 @@ the personalized test accuracy and loss of every device. Models and states are c
 recorder's sketch (pfl_problem.sketch: per tensor its sum, norm and 8 random projections, which
 see every entry, plus one entry), at the same float tolerance as numbers. The recorded devices are
 [1, 2], [0, 2], [1, 2]: device 2's state after round 2 and device 1's after round 1 are used in
-round 3's training, so a wrong stored state shows in later models as well as in its own sketch. Two more tests show what protocol=honest
-changes: the model evaluated (the server's: the authors' "sel" numbers) and, for P-Avg (Proto),
-the embedding after each round's first step.
+round 3's training, so a wrong stored state shows in later models as well as in its own sketch.
+Two more tests show what protocol=honest changes: the model evaluated (the server's: the
+authors' "sel" numbers) and, for P-Avg (Proto), the embedding after each round's first step.
 """
 import functools
 import json
