@@ -10,6 +10,14 @@ the authors' Proto loaders never reject a pair.
 
 The fixture stores checksums of what these functions build, so a change in torch's generator shows
 up as a clear failure instead of a silent mismatch.
+
+Tensors are recorded by a sketch (`sketch`): per tensor its sum, L2 norm, one fixed entry and
+PROJECTIONS random projections <r_j, v> with fixed Gaussian r_j (entries N(0, 1/n), `projections`).
+The CNN has 797,962 parameters, so a full float64 copy of one model is 6.4 MB and a trace holds
+~25 models and states per method; a projection is a linear function of EVERY entry, so it compares
+with the same float tolerance as a full copy would, and a difference e in the tensor moves each
+projection by ~||e|| / sqrt(n) (N(0, ||e||^2 / n)); the sum and one entry alone miss e.g. any
+permutation of entries and most changes that sum to zero.
 """
 from __future__ import annotations
 
@@ -91,6 +99,48 @@ def batch_pairs(n_pairs: int) -> list[list[np.ndarray]]:
     return out
 
 
+PROJECTIONS = 8
+
+
+def projections() -> list[torch.Tensor]:
+    """Per tensor (NAMES order) a [PROJECTIONS, n] float64 matrix with N(0, 1/n) entries, from one fixed
+    generator (float64 draws: the same on every machine and in the recorder and the test)."""
+    g = torch.Generator().manual_seed(SEED + 3)
+    return [torch.randn(PROJECTIONS, math.prod(s), generator=g, dtype=torch.float64) / math.sqrt(math.prod(s))
+            for s in SHAPES]
+
+
+def sketch(tensors: list[torch.Tensor], proj: list[torch.Tensor], entries: list[int]) -> dict:
+    """The recorded summary of one model or state (tensors in NAMES order, any shape, made float64):
+    {fedrun name: [sum, L2 norm]}, "entries": the flat vector's entries at `entries`,
+    "proj": {fedrun name: [<r_j, v> for the PROJECTIONS rows r_j of its projection matrix]}."""
+    return sketches([tensors], proj, entries)[0]
+
+
+def sketches(models: list[list[torch.Tensor]], proj: list[torch.Tensor], entries: list[int]) -> list[dict]:
+    """`sketch` of several models at once (one pass over each projection matrix)."""
+    sizes = [math.prod(s) for s in SHAPES]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    where = [next((i, e - o) for i, o in reversed(list(enumerate(starts))) if e >= o) for e in entries]
+    sums, norms, projected, picked = [], [], [], [[] for _ in models]
+    for i in range(len(NAMES)):
+        v = torch.stack([m[i].detach().reshape(-1) for m in models]).to(torch.float64)
+        sums.append(v.sum(1).tolist())
+        norms.append(v.norm(dim=1).tolist())
+        projected.append((v @ proj[i].T).tolist())
+        for j, (t, e) in enumerate(where):
+            if t == i:
+                for k in range(len(models)):
+                    picked[k].append((j, float(v[k, e])))
+    out = []
+    for k in range(len(models)):
+        d = {name: [sums[i][k], norms[i][k]] for i, (name, _) in enumerate(NAMES)}
+        d["entries"] = [x for _, x in sorted(picked[k])]
+        d["proj"] = {name: projected[i][k] for i, (name, _) in enumerate(NAMES)}
+        out.append(d)
+    return out
+
+
 def checksums() -> dict:
     d = data()
     p = initial_params()
@@ -100,4 +150,5 @@ def checksums() -> dict:
         "train_y": [y.tolist() for _, y in d["train"]],
         "test_y": [y.tolist() for _, y in d["test"]],
         "params_sum": {k: float(v.double().sum()) for k, v in p.items()},
+        "projections_sum": [float(r.sum()) for r in projections()],
     }
