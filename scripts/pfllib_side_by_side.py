@@ -2,7 +2,7 @@
 """fedrun beside PFLlib (github.com/TsingZ0/PFLlib): the same partition, model and local work, both columns.
 
     python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --data-root /work/shared/data --out DIR
-    python scripts/pfllib_side_by_side.py --replot DIR        # the table again from DIR's results
+    python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
 
 1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
@@ -72,7 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2", help="fedrun's run seeds")
     ap.add_argument("--pfllib-seeds", default="0", help="PFLlib's runs: torch/numpy/random seeded with each")
     ap.add_argument("--out", default=None, help="output folder (default outputs/papers/pfllib_side_by_side/<date_time>)")
-    ap.add_argument("--replot", metavar="DIR", default=None, help="run nothing: the table from DIR's results")
+    ap.add_argument("--replot", metavar="DIR", default=None,
+                    help="run nothing: the table from DIR's results (comma-separated DIRs: runs of other algorithms "
+                         "with the same settings merged in, written into the first)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one PFLlib run (JSON job)
     args = ap.parse_args(argv)
     if args.worker:
@@ -88,12 +90,21 @@ def main(argv=None) -> int:
     except ValueError:
         print("error: --seeds and --pfllib-seeds take comma-separated integers", file=sys.stderr)
         return 2
-    out = os.path.abspath(args.replot or args.out or os.path.join(
+    if args.replot:
+        dirs = [os.path.abspath(d) for d in args.replot.split(",") if d]
+        results = json.load(open(os.path.join(dirs[0], "side_by_side.json")))
+        for d in dirs[1:]:
+            more = json.load(open(os.path.join(d, "side_by_side.json")))
+            same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
+            if any(more["meta"][k] != results["meta"][k] for k in same):
+                print(f"error: --replot {d} ran other settings than {dirs[0]}", file=sys.stderr)
+                return 2
+            results.update({k: v for k, v in more.items() if k != "meta"})
+        write_table(dirs[0], results)
+        return 0
+    out = os.path.abspath(args.out or os.path.join(
         "outputs", "papers", "pfllib_side_by_side", time.strftime("%Y-%m-%d_%H-%M-%S")))
     res_path = os.path.join(out, "side_by_side.json")
-    if args.replot:
-        write_table(out, json.load(open(res_path)))
-        return 0
     if not os.path.isdir(os.path.join(args.pfllib, "system", "flcore")):
         print(f"error: --pfllib {args.pfllib} holds no system/flcore (a PFLlib checkout)", file=sys.stderr)
         return 2
