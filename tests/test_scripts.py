@@ -348,6 +348,19 @@ def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
     assert (out / "baselines.md").read_text() == before
 
 
+def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import baselines  # noqa: E402
+
+    monkeypatch.chdir(tmp_path)
+    for argv, named, allowed in ((["--setting", "mnist_dir1"], "--setting 'mnist_dir1'", "mnist_dir01, mnist_shards2"),
+                                 (["--entries", "FedAvg,FedNope"], "--entries FedNope", "Local, FedAvg, FedAvg+FT")):
+        assert baselines.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and named in err and allowed in err, err
+    assert not os.listdir(tmp_path)  # nothing written
+    assert {"mnist_dir01", "mnist_shards2", "cifar10_dir01", "cifar10_shards2"} <= set(baselines.SETTINGS)
+
+
 # ----------------------------------------------------------------------------------------------
 # pFedMe Figures 1-4 (scripts/pfedme_figures.py) and paper 004's toy (scripts/pfl_toy.py)
 # ----------------------------------------------------------------------------------------------

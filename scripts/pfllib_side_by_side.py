@@ -1,0 +1,332 @@
+#!/usr/bin/env python
+"""fedrun beside PFLlib (github.com/TsingZ0/PFLlib): the same partition, model and local work, both columns.
+
+    python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --data-root /work/shared/data --out DIR
+    python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
+
+1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
+   label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
+   client's training and test rows, already normalized, into PFLlib's dataset layout:
+   DIR/pfllib/dataset/<name>/{train,test}/<client>.npz, each holding {'data': {'x', 'y'}} as
+   PFLlib's generators write them (its read_client_data loads them; this script never reads them).
+2. fedrun: `fedrun -m algo=<a> ... seed=<seeds> hydra/launcher=basic` (seeds one after another, so
+   each job's own wall time is one run's), `sampling=epochs` (a shuffled pass through the client's
+   rows, as PFLlib's DataLoader) with tau = floor(n / B) steps = one epoch when every client holds
+   n training rows (the shards setting: 2,625 each); `aggregate=samples` (PFLlib's weights; equal
+   here), all clients every round.
+3. PFLlib: its own server class (flcore.servers.*) and `train()` loop (select, send, evaluate every
+   --eval-every rounds, each client's train() one after another, receive, aggregate), run by
+   /work/ref-venv/bin/python on that folder, the model an MLP of fedrun's shape 784-100(ReLU)-10
+   built as PFLlib's BaseHeadSplit (base = flatten + fc1 + ReLU, head = the output layer; PFLlib's
+   own `DNN` would put a log_softmax between body and head once split). Options are PFLlib
+   main.py's defaults (read from its argparse calls), then: cpu, lr, batch, 1 local epoch (FedRep: 1
+   head epoch + 1 body epoch), mu / lambda. Nothing of PFLlib is copied here.
+
+Accuracy in both is pooled over all clients' test rows (correct / rows). PFLlib evaluates at the
+start of round i the models trained i rounds, so its i-th evaluation is fedrun's round i. Speed: wall
+seconds per round with the same evaluation schedule, same machine, one after the other per
+algorithm, one torch thread each (fedrun: the job's wall time / rounds, setup included; PFLlib: the
+mean of its per-round `Budget`, set-up of clients excluded), plus PFLlib's rounds without evaluation.
+Writes DIR/side_by_side.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LR, MU, LAM = 0.05, 0.01, 0.1
+# name -> (fedrun options (tau in epochs: "E"), metric column, PFLlib server module, class, extra PFLlib args)
+ALGOS = {
+    "fedavg": (["algo=fedavg", f"algo.beta={LR}", "algo.alpha=null"], "global_acc", "serveravg", "FedAvg", {}),
+    "fedprox": (["algo=fedprox", f"algo.beta={LR}", f"algo.mu={MU}", "algo.alpha=null"], "global_acc",
+                "serverprox", "FedProx", {"mu": MU}),
+    "ditto": (["algo=ditto", f"algo.lr={LR}", f"algo.personal_lr={LR}", f"algo.lam={LAM}"], "pers_acc",
+              "serverditto", "Ditto", {"mu": LAM, "plocal_epochs": 1}),
+    "fedper": (["algo=fedper", f"algo.lr={LR}"], "pers_acc", "serverper", "FedPer", {}),
+    "fedrep": (["algo=fedrep", f"algo.lr={LR}", "algo.head_steps=E"], "pers_acc", "serverrep", "FedRep",
+               {"plocal_epochs": 1}),
+}
+EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
+SETTING = "mnist_shards2"
+DATASET_NAME = "MNIST_fedrun_shards2"  # "MNIST" in the name: PFLlib's helpers read it so
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pfllib", default="/work/ref/PFLlib", help="PFLlib checkout (its system/ folder is imported)")
+    ap.add_argument("--pfllib-python", default="/work/ref-venv/bin/python", help="a Python with PFLlib's needs (h5py, scikit-learn)")
+    ap.add_argument("--data-root", default=os.environ.get("FEDRUN_DATA", "data"), help="folder holding MNIST/raw")
+    ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--seeds", default="0,1,2", help="fedrun's run seeds")
+    ap.add_argument("--pfllib-seeds", default="0", help="PFLlib's runs: torch/numpy/random seeded with each")
+    ap.add_argument("--out", default=None, help="output folder (default outputs/papers/pfllib_side_by_side/<date_time>)")
+    ap.add_argument("--replot", metavar="DIR", default=None,
+                    help="run nothing: the table from DIR's results (comma-separated DIRs: runs of other algorithms "
+                         "with the same settings merged in, written into the first)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one PFLlib run (JSON job)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return pfllib_worker(json.loads(args.worker))
+    algos = [a for a in args.algos.split(",") if a]
+    bad = [a for a in algos if a not in ALGOS]
+    if bad or not algos:
+        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ALGOS)}", file=sys.stderr)
+        return 2
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        pseeds = [int(s) for s in args.pfllib_seeds.split(",") if s]
+    except ValueError:
+        print("error: --seeds and --pfllib-seeds take comma-separated integers", file=sys.stderr)
+        return 2
+    if args.replot:
+        dirs = [os.path.abspath(d) for d in args.replot.split(",") if d]
+        results = json.load(open(os.path.join(dirs[0], "side_by_side.json")))
+        for d in dirs[1:]:
+            more = json.load(open(os.path.join(d, "side_by_side.json")))
+            same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
+            if any(more["meta"][k] != results["meta"][k] for k in same):
+                print(f"error: --replot {d} ran other settings than {dirs[0]}", file=sys.stderr)
+                return 2
+            results.update({k: v for k, v in more.items() if k != "meta"})
+        write_table(dirs[0], results)
+        return 0
+    out = os.path.abspath(args.out or os.path.join(
+        "outputs", "papers", "pfllib_side_by_side", time.strftime("%Y-%m-%d_%H-%M-%S")))
+    res_path = os.path.join(out, "side_by_side.json")
+    if not os.path.isdir(os.path.join(args.pfllib, "system", "flcore")):
+        print(f"error: --pfllib {args.pfllib} holds no system/flcore (a PFLlib checkout)", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    print(f"outputs: {out}")
+    data_opts = setting_options(args.data_root)
+    n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", DATASET_NAME))
+    tau = min(n_train) // args.batch_size
+    equal = len(set(n_train)) == 1
+    print(f"clients: {len(n_train)}, training rows per client: min {min(n_train)}, max {max(n_train)}; "
+          f"one epoch at B={args.batch_size}: {tau} steps" + ("" if equal else
+          " for the smallest client (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
+    results = json.load(open(res_path)) if os.path.exists(res_path) else {}
+    results.update(meta={"setting": SETTING, "data": data_opts, "rounds": args.rounds, "eval_every": args.eval_every,
+                         "batch_size": args.batch_size, "tau_epoch": tau, "n_train": n_train, "lr": LR,
+                         "pfllib_commit": git_commit(args.pfllib)})
+    for a in algos:
+        r = results.setdefault(a, {})
+        r["fedrun"] = run_fedrun(args, out, a, data_opts, tau, seeds)
+        r["pfllib"] = [run_pfllib(args, out, a, s) for s in pseeds]
+        write_atomic_json(res_path, results)
+    write_table(out, results)
+    return 0
+
+
+def setting_options(root: str) -> list[str]:
+    sys.path.insert(0, HERE)
+    import baselines  # the table's setting, as it defines it
+
+    s = baselines.SETTINGS[SETTING]
+    return s["data"] + [f"dataset.root={os.path.abspath(root)}", "dataset.download=false"]
+
+
+def export(data_opts: list[str], folder: str) -> list[int]:
+    """fedrun's partition of the setting into PFLlib's per-client .npz files; returns the training rows per client."""
+    import numpy as np
+    from hydra import compose, initialize_config_dir
+
+    from fedrun.config import CONF_DIR, with_composed_data
+    from fedrun.validation import instantiate_checked
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=with_composed_data(list(data_opts)))
+    data = instantiate_checked(cfg.data)
+    sizes = []
+    for part, split in (("train", data.train), ("test", data.test)):
+        os.makedirs(os.path.join(folder, part), exist_ok=True)
+        for c in range(split.num_clients):
+            rows = split.client_rows(c)
+            x = split.x[rows].reshape(rows.stop - rows.start, -1).numpy().astype(np.float32)
+            y = split.y[rows].numpy().astype(np.int64)
+            if part == "train":
+                sizes.append(len(y))
+            path = os.path.join(folder, part, f"{c}.npz")
+            with open(path + ".tmp", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": y})
+            os.replace(path + ".tmp", path)
+    return sizes
+
+
+def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int]) -> dict:
+    import pandas as pd
+
+    opts, col = ALGOS[algo][0], ALGOS[algo][1]
+    opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
+    tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
+    sweep = os.path.join(out, "fedrun", algo)
+    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
+           "sampling=epochs", "aggregate=samples", "clients_per_round=20", f"rounds={args.rounds}",
+           f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", "device=cpu", "threads=1", "progress=false",
+           "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
+           "hydra.sweep.subdir=seed${seed}"]
+    print("run: fedrun " + " ".join(cmd[4:]), flush=True)
+    t0 = time.time()
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.time() - t0
+    if r.returncode:
+        print(r.stdout[-3000:])
+        sys.exit(f"error: fedrun exited with {r.returncode}")
+    runs = []
+    for d in sorted(os.listdir(sweep)):
+        p = os.path.join(sweep, d)
+        if not os.path.exists(os.path.join(p, "summary.json")):
+            continue
+        m = pd.read_csv(os.path.join(p, "metrics.csv"))
+        s = json.load(open(os.path.join(p, "summary.json")))
+        runs.append({"seed": s["seed"], "rounds": m["round"].tolist(), "acc": m[col].tolist(), "seconds": s["seconds"]})
+    print(f"fedrun {algo}: {len(runs)} runs in {wall:.0f}s")
+    return {"command": "fedrun " + " ".join(cmd[4:]), "metric": col, "runs": runs, "wall": wall}
+
+
+def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
+    work = os.path.join(out, "pfllib")
+    job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
+           "eval_every": args.eval_every, "batch_size": args.batch_size, "log": os.path.join(work, f"{algo}_seed{seed}.log")}
+    cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
+    t0 = time.time()
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        print(r.stdout[-3000:])
+        sys.exit(f"error: the PFLlib run exited with {r.returncode} (log: {job['log']})")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["wall"] = time.time() - t0
+    print(f"PFLlib {algo} seed {seed}: {res['wall']:.0f}s")
+    return res
+
+
+# ------------------------------------------------------------------------------------------------
+# the PFLlib side (runs under --pfllib-python; imports neither fedrun nor pandas)
+# ------------------------------------------------------------------------------------------------
+
+def main_py_defaults(pfllib: str) -> dict:
+    """The defaults of PFLlib's system/main.py options, read from its parser.add_argument calls."""
+    tree = ast.parse(open(os.path.join(pfllib, "system", "main.py")).read())
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            longs = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+            dflt = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if longs:
+                out[longs[0][2:]] = ast.literal_eval(dflt) if dflt is not None else None
+    return out
+
+
+def pfllib_worker(job: dict) -> int:
+    import random
+    import types
+
+    import numpy as np
+    import torch
+    from torch import nn
+
+    system = os.path.join(job["pfllib"], "system")
+    sys.path.insert(0, system)
+    os.makedirs(os.path.join(job["work"], "system"), exist_ok=True)
+    os.chdir(os.path.join(job["work"], "system"))  # PFLlib reads ../dataset/<name>, writes ../results
+    from flcore.trainmodel.models import BaseHeadSplit
+
+    _, _, module, cls, extra = ALGOS[job["algo"]]
+    server_cls = getattr(__import__(f"flcore.servers.{module}", fromlist=[cls]), cls)
+    a = types.SimpleNamespace(**main_py_defaults(job["pfllib"]))
+    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = "cpu", DATASET_NAME, 10, 20, 1.0
+    a.local_learning_rate, a.batch_size, a.local_epochs = LR, job["batch_size"], 1
+    a.global_rounds, a.eval_gap, a.times, a.algorithm = job["rounds"], job["eval_every"], 1, cls
+    a.model_str = "fedrun_mlp"
+    for k, v in extra.items():
+        setattr(a, k, v)
+    torch.set_num_threads(1)  # as fedrun's side (threads=1): one core each, the same for both
+    torch.manual_seed(job["seed"])
+    np.random.seed(job["seed"])
+    random.seed(job["seed"])
+    head = nn.Linear(100, 10)
+    a.model = BaseHeadSplit(nn.Sequential(nn.Flatten(), nn.Linear(784, 100), nn.ReLU()), head)
+    a.head = head
+    with open(job["log"], "w", buffering=1) as log, contextlib.redirect_stdout(log):
+        t0 = time.time()
+        server = server_cls(a, 0)
+        setup = time.time() - t0
+        server.train()
+    acc = list(server.rs_test_acc)
+    if job["algo"] == "ditto":  # each evaluation appends the global models' accuracy, then the personal ones'
+        acc = acc[1::2]
+    evals = list(range(0, job["rounds"] + 1, job["eval_every"]))
+    budget = list(server.Budget)
+    plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
+    print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,
+                      "setup": setup, "per_round": sum(budget) / len(budget), "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the table
+# ------------------------------------------------------------------------------------------------
+
+def _ms(v: list[float]) -> str:
+    m = sum(v) / len(v)
+    if len(v) < 2:
+        return f"{m:.2f}"
+    return f"{m:.2f} ± {math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)):.2f}"
+
+
+def write_table(out: str, results: dict) -> None:
+    meta = results["meta"]
+    lines = [f"fedrun vs PFLlib (commit {meta['pfllib_commit']}), {meta['setting']}: personalized test accuracy % "
+             f"(pooled over clients' test rows) at round {meta['rounds']} (last) and at the best of the rounds evaluated "
+             f"every {meta['eval_every']}; mean ± std over runs (seeds in brackets). "
+             f"Seconds per round: wall time with that evaluation schedule, same machine, one after the other.", "",
+             "| algo | scored | fedrun last | fedrun best | PFLlib last | PFLlib best | last gap (fedrun - PFLlib) "
+             "| fedrun s/round | PFLlib s/round | PFLlib s/round, rounds without evaluation | PFLlib / fedrun |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for a in ALGOS:
+        if a not in results:
+            continue
+        f, p = results[a]["fedrun"], results[a]["pfllib"]
+        fl = [100 * r["acc"][-1] for r in f["runs"]]
+        fb = [100 * max(r["acc"]) for r in f["runs"]]
+        pl = [100 * r["acc"][-1] for r in p]
+        pb = [100 * max(r["acc"][1:]) for r in p]  # round 0 (the initial model) left out, as fedrun has none
+        fs = sum(r["seconds"] for r in f["runs"]) / len(f["runs"]) / meta["rounds"]
+        ps = sum(r["per_round"] for r in p) / len(p)
+        pn = [r["per_round_no_eval"] for r in p if r["per_round_no_eval"] is not None]
+        pn = f"{sum(pn) / len(pn):.2f}" if pn else "n/a"
+        gap = sum(fl) / len(fl) - sum(pl) / len(pl)
+        lines.append(f"| {a} | {f['metric'].split('_')[0]} | {_ms(fl)} ({len(fl)}) | {_ms(fb)} | {_ms(pl)} ({len(pl)}) | "
+                     f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {ps:.2f} | {pn} | {ps / fs:.1f}x |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
+        fh.write(text)
+    os.replace(os.path.join(out, "side_by_side.md.tmp"), os.path.join(out, "side_by_side.md"))
+    print(text)
+
+
+def write_atomic_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def git_commit(repo: str) -> str:
+    r = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
