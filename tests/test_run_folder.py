@@ -190,7 +190,10 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=2",
                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         # a shell's background job starts with SIGINT ignored, and its children
+                         # inherit that (then Ctrl-C never reaches fedrun): the terminal's default here
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not (run_dir / "checkpoints").is_dir() or not os.listdir(run_dir / "checkpoints"):
