@@ -126,7 +126,21 @@ def drop_options(tree: dict, options) -> dict:
     return out
 
 
+def folder_name(name: str, limit: int = 200) -> str:
+    """`name` as one folder name: unchanged up to `limit` bytes (file systems allow 255 per name),
+    else its first characters, '~' and 12 hex digits of its sha256 (so distinct names stay distinct).
+    A sweep job's folder is `<num>_<overrides>`, which grows with every swept option."""
+    import hashlib
+
+    raw = str(name).encode("utf-8")
+    if len(raw) <= limit:
+        return str(name)
+    head = raw[:limit - 13].decode("utf-8", errors="ignore")
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:12]}"
+
+
 OmegaConf.register_new_resolver("fedrun.neutral", neutral_options, replace=True)
+OmegaConf.register_new_resolver("fedrun.folder", folder_name, replace=True)
 
 
 @functools.lru_cache(maxsize=1)

@@ -207,3 +207,21 @@ def test_mode_from_the_command_line_is_hydras(argv):
         GlobalHydra.instance().clear()
     assert _mode_from_command_line(["hydra.searchpath=[file:///x]"]) is False
     assert _mode_from_command_line(["--config-dir", "/x"]) is False
+
+
+def test_a_sweep_job_folder_name_fits_the_file_system(tmp_path):
+    """A job folder is named `<num>_<its overrides>`; overrides past 255 bytes used to crash the sweep
+    (OSError: File name too long). Over 200 bytes the name is cut and ends in a hash of the whole."""
+    from fedrun.config import folder_name
+
+    hidden = "[" + ",".join(["3"] * 90) + "]"
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *SMALL, "rounds=1", "plot=false", "model=mlp", f"model.hidden={hidden}",
+                f"hydra.sweep.dir={sweep}", "~hydra.callbacks.sweep_report"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (job,) = [d for d in sweep.iterdir() if d.is_dir()]
+    import re
+
+    assert re.fullmatch(r"0_clients_per_round=3,.*,model\.hidden=\[3,3,[3,]*~[0-9a-f]{12}", job.name), job.name
+    assert len(job.name.encode()) == 2 + 200 and (job / "metrics.csv").exists()
+    assert folder_name("a" * 300) != folder_name("a" * 299 + "b") and folder_name("a=1") == "a=1"
