@@ -10,13 +10,13 @@ options of its config as they are."""
 from __future__ import annotations
 
 import functools
+import os
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -96,9 +96,9 @@ SCHEDULE_OPTIONS = {"aggregate"}  # besides each setup's schedule_axes
 
 @functools.lru_cache(maxsize=None)
 def algo_config(name: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"algo={name}"])
-    return OmegaConf.merge(cfg.algo, OPTIONS.get(name, {}))
+    """conf/algo/<name>.yaml, as `algo=<name>` composes it (test_cli composes every one through Hydra;
+    reading the file here spares the collection of this module a Hydra composition per algorithm)."""
+    return OmegaConf.merge(OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml")), OPTIONS.get(name, {}))
 
 
 def cases():
