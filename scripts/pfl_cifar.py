@@ -72,6 +72,7 @@ BASELINE = "perfedavg_maml"
 # --quick: tiny generated CIFAR (per class: train, test images), few devices, tiny local work.
 QUICK_DATA = {"cifar10": (10, 5), "cifar100": (4, 3)}
 QUICK = ["clients_per_round=3", "frac=null", "tau=2", "batch_size=8"]  # frac=null: presets set frac=0.1
+QUICK_MAML = ["algo.inner_steps=1"]  # MAML's second-order steps: 5 in the presets, most of a --quick run's time
 QUICK_CLIENTS = {"cifar10": 10, "cifar100": 100}
 
 # Paper 004, Table 1 (ACID) and Table 2 (ALID): target accuracy %, then transmissions (relative to
@@ -166,6 +167,7 @@ def train(args, out: str, settings: dict) -> None:
     for key in settings["methods"]:
         sampling = AUTHORS_SAMPLING[key] if settings["sampling"] == "authors" else settings["sampling"]
         ov = method_overrides(key) + common + ([f"sampling={sampling}"] if sampling != "replacement" else [])
+        ov += QUICK_MAML if args.quick and key.endswith("_maml") else []
         hidden = sorted({o.lstrip("+").split("=", 1)[0] for o in ov} | {"progress", "plot"})
         total += _paper.run_sweep(args, os.path.join(out, "runs", key), ov, hidden)
     print(f"training took {total:.0f}s")
