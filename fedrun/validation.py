@@ -197,6 +197,7 @@ def precheck(argv: list[str]) -> str | None:
     """
     roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
+    swept = {}  # every option of a swept group (algo=fedavg,fedbn): a group option must exist in each
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -213,6 +214,7 @@ def precheck(argv: list[str]) -> str | None:
                 if v not in allowed:
                     return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
             choices[key] = value.split(",")[0]
+            swept[key] = value.split(",")
     if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
         preset = OmegaConf.load(group_file(PRESETS, choices[PRESETS], roots))
         for d in preset.get("defaults", []):
@@ -239,10 +241,11 @@ def precheck(argv: list[str]) -> str | None:
         if head in GROUPS and rest:
             if not (choices[head] or defaults[head]):
                 return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
-            group_cfg = OmegaConf.load(group_file(head, choices[head] or defaults[head], roots))
-            if rest.split(".")[0] not in group_cfg:
-                known = sorted(k for k in group_cfg if not str(k).startswith("_"))
-                return f"{key} is not an option of {head}={choices[head] or defaults[head]}; its options: {', '.join(known)}"
+            for name in swept.get(head) or [choices[head] or defaults[head]]:
+                group_cfg = OmegaConf.load(group_file(head, name, roots))
+                if rest.split(".")[0] not in group_cfg:
+                    known = sorted(k for k in group_cfg if not str(k).startswith("_"))
+                    return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"
         elif head not in top:
             known = sorted(k for k in top if k not in ("defaults", "hydra"))
             return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join((*GROUPS, PRESETS))}"

@@ -41,6 +41,7 @@ CASES = [  # (arguments, the option the error line names)
     (["progress=no"], "progress"),                       # Hydra reads it as the string 'no'
     (["plot=no"], "plot"),
     (["resume=maybe"], "resume"),
+    (["algo=fedavg,fedbn", "algo.alpha=null"], "algo.alpha"),  # a swept group: the option must exist in each
     (["resume={tmp}/no_such_run"], "resume"),
     (["resume={file}"], "resume"),                       # a file that is no checkpoint
     (["cache_dir={file}"], "cache_dir"),
