@@ -1,6 +1,7 @@
 """What a run writes: CSVs appended and flushed row by row, JSON and files replaced atomically."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
@@ -148,10 +149,20 @@ def save_checkpoint(folder: str, rnd: int, payload: dict, keep: int = 2) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"round_{rnd:07d}.pt")
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save({"version": CHECKPOINT_VERSION, "round": rnd, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    # torch.save given a path writes through its own C++ stream: given a Python file, a Ctrl-C inside
+    # it left torch's writer to finish the zip into the file `with` had closed, and the process
+    # aborted ("write to closed file", SIGABRT) instead of exiting 130
+    try:
+        torch.save({"version": CHECKPOINT_VERSION, "round": rnd, **payload}, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:  # Ctrl-C, a full disk: no half-written temp file left behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
     for old in checkpoint_paths(folder)[keep:]:
         os.remove(old)

@@ -321,3 +321,38 @@ def test_resuming_a_checkpoint_from_before_a_metrics_column_keeps_metrics_csv_on
     m = pd.read_csv(run_dir / "metrics.csv")
     assert m["round"].tolist() == [1, 2, 3] and m["pers_acc_p25"].isna().tolist() == [True, False, False]
     assert outputs.checkpoint_paths(str(run_dir / "checkpoints"))
+
+
+def test_ctrl_c_inside_a_checkpoint_write_is_a_clean_interrupt(tmp_path):
+    """A Ctrl-C while torch.save writes a checkpoint surfaces as KeyboardInterrupt (the run's handler
+    then says where it stopped), leaves no temp file and no torn checkpoint. torch.save into a Python
+    file turned it into `RuntimeError: unexpected pos` (or, at exit, an abort: 'write to closed file')."""
+    import random
+    import signal
+
+    import torch
+
+    from fedrun.outputs import checkpoint_paths, read_checkpoint, save_checkpoint
+
+    x = torch.randn(2_000_000)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    rng, interrupted = random.Random(0), 0
+    try:
+        for rnd in range(1, 31):
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.01))
+            try:
+                save_checkpoint(str(tmp_path), rnd, {"x": x})
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                interrupted += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert interrupted >= 3  # the timer did land inside writes
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    for path in checkpoint_paths(str(tmp_path)):
+        assert torch.equal(read_checkpoint(path)["x"], x)
