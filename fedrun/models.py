@@ -144,6 +144,20 @@ def _class_major_logits(params: dict, x: torch.Tensor, layers: list) -> torch.Te
     return h
 
 
+def _fully_connected(in_features: int, num_classes: int, hidden: Sequence[int], activation: str,
+                     batchnorm: bool = False) -> nn.Sequential:
+    """Linear [-> BatchNorm1d] -> activation per hidden width, then the output Linear."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    layers: list[nn.Module] = []
+    width = in_features
+    for h in map(int, hidden):
+        layers += [nn.Linear(width, h), *([nn.BatchNorm1d(h)] if batchnorm else []), ACTIVATIONS[activation]()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
 class MLP(nn.Module):
     """Fully connected network: in -> hidden[0] -> ... -> num_classes, `activation` between layers.
 
@@ -154,15 +168,7 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, num_classes: int, hidden: Sequence[int] = (20,), activation: str = "relu"):
         super().__init__()
         self.num_classes = num_classes
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
-        layers: list[nn.Module] = []
-        width = in_features
-        for h in hidden:
-            layers += [nn.Linear(width, int(h)), ACTIVATIONS[activation]()]
-            width = int(h)
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
+        self.net = _fully_connected(in_features, num_classes, hidden, activation)
 
     features_and_logits = True
 
@@ -261,23 +267,10 @@ class MLPBN(nn.Module):
     def __init__(self, in_features: int, num_classes: int, hidden: Sequence[int] = (20,), activation: str = "relu"):
         super().__init__()
         self.num_classes = num_classes
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
-        layers: list[nn.Module] = []
-        width = in_features
-        for h in hidden:
-            layers += [nn.Linear(width, int(h)), nn.BatchNorm1d(int(h)), ACTIVATIONS[activation]()]
-            width = int(h)
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
+        self.net = _fully_connected(in_features, num_classes, hidden, activation, batchnorm=True)
 
     features_and_logits = True
-
-    def forward(self, x: torch.Tensor, features: bool | str = False):
-        x = x.flatten(1)
-        for layer in self.net[:-1]:
-            x = layer(x)
-        return _outputs(x, self.net[-1], features)
+    forward = MLP.forward  # the same pass over `net` (not a subclass: MLP's stacked and hand-written passes have no BN)
 
 
 class CNNBN(CNN):
