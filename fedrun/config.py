@@ -174,4 +174,22 @@ def read_yaml(path: str):
     """A YAML file as plain Python values, read as OmegaConf.load reads it (interpolations stay strings,
     as OmegaConf.to_container(..., resolve=False) gives them)."""
     with open(path, encoding="utf-8") as f:
-        return yaml.load(f, Loader=_yaml_loader())
+        obj = yaml.load(f, Loader=_yaml_loader())
+    return {} if obj is None else obj  # an empty file: OmegaConf.load gives an empty config
+
+
+_CONF_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
+
+
+def load_conf(path: str):
+    """OmegaConf.load(path), each file parsed once per process while it is unchanged (keyed by its
+    modification time and size): the shipped yamls are read again for every job of a sweep. A new
+    DictConfig every call, so callers may change theirs."""
+    from omegaconf import OmegaConf
+
+    st = os.stat(path)
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _CONF_CACHE.get(path)
+    if hit is None or hit[0] != stamp:
+        hit = _CONF_CACHE[path] = (stamp, read_yaml(path))
+    return OmegaConf.create(hit[1])

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import trackers
 from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, search_roots
+from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, load_conf, search_roots
 from .data import DataMissingError
 from .device import cpu_threads, resolve_device
 from .functional import ENGINES
@@ -57,7 +57,7 @@ def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
 def bool_options() -> list[str]:
     """The top-level options conf/config.yaml gives a true/false default: they take only true or false
     (Hydra reads `progress=no` as the string 'no', which Python would count as true)."""
-    top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
     return [k for k in top if k not in ("defaults", "hydra") and isinstance(top._get_node(k)._value(), bool)]
 
 
@@ -170,7 +170,7 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
         for name in group_options("model"):
             try:
                 with torch.no_grad():
-                    instantiate(OmegaConf.load(group_file("model", name)), in_features=data.in_features,
+                    instantiate(load_conf(group_file("model", name)), in_features=data.in_features,
                                 num_classes=data.num_classes).eval()(x)
                 fits.append(name)
             except Exception:  # noqa: BLE001 - any failure means it does not fit
@@ -216,7 +216,7 @@ def precheck(argv: list[str]) -> str | None:
             choices[key] = value.split(",")[0]
             swept[key] = value.split(",")
     if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
-        preset = OmegaConf.load(group_file(PRESETS, choices[PRESETS], roots))
+        preset = load_conf(group_file(PRESETS, choices[PRESETS], roots))
         for d in preset.get("defaults", []):
             for k, v in (d.items() if not isinstance(d, str) else []):
                 group = k.replace("override", "").strip(" /")
@@ -229,7 +229,7 @@ def precheck(argv: list[str]) -> str | None:
         for g in ("dataset", "partition"):
             if not choices[g]:
                 return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"
-    top = OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
     for arg in argv:  # +key=value too: fedrun reads no option its configs lack (it would be recorded, not used)
         if arg.startswith(("-", "~")) or "=" not in arg:
@@ -242,7 +242,7 @@ def precheck(argv: list[str]) -> str | None:
             if not (choices[head] or defaults[head]):
                 return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
             for name in swept.get(head) or [choices[head] or defaults[head]]:
-                group_cfg = OmegaConf.load(group_file(head, name, roots))
+                group_cfg = load_conf(group_file(head, name, roots))
                 if rest.split(".")[0] not in group_cfg:
                     known = sorted(k for k in group_cfg if not str(k).startswith("_"))
                     return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"

@@ -27,13 +27,12 @@ def names(roots: list[str] | None = None) -> list[str]:
 def build(name: str, roots: list[str] | None = None, **options) -> Algorithm:
     """The algorithm `fedrun algo=<name> algo.<k>=<v> ...` builds, from its yaml with `options` on top."""
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    from ..config import group_file
+    from ..config import group_file, load_conf
 
     if name not in names(roots):
         raise ConfigError(f"algo={name!r} is not a known algo; choose one of: {', '.join(names(roots))}")
-    node = OmegaConf.load(group_file("algo", name, roots))
+    node = load_conf(group_file("algo", name, roots))
     for k, v in options.items():
         node[k] = v
     return instantiate(node)

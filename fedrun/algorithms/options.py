@@ -75,13 +75,13 @@ def conf_defaults(cls) -> dict:
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    from ..config import CONF_DIR, group_options
+    from ..config import CONF_DIR, group_options, load_conf
 
     names = group_options("algo")
     first = getattr(cls, "name", None)
     targets = {}
     for name in ([first] if first in names else []) + [n for n in names if n != first]:
-        node = OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
+        node = load_conf(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
         try:
             target = get_class(node.get("_target_", ""))
         except Exception:  # noqa: BLE001 - another algorithm's module that does not import here

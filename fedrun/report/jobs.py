@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import group_file, neutral_options, read_yaml
+from ..config import group_file, load_conf, neutral_options, read_yaml
 from ..resume import ADDED_OPTIONS
 
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
@@ -114,7 +114,7 @@ def _fill_added_options(flat: dict, choices: dict) -> None:
 def _group_default(group: str, choice: str, name: str):
     """conf/<group>/<choice>.yaml's value of `name` (None: absent, null, or a user's config folder's option)."""
     try:
-        return OmegaConf.load(group_file(group, choice)).get(name)
+        return load_conf(group_file(group, choice)).get(name)
     except FileNotFoundError:
         return None
 
