@@ -410,21 +410,30 @@ def test_a_job_from_before_an_option_groups_with_the_value_it_computed(tmp_path)
 
 def test_read_yaml_reads_as_omegaconf_does(tmp_path):
     """fedrun.config.read_yaml (libyaml with OmegaConf's rules; the report reads every job's .hydra
-    files with it) gives what OmegaConf.load + to_container(resolve=False) gives: every shipped config,
-    and OmegaConf's own cases (1e-3 is a float, a date stays a string, interpolations stay strings)."""
+    files with it, and the CLI has OmegaConf.load parse with the same loader while Hydra composes)
+    gives what OmegaConf.load + to_container(resolve=False) gives: every shipped config, Hydra's own
+    (which it composes into every job), and OmegaConf's own cases (1e-3 is a float, a date stays a
+    string, interpolations stay strings)."""
     import glob
     import os
 
+    import hydra
     from omegaconf import OmegaConf
 
+    from fedrun.cli import _libyaml_for_configs
     from fedrun.config import CONF_DIR, read_yaml
 
     odd = tmp_path / "odd.yaml"
     odd.write_text("a: 1e-3\nb: 2020-01-01\nc: ${a}\nd: .5\ne: [1, '2', null, true]\nf: {g: -.inf}\nh: 1_000\n")
-    files = [*glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True), str(odd)]
+    hydras = glob.glob(os.path.join(os.path.dirname(hydra.__file__), "conf", "**", "*.yaml"), recursive=True)
+    assert len(hydras) > 10
+    files = [*glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True), *hydras, str(odd)]
     for path in files:
         want = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         assert read_yaml(path) == want and repr(read_yaml(path)) == repr(want), path
+        with _libyaml_for_configs(), open(path, encoding="utf-8") as f:  # as Hydra's config sources read
+            got = OmegaConf.load(f)
+        assert OmegaConf.to_yaml(got) == OmegaConf.to_yaml(OmegaConf.load(path)), path
     (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
     with pytest.raises(Exception, match="duplicate key a"):
         read_yaml(str(tmp_path / "dup.yaml"))
