@@ -20,7 +20,7 @@ again; see fedrun.protocol). Accuracy is pooled over all clients' test rows, mea
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
     python scripts/pfedme_table1.py --datasets mnist --data-root /path/to/data
     python scripts/pfedme_table1.py --datasets mnist --mnist-data mnist_pfedme_authors --protocols official ...
-    python scripts/pfedme_table1.py --quick        # 3 rounds, 10 small synthetic clients, seed 0 (smoke test)
+    python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0 (smoke test)
     python scripts/pfedme_table1.py --replot outputs/papers/pfedme_table1/<run>   # table only
 
 Writes table1.csv / table1.md (and the sweep report) into the output folder it prints.
@@ -52,6 +52,10 @@ PAPER = {
 }
 
 
+# --quick: 2 local rounds (the presets' R=20 / 20 local steps: most of a --quick run's training)
+QUICK = ["tau=2"]
+
+
 def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models=MODELS, algos=ALGOS) -> None:
     for d in datasets:
         presets = [f"pfedme_{d}_{m}_{a}" for m in models for a in algos]
@@ -77,7 +81,7 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
                 continue
             secs = _paper.run_sweep(args, sweep_dir, [
                 f"experiment={','.join(names)}", f"protocol={','.join(protos)}",
-                *([f"rounds={rounds}"] if rounds else []), *extra,
+                *([f"rounds={rounds}"] if rounds else []), *extra, *(QUICK if args.quick else []),
                 f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
             ], _paper.HIDDEN_IN_NAMES)
             print(f"{d} ({', '.join(protos)}): training took {secs:.0f}s")
