@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from fedrun.algorithms import FedAvg
+from helpers import fedrun
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.runner import group_key, run_jobs
 from fedrun.cli import CONF_DIR
@@ -147,16 +148,20 @@ def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, 
     assert len(groups) == 2 and list(summary["n_seeds"]) == [2, 2]
 
 
-def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path, cache):
-    """A job's hydra.job.env_set is in the environment while it trains, as under the basic launcher:
-    here FEDRUN_CACHE (conf's cache_dir reads it) sends the generated data to the folder it names."""
-    sweep, env_cache = tmp_path / "sweep", tmp_path / "env_cache"
-    args = [*TINY, "algo=fedavg", "seed=0,1", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}",
+def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path):
+    """A job's hydra.job.env_set is in the environment while it trains, as under the basic launcher,
+    over the value the process had, which comes back afterwards: here FEDRUN_CACHE (conf's cache_dir
+    reads it) sends the generated data to the folder it names. (In this process: the launcher's
+    discovery in a real one is test_sweep_with_the_batched_launcher_writes_every_job_and_reports.)"""
+    sweep, env_cache, own = tmp_path / "sweep", tmp_path / "env_cache", tmp_path / "cache"
+    args = ["-m", *TINY, "algo=fedavg", "seed=0,1", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}",
             f"+hydra.job.env_set.FEDRUN_CACHE={env_cache}"]
-    p = _sweep(args, tmp_path, {k: v for k, v in os.environ.items() if k != "FEDRUN_CACHE"})
-    assert p.returncode == 0, p.stderr
+    before = os.environ.get("FEDRUN_CACHE")
+    r = fedrun(args, tmp_path, {"FEDRUN_CACHE": str(own)})  # the process's own value: tmp_path/cache
+    assert r.returncode == 0, r.stderr
     assert env_cache.is_dir() and any(env_cache.iterdir())
-    assert not (tmp_path / ".cache").exists()  # the default cache_dir, relative to the working folder
+    assert not own.exists() and not (tmp_path / ".cache").exists()
+    assert os.environ.get("FEDRUN_CACHE") == before
     for j in ("0", "1"):
         job = next(d for d in sweep.iterdir() if d.name.split("_")[0] == j)
         assert json.load(open(job / "summary.json"))["status"] == "finished"
