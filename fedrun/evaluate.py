@@ -1,4 +1,4 @@
-"""Global and personalized metrics for ALL clients at once (SPEC section 3).
+"""Global and personalized metrics for ALL clients at once (docs/outputs.md names every column).
 
 For each served model ("global": the algorithm's shared model, `Algorithm.eval_params`, normally
 the server model; "pers": the per-client personalized models):

@@ -197,7 +197,7 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """Paper 004's CIFAR network (SPEC "cifar_acid / cifar_alid"), no padding (32 -> 28 -> 14 -> 10 -> 5):
+    """Paper 004's CIFAR network (paper 004 Appendix A.1, alpemreacar/PFL), no padding (32 -> 28 -> 14 -> 10 -> 5):
     conv5x5(64)-ReLU-maxpool2, conv5x5(64)-ReLU-maxpool2, fc 1600-384-ReLU, fc 384-192-ReLU (the
     Proto features), fc 192-num_classes.
 

@@ -1,9 +1,9 @@
-"""Evaluation protocols (SPEC section 4).
+"""Evaluation protocols (docs/fidelity.md: what each option changes and why).
 
 `honest` (default): personalization sees only a client's training data; the numbers are those of
 the algorithms as the papers describe them.
 `official`: the choices the authors' public code made where the paper is silent or says otherwise
-(SPEC section 2), so that published numbers can be matched and the gap to `honest` explained:
+(CharlieDinh/pFedMe, alpemreacar/PFL), so that published numbers can be matched and the gap to `honest` explained:
 
   aggregate=samples          server averages weighted by clients' numbers of training rows
   algo.train_all=true        (pFedMe) every client trains every round; only the sampled are aggregated

@@ -29,7 +29,7 @@ import _paper  # noqa: E402
 
 NAME = "perfedavg_table003"
 PAPER = dict(n=50, a=196, frac=0.2, batch_size=40, beta=0.001, rounds=1000)
-# Report 003's table (Per-FedAvg accuracy %, FO / HF), as quoted in SPEC.md section 2.
+# Report 003's table (Per-FedAvg accuracy %, FO / HF), as printed in the report.
 REPORTED = {(10, 0.001): (89.98, 89.35), (10, 0.01): (70.22, 60.12), (4, 0.001): (87.14, 86.38),
             (4, 0.01): (73.81, 72.17)}
 VARIANTS = ("fo", "hf")

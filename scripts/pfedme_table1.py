@@ -45,7 +45,7 @@ MNIST_DATA = ("mnist_pfedme", "mnist_pfedme_authors")
 # (entry, algo preset, metric prefix): the rows of Table 1 for each model.
 ENTRIES = (("FedAvg", "fedavg", "global"), ("Per-FedAvg", "perfedavg", "pers"), ("pFedMe GM", "pfedme", "global"),
            ("pFedMe PM", "pfedme", "pers"))
-# The paper's Table 1 (accuracy %, mean ± std), as quoted in SPEC.md and the paper.
+# The paper's Table 1 (accuracy %, mean ± std), as printed in the paper.
 PAPER = {
     "synthetic": {"mlr": (77.62, 81.49, 78.65, 83.20), "dnn": (83.64, 85.01, 84.17, 86.36)},
     "mnist": {"mlr": (93.96, 94.37, 94.18, 95.62), "dnn": (98.79, 98.90, 99.16, 99.46)},

@@ -11,8 +11,8 @@ Variants of the Hessian term:
 At test time both serve each client one gradient step of lr alpha from the global model on the
 client's own training data ("FedAvg + update" for FedAvg).
 
-`test_time=test_batches` reproduces how pFedMe's official code personalized Per-FedAvg (SPEC
-section 2): one step of lr alpha, then one of lr beta, on two minibatches of the client's TEST rows.
+`test_time=test_batches` reproduces how pFedMe's official code personalized Per-FedAvg (its
+userperavg.py): one step of lr alpha, then one of lr beta, on two minibatches of the client's TEST rows.
 That leaks test data into personalization; only the official protocols select it (and test_then_train).
 
 The pFedMe authors' Per-FedAvg as it was when the pFedMe paper's numbers were made (CharlieDinh/pFedMe

@@ -15,7 +15,7 @@ The server mixes the average of the sampled clients' local models into w with `b
 
 Served models: GM is w; PM (`personalized=theta`) is theta_i, the client's personalized parameter
 (as the paper says), or (`personalized=local`) w_i, which is what the authors' code evaluated in
-effect (SPEC section 2). With `train_all` every client runs its local rounds every round (the
+effect (CharlieDinh/pFedMe). With `train_all` every client runs its local rounds every round (the
 authors' code; only the sampled ones are aggregated) and the PM served is the one that training
 produced; otherwise each client's PM is computed at test time by the same R local rounds from w on
 the client's own training minibatches (drawn from the evaluation's random stream).

@@ -272,7 +272,7 @@ def cifar(
     chunk_len: int = 256,
     pad_fill: str = "black",
 ) -> FederatedData:
-    """CIFAR-10/100 ACID or ALID split of paper 004 (SPEC "cifar_acid / cifar_alid").
+    """CIFAR-10/100 ACID or ALID split of paper 004 (paper 004 Sec. 3).
 
     Every device owns `classes_per_client` classes (`partitions.class_lists`) and gets
     floor(N / num_clients) training and test examples of them, dealt without replacement

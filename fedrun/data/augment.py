@@ -1,7 +1,7 @@
 """Training-batch augmentation on the device, batched over clients and images (no Python loop).
 
 `crop_flip`: random crop of a padded image (padding 4) and random horizontal flip, the CIFAR
-augmentation of paper 004 (SPEC "cifar_acid / cifar_alid"). The padding takes a per-channel `fill`
+augmentation of paper 004 (paper 004, its authors' code alpemreacar/PFL). The padding takes a per-channel `fill`
 (FederatedData.augment_fill): for CIFAR the normalized value of a black pixel, as in the authors'
 code, whose torchvision RandomCrop pads the uint8 image before Normalize; None pads with 0 (the
 training set's mean colour once normalized). The random numbers are drawn on the CPU from the

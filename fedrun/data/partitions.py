@@ -1,7 +1,7 @@
 """Partitioners: pure functions `labels, rng -> list of index arrays` (one per client).
 
 `perfedavg_mnist`: the MNIST split of Per-FedAvg (papers 000/001). `class_lists`, `deal_classes` and
-`alid_permutations`: the ACID/ALID splits of paper 004 (SPEC "cifar_acid / cifar_alid"). `pfedme_mnist`:
+`alid_permutations`: the ACID/ALID splits of paper 004 (paper 004 Sec. 3, "Active/Anonymous Label Induced Diversity"). `pfedme_mnist`:
 the MNIST split of pFedMe (paper 002); `pfedme_mnist_authors`: the one its authors' generator made.
 """
 from __future__ import annotations

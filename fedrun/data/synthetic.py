@@ -1,6 +1,6 @@
 """Power-law Synthetic(alpha, beta) data of FedProx (paper 002 Sec. 5.1 uses pFedMe's copy of it).
 
-Facts reproduced (../shared/SPEC.md section 2): 60 features, 10 classes; samples per client =
+Facts reproduced (FedProx's generator as pFedMe's code copies it): 60 features, 10 classes; samples per client =
 (int(lognormal(4, 2)) + 50) * size_factor; u_k ~ N(0, alpha), W_k ~ N(u_k, 1), b_k ~ N(u_k, 1);
 B_k ~ N(0, beta), v_k ~ N(B_k, 1); x ~ N(v_k, diag(j^-1.2)), j = 1..60; y = argmax(x W_k + b_k);
 each client's data shuffled, then its first int(train_frac * n) rows train, the rest test.

@@ -12,7 +12,7 @@ over rounds of rs_glob_acc_per (Per-FedAvg, pFedMe PM) or rs_glob_acc (FedAvg, p
 their own code misses the paper's number too, the gap is not fedrun's.
 
 Data: fedrun's, in their dict layout: Synthetic(0.5, 0.5) (`fedrun.data.synthetic`: their
-generator's draws, SPEC section 2) or, for Mnist, `fedrun.data.mnist_pfedme_authors` (their 2020
+generator's draws) or, for Mnist, `fedrun.data.mnist_pfedme_authors` (their 2020
 MNIST generator) on the MNIST under --data-root. With --files DIR, their own `read_data` instead
 reads DIR/data/<dataset>/data/{train,test}/*.json as their generator wrote them.
 

@@ -254,7 +254,7 @@ def test_table1_presets_hold_the_papers_settings(data, model, algo):
     for k, v in TABLE1[(data, model)][algo].items():
         assert cfg.algo[k] == v
     if algo == "pfedme":
-        # personal lr: the authors' README's fine-tuned commands (SPEC gives the synthetic column's 0.01)
+        # personal lr: the authors' README's fine-tuned commands (the paper's Table 1 gives the synthetic column's 0.01)
         personal_lr = {"synthetic": 0.01, "mnist": {"dnn": 0.05, "mlr": 0.1}[model]}[data]
         assert (cfg.algo.K, cfg.algo.beta, cfg.algo.eta, cfg.algo.personal_lr) == (5, 2.0, 0.01, personal_lr)
     used = apply_protocol(cfg)

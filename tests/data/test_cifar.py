@@ -1,4 +1,4 @@
-"""Tests of the CIFAR part of paper 004 (SPEC "cifar_acid / cifar_alid"): reading the python pickles,
+"""Tests of the CIFAR part of paper 004 (its Sec. 3 ACID / ALID splits): reading the python pickles,
 the ACID/ALID partitions, the cifar loader and its cache, crop_flip augmentation, the CNN and its
 Proto features, and the configs.
 
