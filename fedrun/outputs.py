@@ -176,9 +176,11 @@ def read_checkpoint(path: str) -> dict:
 
     try:  # tensors and plain containers only: a checkpoint never runs code when it is read
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError("it holds objects other than tensors and plain containers; refused "
-                         "(fedrun reads checkpoints with torch.load(weights_only=True))") from None
+    except pickle.UnpicklingError as e:
+        if "global" in str(e).lower():  # torch names the class or function the pickle would have loaded
+            raise ValueError("it holds objects other than tensors and plain containers; refused "
+                             "(fedrun reads checkpoints with torch.load(weights_only=True))") from None
+        raise ValueError("it is not a file torch.save wrote") from None
     if not isinstance(ck, dict) or ck.get("version") != CHECKPOINT_VERSION or "round" not in ck:
         raise ValueError("not a fedrun checkpoint of this version")
     ck["path"] = path

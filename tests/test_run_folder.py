@@ -10,6 +10,7 @@ import sys
 import time
 
 import pandas as pd
+import torch
 
 from helpers import fedrun
 
@@ -90,6 +91,23 @@ def test_resume_from_a_file_takes_that_file(tmp_path):
     r = fedrun([*TINY, "rounds=4", f"resume={tmp_path / 'junk.pt'}", f"hydra.run.dir={tmp_path / 'third'}"], tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "junk.pt" in r.stderr and "not a readable fedrun checkpoint" in r.stderr
+    assert "not a file torch.save wrote" in r.stderr
+    # a checkpoint whose pickle would run code when loaded: refused, and the code never runs
+    evil, ran = tmp_path / "evil.pt", tmp_path / "payload_ran"
+    torch.save({"version": 1, "round": 2, "x": _Payload(str(ran))}, evil)
+    r = fedrun([*TINY, "rounds=4", f"resume={evil}", f"hydra.run.dir={tmp_path / 'fourth'}"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "holds objects other than tensors" in r.stderr and not ran.exists()
+
+
+class _Payload:
+    """Unpickling it would create the file `path` (what an attacker's os.system would do instead)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 # ------------------------------------------------------------------- what fedrun-report believes
