@@ -27,7 +27,8 @@ numbers were made (CharlieDinh/pFedMe c0722e7, June 2020; changed in Nov 2020 an
 
 Every choice is its own option, left null to follow `protocol`; set one explicitly to turn it on or
 off alone (e.g. `protocol=honest aggregate=samples`). An option applies only where the composed
-config has it (algo.mu exists for pFedMe only).
+config has it, and algo.mu only for pFedMe (FedProx's own algo.mu, its proximal strength, is not a
+protocol choice).
 """
 from __future__ import annotations
 
@@ -42,6 +43,25 @@ CHOICES = {
                  "algo.proto_first_step_only": True, "algo.follow": "pfllib"},
 }
 CHOICES["official_2020"] = {**CHOICES["official"], "algo.test_time": "test_then_train", "algo.outer_step_from": "w_tilde"}
+ONLY_FOR = {"algo.mu": "PFedMe"}  # option -> the algorithm class (or a subclass) whose option it is
+
+
+def _governs(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` of `cfg` is the protocol's choice (an option of that name in another algorithm is
+    its own: FedProx's algo.mu)."""
+    if OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
+        return False
+    target = OmegaConf.select(cfg, "algo._target_")
+    if key not in ONLY_FOR or target is None:
+        return True
+    from hydra.utils import get_class
+
+    from . import algorithms
+
+    try:
+        return issubclass(get_class(str(target)), getattr(algorithms, ONLY_FOR[key]))
+    except Exception:  # noqa: BLE001 - a target that does not import: the run refuses it with its own line
+        return True
 
 
 def apply_protocol(cfg: DictConfig) -> dict:
@@ -52,7 +72,7 @@ def apply_protocol(cfg: DictConfig) -> dict:
     check_choice("protocol", cfg.protocol, sorted(CHOICES))
     used = {}
     for key, value in CHOICES[cfg.protocol].items():
-        if OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
+        if not _governs(cfg, key):
             continue
         if OmegaConf.select(cfg, key) is None:
             OmegaConf.update(cfg, key, value, merge=False)

@@ -208,6 +208,12 @@ def test_protocol_fills_only_null_options_that_exist():
     assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
     with pytest.raises(ConfigError, match="protocol='fair'.*honest, official, official_2020"):
         apply_protocol(OmegaConf.create({"protocol": "fair"}))
+    # algo.mu is pFedMe's (its inner problem's L2 term): FedProx's algo.mu, its proximal strength, is
+    # left as given (null: FedProx refuses it in one line), while pFedMe's subclasses get it
+    for target, filled in (("fedrun.algorithms.FedProx", False), ("fedrun.algorithms.PFedMe", True)):
+        cfg = OmegaConf.create({"protocol": "official", "algo": {"_target_": target, "mu": None}})
+        used = apply_protocol(cfg)
+        assert (cfg.algo.mu == 0.001) == filled and ("algo.mu" in used) == filled, target
 
 
 def test_official_2020_is_official_with_the_2020_perfedavg():
