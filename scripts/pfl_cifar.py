@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Paper 004 (Acar et al., ICML 2021, "Debiasing model updates for improving personalized federated
-training"): Tables 1-2 and Figure 2 on CIFAR ACID / ALID, end to end.
+training"): Tables 1-4 and Figures 2-5 on CIFAR ACID / ALID, end to end.
 
 PFLDyn, PFLScaf (Proto and MAML), P-Avg (Proto), Per-FedAvg (MAML; "Fallah et al. (2020)" in the
 paper) and the no-personalization FedDyn and SCAFFOLD, each run through its experiment preset
@@ -13,12 +13,20 @@ active per round, 1000 rounds by default.
     python scripts/pfl_cifar.py --quick                                      # tiny generated CIFAR, 3 rounds
     python scripts/pfl_cifar.py --replot outputs/papers/pfl_cifar/<run>      # redraw only
 
-Writes into its output folder: figure2.png (average test accuracy of the personalized models
-against models transmitted, one line per method; lowest and highest device in two more panels),
-table.csv / table.md (Table 1/2 layout: transmissions to reach each --target, relative to one
-Per-FedAvg round as in the paper, i.e. models sent / devices per round, so PFLScaf counts 2 per
-round; gain vs the baseline; the paper's numbers beside), accuracy.csv / .md (last and best round,
-lowest and highest device) and the sweep report (summary.*, jobs.csv) of runs/<method>/.
+Writes into its output folder:
+- figure2.png (ACID) or figure3.png (ALID), the paper's Figure 2 / 3: average test accuracy of the
+  personalized models against models transmitted, one line per method; lowest and highest device
+  in two more panels. FedDyn and SCAFFOLD (no personalization: their global model) are drawn in it
+  too, so it also stands for the paper's Figures 4-5 (the curves with those baselines, in its
+  appendix, whose text we do not have): there is no separate file for them;
+- table.csv / table.md, Table 1 (ACID) / Table 2 (ALID): transmissions until the average accuracy
+  reaches each --target, relative to one Per-FedAvg round as in the paper, i.e. models sent /
+  devices per round, so PFLScaf counts 2 per round; gain vs the baseline; the paper's numbers beside;
+- table_lowest.csv / table_lowest.md, Table 3 (ACID) / Table 4 (ALID): the same, until the lowest
+  device's accuracy (metrics.csv <curve>_acc_min) reaches each --target-lowest (default: --target's);
+  no paper numbers (the paper's appendix, where those tables are, is not available to us);
+- accuracy.csv / .md (last and best round, lowest and highest device) and the sweep report
+  (summary.*, jobs.csv) of runs/<method>/.
 """
 from __future__ import annotations
 
@@ -384,7 +392,8 @@ def main(argv=None) -> int:
     _paper.common_options(ap, NAME)
     ap.set_defaults(data_root=os.environ.get("FEDRUN_DATA", "data"))
     ap.add_argument("--dataset", choices=["cifar10", "cifar100"], default=None, help="default cifar10")
-    ap.add_argument("--split", choices=["acid", "alid"], default=None, help="default acid (Table 1); alid: Table 2")
+    ap.add_argument("--split", choices=["acid", "alid"], default=None,
+                    help="default acid (Tables 1 and 3, Figure 2); alid: Tables 2 and 4, Figure 3")
     ap.add_argument("--classes", type=int, choices=[3, 5, 7], default=None, help="classes per device (default 5)")
     ap.add_argument("--target", nargs="+", default=None, metavar="ACC",
                     help="target accuracies (87.6 or 0.876; default: the paper's target with a finite Per-FedAvg "
