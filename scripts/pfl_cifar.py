@@ -268,7 +268,8 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
     from fedrun.report import gain, gain_cell, target_name
 
     name, titles, reach = TABLES[curve]
-    paper_rows = PAPER.get((settings["split"], settings["dataset"], settings["classes"]), []) if curve == "average" else []
+    setting = (settings["split"], settings["dataset"], settings["classes"])
+    paper_rows = PAPER.get(setting, []) if curve == "average" else []
     paper = {round(t, 1): (vals, g) for t, vals, g in paper_rows}
     rows = []
     for t in targets:
@@ -298,7 +299,8 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
     run = [k for k in res if METHODS[k].table] or list(res)
     shown = run + [k for k in PAPER_COLUMNS if k not in run] if paper else run  # the paper's columns always
     lines = [f"# Paper 004 {titles[settings['split']]}: {settings['dataset'].upper()}, {settings['classes']} classes "
-             "per device", "", f"Model transmissions needed to reach {reach}, relative to one round of Per-FedAvg (models sent to the server / devices per round, so PFLScaf counts "
+             "per device", "", f"Model transmissions needed to reach {reach}, relative to one round of Per-FedAvg "
+             "(models sent to the server / devices per round, so PFLScaf counts "
              "2 per round); mean ± std over seeds; *not reached (> N)*: N transmissions were made (mean over seeds) "
              f"without getting there. Gain: {METHODS[baseline].label if baseline in res else 'the baseline'}'s "
              "transmissions / the best method's ('>': the baseline never got there). fedrun: "
@@ -381,8 +383,9 @@ def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lo
                       ylabel="test accuracy (personalized; FedDyn/SCAFFOLD: global)", x="transmissions", styles=STYLES,
                       hlines={**{names["average"]: (t, f"target {t * 100:g}%") for t in targets[:1]},
                               **{names["lowest"]: (t, f"target {t * 100:g}%") for t in targets_lowest[:1]}},
-                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {settings['dataset'].upper()} {settings['split'].upper()}, "
-                               f"{settings['classes']} classes per device; mean over seeds, band ± std")
+                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {settings['dataset'].upper()} "
+                                             f"{settings['split'].upper()}, {settings['classes']} classes per device; "
+                                             f"mean over seeds, band ± std")
     return png
 
 
@@ -467,7 +470,8 @@ def main(argv=None) -> int:
     from fedrun.report import write_report
 
     rep = write_report([os.path.join(out, "runs")], out, targets, figure=True, title="paper 004 CIFAR runs")
-    print(f"wrote {png}, table.csv, table.md, table_lowest.csv, table_lowest.md, accuracy.csv, accuracy.md and the sweep report "
+    print(f"wrote {png}, table.csv, table.md, table_lowest.csv, table_lowest.md, accuracy.csv, accuracy.md and the "
+          f"sweep report "
           f"({', '.join(sorted(rep.files))}) in {out}")
     print(f"done in {time.time() - t0:.0f}s")
     return 0
