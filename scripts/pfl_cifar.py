@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Paper 004 (Acar et al., ICML 2021, "Debiasing model updates for improving personalized federated
-training"): Tables 1-2 and Figure 2 on CIFAR ACID / ALID, end to end.
+training"): Tables 1-4 and Figures 2-5 on CIFAR ACID / ALID, end to end.
 
 PFLDyn, PFLScaf (Proto and MAML), P-Avg (Proto), Per-FedAvg (MAML; "Fallah et al. (2020)" in the
 paper) and the no-personalization FedDyn and SCAFFOLD, each run through its experiment preset
@@ -13,12 +13,20 @@ active per round, 1000 rounds by default.
     python scripts/pfl_cifar.py --quick                                      # tiny generated CIFAR, 3 rounds
     python scripts/pfl_cifar.py --replot outputs/papers/pfl_cifar/<run>      # redraw only
 
-Writes into its output folder: figure2.png (average test accuracy of the personalized models
-against models transmitted, one line per method; lowest and highest device in two more panels),
-table.csv / table.md (Table 1/2 layout: transmissions to reach each --target, relative to one
-Per-FedAvg round as in the paper, i.e. models sent / devices per round, so PFLScaf counts 2 per
-round; gain vs the baseline; the paper's numbers beside), accuracy.csv / .md (last and best round,
-lowest and highest device) and the sweep report (summary.*, jobs.csv) of runs/<method>/.
+Writes into its output folder:
+- figure2.png (ACID) or figure3.png (ALID), the paper's Figure 2 / 3: average test accuracy of the
+  personalized models against models transmitted, one line per method; lowest and highest device
+  in two more panels. FedDyn and SCAFFOLD (no personalization: their global model) are drawn in it
+  too, so it also stands for the paper's Figures 4-5 (the curves with those baselines, in its
+  appendix, whose text we do not have): there is no separate file for them;
+- table.csv / table.md, Table 1 (ACID) / Table 2 (ALID): transmissions until the average accuracy
+  reaches each --target, relative to one Per-FedAvg round as in the paper, i.e. models sent /
+  devices per round, so PFLScaf counts 2 per round; gain vs the baseline; the paper's numbers beside;
+- table_lowest.csv / table_lowest.md, Table 3 (ACID) / Table 4 (ALID): the same, until the lowest
+  device's accuracy (metrics.csv <curve>_acc_min) reaches each --target-lowest (default: --target's);
+  no paper numbers (the paper's appendix, where those tables are, is not available to us);
+- accuracy.csv / .md (last and best round, lowest and highest device) and the sweep report
+  (summary.*, jobs.csv) of runs/<method>/.
 """
 from __future__ import annotations
 
@@ -184,8 +192,26 @@ def _num(x) -> float:
     return math.nan if x is None or x == "" else float(x)
 
 
-def collect(out: str, keys: list[str], targets: list[float]) -> dict:
-    """Per method: its jobs' summary row (fedrun.report) and mean curves against transmissions."""
+def lowest_row(jobs, model: str, targets: list[float]) -> dict:
+    """The summary row's `<model>_transmitted_to_<target>_*` columns (fedrun.report) for the lowest
+    device's accuracy: per seed, models sent until the first round whose `<model>_acc_min` (the
+    lowest device) reaches the target, then the report's mean / std / reached / at_least over seeds."""
+    import pandas as pd
+
+    from fedrun import report
+
+    sent_last = pd.Series([float(j.metrics["models_transmitted"].iloc[-1]) for j in jobs])
+    row = {}
+    for t in targets:
+        c = f"{model}_transmitted_to_{report.target_name(t)}"
+        vals = pd.Series([report.transmitted_to_reach(j.metrics, f"{model}_acc_min", t) for j in jobs])
+        row.update({f"{c}_{k}": v for k, v in report.seed_stats(vals, c, sent_last).items()})
+    return row
+
+
+def collect(out: str, keys: list[str], targets: list[float], targets_lowest: list[float]) -> dict:
+    """Per method: its jobs' summary row (fedrun.report), the same columns for the lowest device
+    (`lowest_row`) and mean curves against transmissions."""
     from fedrun import report
 
     res = {}
@@ -212,7 +238,8 @@ def collect(out: str, keys: list[str], targets: list[float]) -> dict:
             c = report.mean_curve(g.jobs, col)
             c["transmissions"] = [sent[r] / per_round for r in c["round"]]
             curves[what] = c
-        res[key] = dict(row=row, curves=curves, per_round=per_round, jobs=g.jobs)
+        lowest = {"n_seeds": row["n_seeds"], "rounds": row["rounds"], **lowest_row(g.jobs, p, targets_lowest)}
+        res[key] = dict(rows={"average": row, "lowest": lowest}, curves=curves, per_round=per_round, jobs=g.jobs)
     return res
 
 
@@ -222,25 +249,41 @@ def _pm(m, s, digits=1, scale=1.0) -> str:
     return f"{m * scale:.{digits}f}" + ("" if s != s else f" ± {s * scale:.{digits}f}")
 
 
-def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: str | None) -> list[dict]:
+# The tables, by the accuracy curve they count transmissions on: the file name, the paper's table
+# number per split, what reaches the target. Tables 3-4 are in the paper's appendix, which we do not
+# have: no paper numbers (nor targets) for them.
+TABLES = {
+    "average": ("table", {"acid": "Table 1 (ACID)", "alid": "Table 2 (ALID)"},
+                "the target average test accuracy of the personalized models"),
+    "lowest": ("table_lowest", {"acid": "Table 3 (ACID)", "alid": "Table 4 (ALID)"},
+               "the target test accuracy on the lowest-performing device (the lowest device accuracy of a round, "
+               "metrics.csv `pers_acc_min`; `global_acc_min` for the methods without personalization)"),
+}
+
+
+def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: str | None,
+           curve: str = "average") -> list[dict]:
+    """Table 1/2 (`curve` "average") or Table 3/4 ("lowest"): <file>.csv and <file>.md in `out`."""
     from fedrun.outputs import write_atomic, write_csv
     from fedrun.report import gain, gain_cell, target_name
 
-    paper = {round(t, 1): (vals, g) for t, vals, g in PAPER.get((settings["split"], settings["dataset"],
-                                                                  settings["classes"]), [])}
+    name, titles, reach = TABLES[curve]
+    setting = (settings["split"], settings["dataset"], settings["classes"])
+    paper_rows = PAPER.get(setting, []) if curve == "average" else []
+    paper = {round(t, 1): (vals, g) for t, vals, g in paper_rows}
     rows = []
     for t in targets:
         tn = target_name(t)
         base = res.get(baseline)
         for key, r in res.items():
-            p, row, per = METHODS[key].model, r["row"], r["per_round"]
+            p, row, per = METHODS[key].model, r["rows"][curve], r["per_round"]
             c = f"{p}_transmitted_to_{tn}"
             mean, std, at_least = (_num(row[f"{c}_{s}"]) / per for s in ("mean", "std", "at_least"))
             g, bound = math.nan, ""
             if base is not None:
                 bc, bper = f"{METHODS[baseline].model}_transmitted_to_{tn}", base["per_round"]
-                g, bound = gain(_num(base["row"][f"{bc}_mean"]) / bper, _num(base["row"][f"{bc}_at_least"]) / bper,
-                                mean, at_least)
+                brow = base["rows"][curve]
+                g, bound = gain(_num(brow[f"{bc}_mean"]) / bper, _num(brow[f"{bc}_at_least"]) / bper, mean, at_least)
             pv = paper.get(round(t * 100, 1))
             pval = pv[0][PAPER_COLUMNS.index(key)] if pv and key in PAPER_COLUMNS else ""
             rows.append({"dataset": settings["dataset"], "split": settings["split"], "classes": settings["classes"],
@@ -251,14 +294,13 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
                          "gain_vs_baseline": g, "gain_bound": bound, "baseline": baseline if base is not None else "",
                          "paper_transmissions": (">1000" if pval is None else pval) if pv and key in PAPER_COLUMNS else "",
                          "paper_gain": pv[1] if pv and key == baseline else ""})
-    write_csv(os.path.join(out, "table.csv"), rows)
+    write_csv(os.path.join(out, f"{name}.csv"), rows)
 
     run = [k for k in res if METHODS[k].table] or list(res)
     shown = run + [k for k in PAPER_COLUMNS if k not in run] if paper else run  # the paper's columns always
-    title = {"acid": "Table 1 (ACID)", "alid": "Table 2 (ALID)"}[settings["split"]]
-    lines = [f"# Paper 004 {title}: {settings['dataset'].upper()}, {settings['classes']} classes per device", "",
-             "Model transmissions needed to reach the target average test accuracy of the personalized models, "
-             "relative to one round of Per-FedAvg (models sent to the server / devices per round, so PFLScaf counts "
+    lines = [f"# Paper 004 {titles[settings['split']]}: {settings['dataset'].upper()}, {settings['classes']} classes "
+             "per device", "", f"Model transmissions needed to reach {reach}, relative to one round of Per-FedAvg "
+             "(models sent to the server / devices per round, so PFLScaf counts "
              "2 per round); mean ± std over seeds; *not reached (> N)*: N transmissions were made (mean over seeds) "
              f"without getting there. Gain: {METHODS[baseline].label if baseline in res else 'the baseline'}'s "
              "transmissions / the best method's ('>': the baseline never got there). fedrun: "
@@ -290,11 +332,13 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
                 v = pv[0][PAPER_COLUMNS.index(k)] if k in PAPER_COLUMNS else ""
                 cells.append(">1000" if v is None else str(v))
             lines.append("| " + " | ".join(cells + [pv[1]]) + " |")
-    missing = [f"{t:g}" for t, _, _ in PAPER.get((settings["split"], settings["dataset"], settings["classes"]), [])
-               if round(t / 100, 6) not in [round(x, 6) for x in targets]]
+    missing = [f"{t:g}" for t, _, _ in paper_rows if round(t / 100, 6) not in [round(x, 6) for x in targets]]
     if missing:
         lines += ["", f"The paper's other target(s) for this setting: {', '.join(missing)}% (--target)."]
-    write_atomic(os.path.join(out, "table.md"), "\n".join(lines) + "\n")
+    if curve == "lowest":
+        lines += ["", "No paper row: the paper's Tables 3-4 are in its appendix, whose text we do not have, so their "
+                      "targets and numbers are unknown here; the targets are --target-lowest's (default: --target's)."]
+    write_atomic(os.path.join(out, f"{name}.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
 
@@ -304,7 +348,7 @@ def accuracy_table(out: str, res: dict) -> list[dict]:
 
     rows = []
     for key, r in res.items():
-        p, row = METHODS[key].model, r["row"]
+        p, row = METHODS[key].model, r["rows"]["average"]
         x = {"method": key, "label": METHODS[key].label, "curve": p, "seeds": int(row["n_seeds"]), "rounds": int(row["rounds"])}
         for what in ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round",
                      "acc_client_min_best_round", "acc_client_max_best_round"):
@@ -324,17 +368,24 @@ def accuracy_table(out: str, res: dict) -> list[dict]:
     return rows
 
 
-def figure(out: str, res: dict, settings: dict, targets: list[float]) -> str:
+FIGURES = {"acid": 2, "alid": 3}  # the paper's figure of the convergence curves, by split
+
+
+def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lowest: list[float]) -> str:
+    """figure2.png (ACID) or figure3.png (ALID): average, lowest and highest device panels."""
     from fedrun.plots import plot_curve_panels
 
     names = {"average": "average test accuracy", "lowest": "lowest device", "highest": "highest device"}
     panels = [(names[w], {METHODS[k].label: r["curves"][w] for k, r in res.items()}) for w in names]
-    png = os.path.join(out, "figure2.png")
+    number = FIGURES[settings["split"]]
+    png = os.path.join(out, f"figure{number}.png")
     plot_curve_panels(panels, png, xlabel="models transmitted (relative to one Per-FedAvg round)",
                       ylabel="test accuracy (personalized; FedDyn/SCAFFOLD: global)", x="transmissions", styles=STYLES,
-                      hlines={names["average"]: (t, f"target {t * 100:g}%") for t in targets[:1]}, sharey=False,
-                      suptitle=f"Paper 004 Figure 2 (fedrun): {settings['dataset'].upper()} {settings['split'].upper()}, "
-                               f"{settings['classes']} classes per device; mean over seeds, band ± std")
+                      hlines={**{names["average"]: (t, f"target {t * 100:g}%") for t in targets[:1]},
+                              **{names["lowest"]: (t, f"target {t * 100:g}%") for t in targets_lowest[:1]}},
+                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {settings['dataset'].upper()} "
+                                             f"{settings['split'].upper()}, {settings['classes']} classes per device; "
+                                             f"mean over seeds, band ± std")
     return png
 
 
@@ -344,11 +395,15 @@ def main(argv=None) -> int:
     _paper.common_options(ap, NAME)
     ap.set_defaults(data_root=os.environ.get("FEDRUN_DATA", "data"))
     ap.add_argument("--dataset", choices=["cifar10", "cifar100"], default=None, help="default cifar10")
-    ap.add_argument("--split", choices=["acid", "alid"], default=None, help="default acid (Table 1); alid: Table 2")
+    ap.add_argument("--split", choices=["acid", "alid"], default=None,
+                    help="default acid (Tables 1 and 3, Figure 2); alid: Tables 2 and 4, Figure 3")
     ap.add_argument("--classes", type=int, choices=[3, 5, 7], default=None, help="classes per device (default 5)")
     ap.add_argument("--target", nargs="+", default=None, metavar="ACC",
                     help="target accuracies (87.6 or 0.876; default: the paper's target with a finite Per-FedAvg "
                          "count for the setting, 87.6 for CIFAR-10 ACID 5 classes)")
+    ap.add_argument("--target-lowest", nargs="+", default=None, metavar="ACC",
+                    help="target accuracies of the lowest device for Tables 3-4 (table_lowest.*; default: --target's; "
+                         "the paper's, in its appendix, are not known here)")
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated, from: {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})")
     ap.add_argument("--protocol", choices=["honest", "official"], default=None,
@@ -387,12 +442,14 @@ def main(argv=None) -> int:
 
     try:
         targets = parse_targets(args.target) if args.target else saved.get("targets") or [paper_rows[-1][0] / 100]
+        targets_lowest = (parse_targets(args.target_lowest, "--target-lowest") if args.target_lowest else
+                          saved.get("targets_lowest") or targets)  # a folder from before the option: --target's
     except ValueError as e:
         sys.exit(f"error: {e}")
     baseline = args.baseline or saved.get("baseline") or BASELINE
     if baseline not in METHODS:
         sys.exit(f"error: --baseline {baseline!r}: unknown; choose from {', '.join(METHODS)}")
-    settings.update(targets=targets, baseline=baseline)
+    settings.update(targets=targets, targets_lowest=targets_lowest, baseline=baseline)
     if baseline not in settings["methods"]:
         print(f"note: the baseline {baseline} is not among the methods run: no gain column")
     if not args.replot:
@@ -403,16 +460,18 @@ def main(argv=None) -> int:
 
         write_atomic(saved_path, json.dumps(settings, indent=1))
         train(args, out, settings)
-    res = collect(out, settings["methods"], targets)
+    res = collect(out, settings["methods"], targets, targets_lowest)
     if not res:
         sys.exit("error: no finished runs to draw")
     tables(out, res, settings, targets, baseline)
+    tables(out, res, settings, targets_lowest, baseline, curve="lowest")
     accuracy_table(out, res)
-    png = figure(out, res, settings, targets)
+    png = figure(out, res, settings, targets, targets_lowest)
     from fedrun.report import write_report
 
     rep = write_report([os.path.join(out, "runs")], out, targets, figure=True, title="paper 004 CIFAR runs")
-    print(f"wrote {png}, table.csv, table.md, accuracy.csv, accuracy.md and the sweep report "
+    print(f"wrote {png}, table.csv, table.md, table_lowest.csv, table_lowest.md, accuracy.csv, accuracy.md and the "
+          f"sweep report "
           f"({', '.join(sorted(rep.files))}) in {out}")
     print(f"done in {time.time() - t0:.0f}s")
     return 0

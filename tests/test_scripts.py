@@ -211,13 +211,48 @@ def _first_sent(m, col, target):
     return hit["models_transmitted"].iloc[0] if len(hit) else math.nan
 
 
+def _check_pfl_table(path, m, col, targets, baseline):
+    """pfl_cifar.py's table.csv / table_lowest.csv against the jobs' metrics.csv (`m`: method ->
+    one seed's), by hand: models sent until the first round whose `col[method]` reaches the target,
+    over 3 devices per round; the gain: the baseline's count / the method's, a bound when one of the
+    two never got there (then what it sent in all stands for its count)."""
+    table = pd.read_csv(path, keep_default_na=False, na_values=["", "nan"])
+    assert len(table) == len(targets) * len(m)
+    for t in targets:
+        rows = table[table.target_pct == round(t * 100, 4)].set_index("method")
+        base = _first_sent(m[baseline], col[baseline], t) / 3
+        base_all = m[baseline]["models_transmitted"].iloc[-1] / 3
+        for k in m:
+            sent = _first_sent(m[k], col[k], t)
+            row = rows.loc[k]
+            assert row["devices_per_round"] == 3 and row["curve"] == col[k].split("_")[0]
+            assert row["reached"] == ("1/1" if sent == sent else "0/1")
+            if sent == sent:   # transmissions relative to one round: models sent / devices per round
+                assert row["transmissions_mean"] == pytest.approx(sent / 3)
+                assert row["models_transmitted_mean"] == pytest.approx(sent)
+            else:
+                assert pd.isna(row["transmissions_mean"])
+                assert row["transmissions_at_least"] == pytest.approx(m[k]["models_transmitted"].iloc[-1] / 3)
+            if base == base and sent == sent:
+                assert row["gain_vs_baseline"] == pytest.approx(base / (sent / 3)) and pd.isna(row["gain_bound"])
+            elif sent == sent:
+                assert row["gain_vs_baseline"] == pytest.approx(base_all / (sent / 3)) and row["gain_bound"] == ">"
+            elif base == base:
+                assert row["gain_vs_baseline"] == pytest.approx(base / row["transmissions_at_least"])
+                assert row["gain_bound"] == "<"
+            else:
+                assert pd.isna(row["gain_vs_baseline"])
+    return table
+
+
 def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
     out = tmp_path / "pfl"
     args = ["--quick", "--methods", "fedavg,fedavg_update,perfedavg_fo", "--baseline", "fedavg_update",
-            "--target", "15", "87.6", "--out", str(out)]
+            "--target", "15", "87.6", "--target-lowest", "10", "15", "--out", str(out)]
     text = script("pfl_cifar.py", args, tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "tiny random CIFAR-format images" in text
-    for f in ("figure2.png", "table.csv", "table.md", "accuracy.csv", "accuracy.md", "summary.md", "settings.json"):
+    for f in ("figure2.png", "table.csv", "table.md", "table_lowest.csv", "table_lowest.md", "accuracy.csv",
+              "accuracy.md", "summary.md", "settings.json"):
         assert (out / f).exists(), f
     assert (out / "figure2.png").stat().st_size > 10000
     runs = {k: job_metrics(out / "runs" / k) for k in ("fedavg", "fedavg_update", "perfedavg_fo")}
@@ -228,28 +263,19 @@ def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
         assert ov["rounds"] == "3" and ov["clients_per_round"] == "3" and ov["tau"] == "2"
     m = {k: next(iter(j.values())) for k, j in runs.items()}
     col = {"fedavg": "global_acc", "fedavg_update": "pers_acc", "perfedavg_fo": "pers_acc"}
-    table = pd.read_csv(out / "table.csv", keep_default_na=False, na_values=["", "nan"])
-    assert len(table) == 6
-    for t in (0.15, 0.876):
-        rows = table[table.target_pct == round(t * 100, 4)].set_index("method")
-        base = _first_sent(m["fedavg_update"], "pers_acc", t) / 3
-        for k in m:
-            sent = _first_sent(m[k], col[k], t)
-            row = rows.loc[k]
-            assert row["devices_per_round"] == 3
-            assert row["reached"] == ("1/1" if sent == sent else "0/1")
-            if sent == sent:   # transmissions relative to one round: models sent / devices per round
-                assert row["transmissions_mean"] == pytest.approx(sent / 3)
-                assert row["models_transmitted_mean"] == pytest.approx(sent)
-            else:
-                assert pd.isna(row["transmissions_mean"])
-                assert row["transmissions_at_least"] == pytest.approx(m[k]["models_transmitted"].iloc[-1] / 3)
-            if base == base and sent == sent:
-                assert row["gain_vs_baseline"] == pytest.approx(base / (sent / 3))
+    table = _check_pfl_table(out / "table.csv", m, col, (0.15, 0.876), "fedavg_update")
     assert (table[table.target_pct == 87.6]["paper_transmissions"].isna()).all()  # none of the paper's methods ran
     md = (out / "table.md").read_text()
+    assert md.startswith("# Paper 004 Table 1 (ACID)") and "average test accuracy" in md
     assert "| 87.6 | paper |" in md and "| 794 | 163 | 237 | 436 | 924 | 286 | 4.9× |" in md
     assert "FedAvg + update" in md and "not run" in md and "88.8" in md
+    # Table 3 (lowest device): the same counts on the lowest device's accuracy, <curve>_acc_min
+    low = {k: f"{c}_min" for k, c in col.items()}
+    lowest = _check_pfl_table(out / "table_lowest.csv", m, low, (0.10, 0.15), "fedavg_update")
+    assert lowest["paper_transmissions"].isna().all()
+    md = (out / "table_lowest.md").read_text()
+    assert md.startswith("# Paper 004 Table 3 (ACID)") and "lowest-performing device" in md
+    assert "| paper |" not in md and "appendix" in md and "not run" not in md  # no paper columns to show
     acc = pd.read_csv(out / "accuracy.csv").set_index("method")
     for k, c in col.items():
         best = m[k][m[k][c] == m[k][c].max()].iloc[0]
@@ -259,11 +285,27 @@ def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
         assert acc.loc[k, "acc_client_max_best_round_mean"] == pytest.approx(best[f"{c}_max"])
     # --replot draws again from the CSVs, training nothing
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")}
-    (out / "table.csv").rename(out / "table.first.csv")
+    for f in ("table.csv", "table_lowest.csv"):
+        (out / f).rename(out / f"{f}.first")
     again = script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
     assert "run: fedrun" not in again
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.csv")} == before
-    assert (out / "table.csv").read_text() == (out / "table.first.csv").read_text()
+    for f in ("table.csv", "table_lowest.csv"):
+        assert (out / f).read_text() == (out / f"{f}.first").read_text()
+    # on tiny random data no lowest device got anywhere (every <curve>_acc_min is 0): give the runs'
+    # metrics.csv lowest-device curves that reach the targets (or not) and make Table 3 again from them
+    mins = {"fedavg_update": [0.0, 0.1, 0.15], "perfedavg_fo": [0.1, 0.1, 0.1], "fedavg": [0.0, 0.0, 0.2]}
+    for k, v in mins.items():
+        (path,) = (out / "runs" / k).glob("*/metrics.csv")
+        assert (m[k][low[k]] == 0).all()
+        m[k][low[k]] = v
+        m[k].to_csv(path, index=False)
+    mod = _load_script("pfl_cifar.py")
+    settings, targets = json.loads((out / "settings.json").read_text()), [0.10, 0.15, 0.20]
+    res = mod["collect"](str(out), list(m), settings["targets"], targets)
+    mod["tables"](str(out), res, settings, targets, "fedavg_update", curve="lowest")
+    lowest = _check_pfl_table(out / "table_lowest.csv", m, low, targets, "fedavg_update")
+    assert set(lowest["gain_bound"].fillna("")) == {"", "<", ">"}  # reached by both, the baseline only, the method only
 
 
 def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
@@ -320,11 +362,17 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     saved = json.loads((out / "settings.json").read_text())
     assert (saved["protocol"], saved["pad_fill"], saved["sampling"]) == ("official", "black", "authors")
     assert "protocol=official, data.pad_fill=black, --sampling authors" in (out / "table.md").read_text()
-    # a folder written before the three options: honest, with the old padding, rows drawn with replacement
-    old = {k: v for k, v in saved.items() if k not in ("protocol", "pad_fill", "sampling")}
+    # a folder written before the three options (and --target-lowest): honest, with the old padding,
+    # rows drawn with replacement, the lowest device's targets --target's. --split alid relabels it
+    # (the drawing only): ALID is the paper's Table 2, Table 4 and Figure 3
+    old = {k: v for k, v in saved.items() if k not in ("protocol", "pad_fill", "sampling", "targets_lowest")}
     (out / "settings.json").write_text(json.dumps(old))
-    script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
-    assert "protocol=honest, data.pad_fill=mean, --sampling replacement" in (out / "table.md").read_text()
+    script("pfl_cifar.py", ["--replot", str(out), "--split", "alid"], tmp_path, monkeypatch)
+    md = (out / "table.md").read_text()
+    assert "protocol=honest, data.pad_fill=mean, --sampling replacement" in md and "Table 2 (ALID)" in md
+    assert (out / "table_lowest.md").read_text().startswith("# Paper 004 Table 4 (ALID)")
+    assert pd.read_csv(out / "table_lowest.csv")["target_pct"].tolist() == [15.0]
+    assert (out / "figure3.png").stat().st_size > 10000 and (out / "figure2.png").exists()  # the first run's kept
 
 
 # the PFL baseline table (scripts/baselines.py): every entry, --quick, then --replot

@@ -30,13 +30,14 @@ from ..args import ArgumentParser
 from .jobs import (GROUPS, MODEL_NAMES, NEUTRAL_KEYS, PREFIXES, Group, Job, expected_rows, find_job_dirs,  # noqa: F401
                    group_jobs, load_job, missing_job_numbers, missing_jobs, sweep_jobs, torn_row)
 from .markdown import _not_reached, _pm, gain_cell, markdown  # noqa: F401
-from .stats import (add_gains, find_baseline, gain, job_values, mean_curve, rounds_to_reach, summarize,  # noqa: F401
-                    target_name, transmitted_to_reach)
+from .stats import (add_gains, find_baseline, gain, job_values, mean_curve, rounds_to_reach, seed_stats,  # noqa: F401
+                    summarize, target_name, transmitted_to_reach)
 from .write import Report, build, write_report  # noqa: F401
 
 
-def parse_targets(values: list[str]) -> list[float]:
-    """'0.8', '80', '80%' or comma-separated lists of them -> fractions (values above 1 are percent)."""
+def parse_targets(values: list[str], option: str = "--target") -> list[float]:
+    """'0.8', '80', '80%' or comma-separated lists of them -> fractions (values above 1 are percent);
+    a ValueError naming `option` for a bad one."""
     out = []
     for v in values:
         for part in str(v).split(","):
@@ -46,10 +47,11 @@ def parse_targets(values: list[str]) -> list[float]:
             try:
                 t = float(part)
             except ValueError:
-                raise ValueError(f"--target {part!r} is not a number (give the folders before --target)") from None
+                raise ValueError(f"{option} {part!r} is not a number"
+                                 + (" (give the folders before --target)" if option == "--target" else "")) from None
             t = t / 100 if t > 1 else t
             if not 0 < t <= 1:
-                raise ValueError(f"--target {part!r} must be an accuracy in (0, 1] or a percent in (1, 100]")
+                raise ValueError(f"{option} {part!r} must be an accuracy in (0, 1] or a percent in (1, 100]")
             out.append(t)
     return out
 

@@ -50,6 +50,25 @@ def job_values(job: Job, targets: list[float]) -> dict:
     return out
 
 
+def seed_stats(vals: pd.Series, col: str, sent_last: pd.Series | None = None) -> dict:
+    """One value per seed -> {mean, std} (ddof=1, NaN for one seed); for a count to a target
+    (`_rounds_to_` / `_transmitted_to_` in `col`, NaN where a seed never got there) also `reached`
+    ("k/n"), the mean and std then NaN unless every seed got there, and with `sent_last` (each
+    seed's models sent by its last round) `at_least`: the mean over seeds of its count, or of all it
+    sent when it never got there."""
+    out = {}
+    if "_rounds_to_" in col or "_transmitted_to_" in col:
+        reached = int(vals.notna().sum())
+        out["reached"] = f"{reached}/{len(vals)}"
+        if sent_last is not None:  # what every seed needed at least: its own count, or all it sent
+            out["at_least"] = float(vals.fillna(sent_last).mean())
+        if reached < len(vals):  # a mean over the seeds that got there would flatter the configuration
+            return {**out, "mean": math.nan, "std": math.nan}
+    out["mean"] = float(vals.mean())
+    out["std"] = float(vals.std(ddof=1)) if len(vals) > 1 else math.nan
+    return out
+
+
 def summarize(groups: list[Group], targets: list[float]) -> pd.DataFrame:
     option_columns = list(dict.fromkeys(o for g in groups for o in g.settings))
     rows = []
@@ -60,17 +79,8 @@ def summarize(groups: list[Group], targets: list[float]) -> pd.DataFrame:
         row["seeds"] = " ".join(str(j.seed) for j in g.jobs)
         row["rounds"] = int(g.jobs[0].metrics["round"].iloc[-1])
         for col in per_job.columns:
-            vals = per_job[col]
-            if "_rounds_to_" in col or "_transmitted_to_" in col:
-                reached = int(vals.notna().sum())
-                row[f"{col}_reached"] = f"{reached}/{len(vals)}"
-                if "_transmitted_to_" in col:  # what every seed needed at least: its own count, or all it sent
-                    row[f"{col}_at_least"] = float(vals.fillna(per_job["transmitted_last_round"]).mean())
-                if reached < len(vals):  # a mean over the seeds that got there would flatter the configuration
-                    row[f"{col}_mean"], row[f"{col}_std"] = math.nan, math.nan
-                    continue
-            row[f"{col}_mean"] = float(vals.mean())
-            row[f"{col}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else math.nan
+            sent = per_job["transmitted_last_round"] if "_transmitted_to_" in col else None
+            row.update({f"{col}_{k}": v for k, v in seed_stats(per_job[col], col, sent).items()})
         secs = [j.seconds for j in g.jobs if isinstance(j.seconds, (int, float))]
         row["seconds_mean"] = float(sum(secs) / len(secs)) if secs else math.nan
         rows.append(row)
