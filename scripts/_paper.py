@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 from fedrun.config import neutral_options
 
@@ -36,6 +38,41 @@ def common_options(ap: argparse.ArgumentParser, name: str) -> None:
                     help="train nothing: redraw the figure and table from the runs already in DIR (a previous --out)")
 
 
+def fail(message: str) -> NoReturn:
+    """Bad input (an option's value, missing data or configs): one line on stderr, exit status 2,
+    as argparse's own errors and fedrun's; an output folder make_out made and nothing was written
+    into is removed first."""
+    discard_empty_outputs()
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+_MADE: list[str] = []  # folders make_out created, each before its parents
+
+
+def make_out(out: str) -> str:
+    """Creates the output folder (and its missing parents). If the script stops on bad input
+    (fail) or ends otherwise with it still empty, the folders this made are removed again, so a
+    refused command leaves no empty folder under outputs/."""
+    made, p = [], os.path.abspath(out)
+    while not os.path.exists(p):
+        made.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(out, exist_ok=True)
+    if made and not _MADE:
+        atexit.register(discard_empty_outputs)
+    _MADE.extend(made)
+    return out
+
+
+def discard_empty_outputs() -> None:
+    while _MADE:
+        try:
+            os.rmdir(_MADE.pop(0))
+        except OSError:  # not empty (the script wrote there), or gone: its parents stay too
+            _MADE.clear()
+
+
 def out_dir(args, name: str) -> str:
     if args.replot:
         return os.path.abspath(args.replot)
@@ -49,7 +86,7 @@ def seeds_of(args) -> list[int]:
     try:
         return [int(s) for s in (args.seeds or "0").split(",") if s.strip()]
     except ValueError:
-        sys.exit(f"error: --seeds {args.seeds!r} must be comma-separated integers")
+        fail(f"--seeds {args.seeds!r} must be comma-separated integers")
 
 
 def mnist_labels(root: str, download: bool = True):
@@ -61,7 +98,7 @@ def mnist_labels(root: str, download: bool = True):
     try:
         _, tr, _, te = load_mnist(root, download=download)
     except DataMissingError as e:
-        sys.exit(f"error: {e}")
+        fail(f"{e}")
     return tr, te
 
 
@@ -81,7 +118,7 @@ def fitting_a(tr, te, n: int, wanted: int) -> int:
     while a >= 2 and max(2, int(a * len(te) / len(tr)) // 2 * 2) > test_fit:
         a -= 1
     if a < 2:
-        sys.exit(f"error: the MNIST in use is too small for n={n} users (no a >= 2 fits)")
+        fail(f"the MNIST in use is too small for n={n} users (no a >= 2 fits)")
     if a != wanted:
         print(f"note: a={wanted} does not fit this MNIST with n={n} users; using a={a}, the largest that fits "
               f"(fedrun.data.partitions.max_fitting_a on the training and test labels)")

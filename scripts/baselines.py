@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     out = _paper.out_dir(args, NAME)
     if not args.replot:
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
         train(args, out, entries, seeds)

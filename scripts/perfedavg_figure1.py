@@ -44,7 +44,7 @@ def parse_pairs(text: str) -> list[tuple[int, float]]:
             tau, r = item.split(":")
             pairs.append((int(tau), float(r)))
         except ValueError:
-            sys.exit(f"error: --pairs item {item!r} must be tau:r, e.g. 10:0.2")
+            _paper.fail(f"--pairs item {item!r} must be tau:r, e.g. 10:0.2")
     return pairs
 
 
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     pairs = parse_pairs(args.pairs)
     rounds = args.rounds or (3 if args.quick else PAPER["rounds"])
     if not args.replot:
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         train(args, out, pairs, _paper.seeds_of(args), rounds)
     draw(out, pairs)

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     out = _paper.out_dir(args, NAME)
     rounds = args.rounds or (3 if args.quick else PAPER["rounds"])
     if not args.replot:
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         train(args, out, _paper.seeds_of(args), rounds)
     table(out)

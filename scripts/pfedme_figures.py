@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     out = _paper.out_dir(args, NAME)
     if not args.replot:
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         train(args, out, figures, models, _paper.seeds_of(args))
     draw(out, figures, models, load(out, figures, models))

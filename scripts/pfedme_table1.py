@@ -191,11 +191,11 @@ def main(argv=None) -> int:
                                ("--models", models, MODELS), ("--algos", algos, ALGOS)):
         bad = [x for x in got if x not in allowed]
         if bad or not got:
-            sys.exit(f"error: {name} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
+            _paper.fail(f"{name} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
     t0 = time.time()
     out = _paper.out_dir(args, NAME)
     if not args.replot:
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
         train(args, out, datasets, protocols, seeds, args.rounds or (3 if args.quick else None), models, algos)

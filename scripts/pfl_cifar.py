@@ -110,7 +110,7 @@ def parse_methods(text: str) -> list[str]:
     keys = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in keys if k not in METHODS]
     if bad or not keys:
-        sys.exit(f"error: --methods {','.join(bad) or text!r}: unknown; choose from {', '.join(METHODS)}")
+        _paper.fail(f"--methods {','.join(bad) or text!r}: unknown; choose from {', '.join(METHODS)}")
     return keys
 
 
@@ -124,7 +124,7 @@ def check_configs(keys: list[str]) -> None:
             if os.path.isdir(os.path.join(CONF_DIR, group)) or group == "experiment":
                 path = os.path.join(CONF_DIR, group, f"{option}.yaml")
                 if not os.path.isfile(path):
-                    sys.exit(f"error: method {k} ({METHODS[k].label}) needs {os.path.relpath(path, os.path.dirname(CONF_DIR))}, "
+                    _paper.fail(f"method {k} ({METHODS[k].label}) needs {os.path.relpath(path, os.path.dirname(CONF_DIR))}, "
                              f"which this fedrun does not have (paper 004's algorithms not merged?); pick --methods among "
                              f"those whose configs exist")
 
@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     saved = {}
     if args.replot:
         if not os.path.isfile(saved_path):
-            sys.exit(f"error: --replot {args.replot}: no settings.json there (not a pfl_cifar.py output folder)")
+            _paper.fail(f"--replot {args.replot}: no settings.json there (not a pfl_cifar.py output folder)")
         with open(saved_path) as f:
             saved = json.load(f)
     settings = {
@@ -445,16 +445,16 @@ def main(argv=None) -> int:
         targets_lowest = (parse_targets(args.target_lowest, "--target-lowest") if args.target_lowest else
                           saved.get("targets_lowest") or targets)  # a folder from before the option: --target's
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        _paper.fail(f"{e}")
     baseline = args.baseline or saved.get("baseline") or BASELINE
     if baseline not in METHODS:
-        sys.exit(f"error: --baseline {baseline!r}: unknown; choose from {', '.join(METHODS)}")
+        _paper.fail(f"--baseline {baseline!r}: unknown; choose from {', '.join(METHODS)}")
     settings.update(targets=targets, targets_lowest=targets_lowest, baseline=baseline)
     if baseline not in settings["methods"]:
         print(f"note: the baseline {baseline} is not among the methods run: no gain column")
     if not args.replot:
         check_configs(settings["methods"])
-        os.makedirs(out, exist_ok=True)
+        _paper.make_out(out)
         print(f"outputs: {out}")
         from fedrun.outputs import write_atomic
 

@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     args.replot = None
     out = _paper.out_dir(args, NAME)
-    os.makedirs(out, exist_ok=True)
+    _paper.make_out(out)
     print(f"outputs: {out}")
     print(f"toy: 3 devices x {N} points, MAML step {INNER_LR}, start {START}, {rounds} rounds x {args.tau} local steps "
           f"of lr {args.lr}, 1 active device per round (seed {args.seed})")

@@ -147,7 +147,8 @@ def test_missing_data_is_one_clear_error(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "perfedavg_table003.py"), "--quick", "--no-download", "--data-root",
                         str(tmp_path / "none"), "--out", str(tmp_path / "o")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()  # the output folder it made is gone again
 
 
 def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monkeypatch):
@@ -494,6 +495,16 @@ def test_pfedme_figures_settings_follow_the_paper():
     ("pfedme_figures.py", ["--models", "cnn"], "error: --models 'cnn' is not allowed; comma-separated, from mlr, dnn"),
     ("pfl_toy.py", ["--methods", "fedprox"], "error: --methods fedprox is not allowed; choose from perfedavg, pfldyn, pflscaf"),
     ("pfl_toy.py", ["--lr", "-1"], "error: --lr -1.0 is not allowed; a positive number"),
+    ("pfl_cifar.py", ["--methods", "nope"], "error: --methods 'nope': unknown; choose from " + ", ".join(
+        ["perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto", "feddyn",
+         "scaffold", "fedavg", "fedavg_update", "perfedavg_fo"])),
+    ("pfl_cifar.py", ["--quick", "--target", "abc"], "error: --target 'abc' is not a number"),
+    ("pfl_cifar.py", ["--quick", "--baseline", "nope"], "error: --baseline 'nope': unknown; choose from " + ", ".join(
+        ["perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto", "feddyn",
+         "scaffold", "fedavg", "fedavg_update", "perfedavg_fo"])),
+    ("pfedme_table1.py", ["--models", "cnn"], "error: --models cnn is not allowed; choose from mlr, dnn"),
+    ("pfedme_table1.py", ["--seeds", "a"], "error: --seeds 'a' must be comma-separated integers"),
+    ("perfedavg_figure1.py", ["--pairs", "x"], "error: --pairs item 'x' must be tau:r, e.g. 10:0.2"),
 ])
 def test_figure_scripts_bad_input_is_one_line_exit_2(script_name, args, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

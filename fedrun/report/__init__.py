@@ -35,9 +35,9 @@ from .stats import (add_gains, find_baseline, gain, job_values, mean_curve, roun
 from .write import Report, build, write_report  # noqa: F401
 
 
-def parse_targets(values: list[str], option: str = "--target") -> list[float]:
+def parse_targets(values: list[str], option: str = "--target", hint: str = "") -> list[float]:
     """'0.8', '80', '80%' or comma-separated lists of them -> fractions (values above 1 are percent);
-    a ValueError naming `option` for a bad one."""
+    a ValueError naming `option` for a bad one (`hint` appended to a value that is not a number)."""
     out = []
     for v in values:
         for part in str(v).split(","):
@@ -47,8 +47,7 @@ def parse_targets(values: list[str], option: str = "--target") -> list[float]:
             try:
                 t = float(part)
             except ValueError:
-                raise ValueError(f"{option} {part!r} is not a number"
-                                 + (" (give the folders before --target)" if option == "--target" else "")) from None
+                raise ValueError(f"{option} {part!r} is not a number{hint}") from None
             t = t / 100 if t > 1 else t
             if not 0 < t <= 1:
                 raise ValueError(f"{option} {part!r} must be an accuracy in (0, 1] or a percent in (1, 100]")
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedrun-report: error: {d} is not a folder", file=sys.stderr)
             return 2
     try:
-        targets = parse_targets(args.target)
+        targets = parse_targets(args.target, hint=" (give the folders before --target)")
         rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure, baseline=args.baseline)
     except (ValueError, FileNotFoundError) as e:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
