@@ -4,8 +4,8 @@ training"): Tables 1-4 and Figures 2-5 on CIFAR ACID / ALID, end to end.
 
 PFLDyn, PFLScaf (Proto and MAML), P-Avg (Proto), Per-FedAvg (MAML; "Fallah et al. (2020)" in the
 paper) and the no-personalization FedDyn and SCAFFOLD, each run through its experiment preset
-(conf/experiment/cifar10_acid5_<method>.yaml: the official CIFAR-10 ACID 5-class settings, SPEC
-"cifar_acid / cifar_alid"); --dataset / --split / --classes change only the data. 100 devices, 10
+(conf/experiment/cifar10_acid5_<method>.yaml: the CIFAR-10 ACID 5-class settings of the
+paper's Appendix A.1 as the authors' code alpemreacar/PFL runs them); --dataset / --split / --classes change only the data. 100 devices, 10
 active per round, 1000 rounds by default.
 
     python scripts/pfl_cifar.py --data-root /path/to/data                  # CIFAR-10 ACID, 5 classes
@@ -163,7 +163,7 @@ def train(args, out: str, settings: dict) -> None:
         print(f"data: {dataset} from {root} (python pickles), {split.upper()}, {k} classes per device")
     if (dataset, split, k) != ("cifar10", "acid", 5) and any(o.startswith("experiment=") for m in settings["methods"]
                                                              for o in METHODS[m].overrides):
-        print(f"note: hyperparameters are the presets' (CIFAR-10 ACID 5 classes, the official settings SPEC lists); "
+        print(f"note: hyperparameters are the presets' (CIFAR-10 ACID 5 classes, the authors' settings); "
               f"only the data changes to {dataset} {split.upper()} with {k} classes per device")
     common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
               f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
