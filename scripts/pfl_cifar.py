@@ -5,8 +5,8 @@ training"): Tables 1-4 and Figures 2-5 on CIFAR ACID / ALID, end to end.
 PFLDyn, PFLScaf (Proto and MAML), P-Avg (Proto), Per-FedAvg (MAML; "Fallah et al. (2020)" in the
 paper) and the no-personalization FedDyn and SCAFFOLD, each run through its experiment preset
 (conf/experiment/cifar10_acid5_<method>.yaml: the CIFAR-10 ACID 5-class settings of the
-paper's Appendix A.1 as the authors' code alpemreacar/PFL runs them); --dataset / --split / --classes change only the data. 100 devices, 10
-active per round, 1000 rounds by default.
+paper's Appendix A.1 as the authors' code alpemreacar/PFL runs them); --dataset / --split / --classes
+change only the data. 100 devices, 10 active per round, 1000 rounds by default.
 
     python scripts/pfl_cifar.py --data-root /path/to/data                  # CIFAR-10 ACID, 5 classes
     python scripts/pfl_cifar.py --split alid --classes 3 --seeds 0,1,2 --data-root ...
