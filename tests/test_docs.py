@@ -1,5 +1,5 @@
 """The README and docs/ say what the code does: the README's test command is CI's, the README stays
-a short map, and the extending guide's dataset example runs as printed."""
+a short map, the extending guide's dataset example runs as printed, and every relative link resolves."""
 import os
 import re
 import sys
@@ -41,3 +41,31 @@ def test_extending_guide_dataset_example_runs_as_printed(tmp_path, monkeypatch):
                 f"hydra.searchpath=[file://{tmp_path / conf.split('/')[0]}]", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3  # header + 2 rounds
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#+\s+(.*?)\s*$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        out.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return out
+
+
+def test_relative_links_and_anchors_in_the_docs_resolve():
+    pages = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(REPO, "docs"))) if f.endswith(".md")]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", _read(page), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", link):
+                continue
+            path, _, anchor = link.partition("#")
+            target = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(os.path.join(REPO, target)):
+                broken.append(f"{page}: {link} (no file)")
+            elif anchor and target.endswith(".md") and anchor not in _anchors(_read(target)):
+                broken.append(f"{page}: {link} (no heading)")
+    assert not broken, broken
