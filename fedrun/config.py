@@ -60,7 +60,10 @@ def with_composed_data(argv: list[str]) -> list[str]:
     if not heads & {"dataset", "partition"} or "data" in keys:
         return list(argv)
     extra = ["data=composed"] + (["partition=iid"] if "dataset" in keys and "partition" not in keys else [])
-    return [*argv, *extra]
+    # right after the last override, so that the overrides stay one run of arguments for Hydra's
+    # parser (`fedrun dataset=mnist partition=iid --cfg job`: appended, it would follow --cfg's value)
+    last = max(i for i, a in enumerate(argv) if "=" in a and not a.startswith("-"))
+    return [*argv[:last + 1], *extra, *argv[last + 1:]]
 
 
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:

@@ -115,6 +115,17 @@ def test_dataset_or_partition_picks_data_composed():
     assert with_composed_data(["dataset=mnist", "partition=shards"])[-1] == "data=composed"
     assert with_composed_data(["algo=fedavg"]) == ["algo=fedavg"]
     assert with_composed_data(["data=synthetic", "partition=iid"]) == ["data=synthetic", "partition=iid"]
+    # after the last override, not after a flag's value (Hydra's parser refused "--cfg job data=composed")
+    assert with_composed_data(["-m", "dataset=mnist", "--cfg", "job"]) == [
+        "-m", "dataset=mnist", "data=composed", "partition=iid", "--cfg", "job"]
+
+
+def test_dataset_and_partition_before_a_flag_compose(tmp_path):
+    from helpers import fedrun
+
+    r = fedrun(["dataset=mnist", "partition=iid", "--cfg", "job"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "_target_: fedrun.data.composed" in r.stdout and "name: mnist" in r.stdout
 
 
 SMALL = ["rounds=2", "tau=2", "clients_per_round=3", "batch_size=5", "model=mlr", "progress=false"]
