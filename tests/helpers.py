@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from torch import nn
 
 from fedrun.cli import CONF_DIR
@@ -53,6 +54,7 @@ def fedrun(args: list[str], cwd, env: dict | None = None) -> Result:
     out, err = io.StringIO(), io.StringIO()
     code = 0
     threads = torch.get_num_threads()
+    hydra_config = HydraConfig.instance().cfg  # `--cfg job` sets it and leaves it set
     GlobalHydra.instance().clear()
     try:
         torch.set_num_threads(1)
@@ -65,6 +67,7 @@ def fedrun(args: list[str], cwd, env: dict | None = None) -> Result:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = hydra_config
         torch.set_num_threads(threads)
         sys.argv = saved_argv
         os.chdir(saved_cwd)
