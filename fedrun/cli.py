@@ -102,6 +102,42 @@ def _libyaml_for_configs():
         omegaconf_utils.get_yaml_loader = pure
 
 
+@contextlib.contextmanager
+def _jobs_checked_before_the_sweep():
+    """Hydra's sweeper composes every job's config of a batch before it launches any
+    (validate_batch_is_legal). While fedrun runs, each config composed so is checked as its job
+    would check it when it starts (fedrun.validation.job_problems, once per job): a sweep with one
+    refused combination (e.g. algo=fedbn,fedavg model=mlp_bn: FedAvg's test-time update on a
+    BatchNorm model) stops with one line before any job trains, not after the jobs before it."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.utils import filter_overrides
+
+    from .validation import job_problems
+
+    compose, checked = ConfigLoaderImpl.load_sweep_config, set()
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list) -> DictConfig:
+        cfg = compose(self, master_config, sweep_overrides)
+        if tuple(sweep_overrides) not in checked:
+            checked.add(tuple(sweep_overrides))
+            problems = job_problems(cfg)
+            if problems:
+                job = " ".join(filter_overrides(sweep_overrides))
+                print(f"fedrun: error: {problems[0]} (sweep job: {job}; no job was started)", file=sys.stderr)
+                sweep_dir = str(master_config.hydra.sweep.dir)  # Hydra has written multirun.yaml there
+                if os.path.isdir(sweep_dir) and os.listdir(sweep_dir) == ["multirun.yaml"]:
+                    os.remove(os.path.join(sweep_dir, "multirun.yaml"))
+                    discard_empty(sweep_dir)
+                sys.exit(2)
+        return cfg
+
+    ConfigLoaderImpl.load_sweep_config = load_sweep_config
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_sweep_config = compose
+
+
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
@@ -115,7 +151,7 @@ def main() -> None:
         sys.stdout.write(help_text(sys.argv[1:]))
         return
     try:
-        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs():
+        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs(), _jobs_checked_before_the_sweep():
             _hydra_main()
     except KeyboardInterrupt:  # before training (the round loop says where it stopped itself)
         print("fedrun: interrupted; nothing was trained yet, rerun the same command to start", file=sys.stderr)

@@ -12,7 +12,7 @@ from .algorithms.base import ConfigError, check_choice
 from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, load_conf, search_roots
 from .data import DataMissingError
 from .device import cpu_threads, resolve_device
-from .functional import ENGINES
+from .functional import ENGINES, params_of
 from .simulate import SAMPLING, Schedule
 
 
@@ -146,14 +146,34 @@ def validate(cfg: DictConfig) -> list[str]:
         v = cfg.data.get(key)
         if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
             problems.append(f"data.{key}={v!r} must be a number >= 0")
-    check(instantiate_checked, cfg.algo)
     problems += trackers.check(cfg)
     hidden = _model_hidden(cfg)
     if hidden:
         problems.append(hidden)
-    else:
-        check(lambda: instantiate_checked(cfg.model, in_features=4, num_classes=2))
+        check(instantiate_checked, cfg.algo)
+    else:  # the algorithm's own needs of the model (a body, BatchNorm or none), on a tiny one of its kind
+        check(lambda: instantiate_checked(cfg.algo).check_params(
+            params_of(instantiate_checked(cfg.model, in_features=4, num_classes=2))))
     return problems
+
+
+def job_problems(cfg: DictConfig) -> list[str]:
+    """validate() of a sweep job's config as Hydra composed it (its hydra node dropped, the protocol
+    applied, on a copy): what the job would refuse when it started."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    from .protocol import apply_protocol
+
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        task.pop("hydra", None)
+    try:
+        apply_protocol(task)
+    except ConfigError as e:
+        return [str(e)]
+    return validate(task)
 
 
 def check_model_fits(model, data, model_name: str, data_name: str) -> None:

@@ -167,6 +167,21 @@ def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path):
         assert json.load(open(job / "summary.json"))["status"] == "finished"
 
 
+@pytest.mark.parametrize("launcher", ["basic", "batched"])
+def test_a_sweep_with_a_refused_job_stops_before_any_job_trains(tmp_path, launcher):
+    """fedbn then fedavg on a BatchNorm model: FedAvg's default test-time update is refused there.
+    The sweep stops with that one line, naming the job, before job 0 trains; no sweep folder is left."""
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *TINY, "algo=fedbn,fedavg", "model=mlp_bn", f"hydra/launcher={launcher}",
+                f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("fedrun: error: algo=fedavg with a BatchNorm model") and "set algo.alpha=null" in line
+    assert "(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1] and "no job was started" in line
+    assert "algo=fedavg" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
+    assert not sweep.exists() and "outputs in" not in r.stdout
+
+
 def test_a_diverging_seed_stops_alone_and_the_group_goes_on():
     data = synthetic(num_clients=5, dim=6, num_classes=4, seed=35, chunk_len=64)
     torch.manual_seed(0)

@@ -153,16 +153,19 @@ def test_report_leaves_out_a_half_written_row_and_labels_a_failed_job_by_its_opt
 
 
 def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
-    """A sweep stopped by its second job (refused: tau=0): the report names that job and the third,
-    which never ran, with their overrides."""
+    """A sweep stopped by its second job (diverged: lr 1e30; a job refused by its options stops the
+    sweep before any job starts, test_batched.py): the report leaves that job out, saying why, and
+    names the third, which never ran, with its overrides."""
     sweep = tmp_path / "sweep"
-    r = fedrun(["-m", *TINY, "rounds=2", "tau=2,0,3", f"hydra.sweep.dir={sweep}"], tmp_path)
-    assert r.returncode == 2
+    r = fedrun(["-m", *TINY, "rounds=2", "algo.beta=0.001,1e30,0.002", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 3 and "produced NaN/inf parameters" in r.stderr
     code, out, err = _report([sweep, "--no-figure"])
     assert code == 0, err
-    assert "1 jobs, 1 finished" in out
+    assert "2 jobs, 1 finished" in out
+    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and "no metrics.csv" in line
+               for line in out.splitlines()), out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
-    assert len(missing) == 2 and "job 1 (tau=0" in missing[0] and "job 2 (tau=3" in missing[1], out
+    assert len(missing) == 1 and "job 2 (algo.beta=0.002" in missing[0], out
 
 
 # ------------------------------------------------------------------- faults around the edges
