@@ -18,6 +18,7 @@ from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_sear
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
+from .outputs import write_atomic
 from .runner import discard_empty, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
@@ -104,38 +105,64 @@ def _libyaml_for_configs():
 
 @contextlib.contextmanager
 def _jobs_checked_before_the_sweep():
-    """Hydra's sweeper composes every job's config of a batch before it launches any
-    (validate_batch_is_legal). While fedrun runs, each config composed so is checked as its job
-    would check it when it starts (fedrun.validation.job_problems, once per job): a sweep with one
-    refused combination (e.g. algo=fedbn,fedavg model=mlp_bn: FedAvg's test-time update on a
-    BatchNorm model) stops with one line before any job trains, not after the jobs before it."""
+    """Hydra's sweeper composes every job's config of a batch (by default: the whole sweep) before
+    it launches the batch (validate_batch_is_legal). While fedrun runs, each config composed so is
+    checked as its job would check it when it starts (fedrun.validation.job_problems, once per job,
+    under the job's hydra.job.env_set): a sweep with one refused combination (e.g. algo=fedbn,fedavg
+    model=mlp_bn: FedAvg's test-time update on a BatchNorm model) stops with one line before its
+    batch trains, not after the jobs before it. A config this cannot check outside its job (e.g.
+    ${hydra:job.num}) is left to the job. The sweep folder's multirun.yaml, which Hydra rewrites
+    first, is put back as it was (removed, with the folder, if the sweep made them)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.utils import filter_overrides
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import env_override, filter_overrides
 
     from .validation import job_problems
 
-    compose, checked = ConfigLoaderImpl.load_sweep_config, set()
+    compose, make_sweeper = ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper
+    checked, refused, kept = set(), [], {}  # kept: multirun.yaml's path -> its bytes before the sweep
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list) -> DictConfig:
         cfg = compose(self, master_config, sweep_overrides)
         if tuple(sweep_overrides) not in checked:
             checked.add(tuple(sweep_overrides))
-            problems = job_problems(cfg)
+            try:
+                with env_override({str(k): str(v) for k, v in cfg.hydra.job.env_set.items()}):
+                    problems = job_problems(cfg)
+            except Exception:  # noqa: BLE001 - not checkable here (e.g. ${hydra:...}): the job checks itself
+                problems = []
             if problems:
                 job = " ".join(filter_overrides(sweep_overrides))
-                print(f"fedrun: error: {problems[0]} (sweep job: {job}; no job was started)", file=sys.stderr)
-                sweep_dir = str(master_config.hydra.sweep.dir)  # Hydra has written multirun.yaml there
-                if os.path.isdir(sweep_dir) and os.listdir(sweep_dir) == ["multirun.yaml"]:
-                    os.remove(os.path.join(sweep_dir, "multirun.yaml"))
-                    discard_empty(sweep_dir)
+                print(f"fedrun: error: {problems[0]} (sweep job: {job}; refused before its batch started)",
+                      file=sys.stderr)
+                refused.append(job)
                 sys.exit(2)
         return cfg
 
-    ConfigLoaderImpl.load_sweep_config = load_sweep_config
+    def instantiate_sweeper(self, *, hydra_context, task_function, config: DictConfig):
+        # (the sweeper's own class is re-imported by Hydra's plugin scan: its multirun.yaml, written
+        # when the sweep begins, is kept here, where the sweeper is made)
+        path = os.path.join(str(config.hydra.sweep.dir), "multirun.yaml")
+        try:
+            with open(path, encoding="utf-8") as f:
+                kept[path] = f.read()
+        except OSError:
+            kept[path] = None
+        return make_sweeper(self, hydra_context=hydra_context, task_function=task_function, config=config)
+
+    ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper = load_sweep_config, instantiate_sweeper
     try:
         yield
+    except SystemExit:
+        for path, before in kept.items() if refused else ():  # the sweep folder goes back as it was
+            if before is not None:
+                write_atomic(path, before)
+            elif os.path.exists(path) and os.listdir(os.path.dirname(path)) == ["multirun.yaml"]:
+                os.remove(path)
+                discard_empty(os.path.dirname(path))
+        raise
     finally:
-        ConfigLoaderImpl.load_sweep_config = compose
+        ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper = compose, make_sweeper
 
 
 def main() -> None:

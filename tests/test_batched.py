@@ -177,9 +177,35 @@ def test_a_sweep_with_a_refused_job_stops_before_any_job_trains(tmp_path, launch
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("fedrun: error: algo=fedavg with a BatchNorm model") and "set algo.alpha=null" in line
-    assert "(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1] and "no job was started" in line
+    assert "(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1] and "refused before its batch" in line
     assert "algo=fedavg" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
     assert not sweep.exists() and "outputs in" not in r.stdout
+
+
+def test_a_refused_rerun_into_a_finished_sweep_leaves_its_folder_as_it_was(tmp_path):
+    """Hydra rewrites multirun.yaml when a sweep begins; when fedrun then refuses a job, the old one
+    is put back (else fedrun-report would list jobs of the refused sweep as missing)."""
+    sweep = tmp_path / "sweep"
+    assert fedrun(["-m", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}"], tmp_path).returncode == 0
+    before = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    r = fedrun(["-m", *TINY, "algo=fedbn,fedavg", "seed=0,1,2", "model=mlp_bn", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2 and "refused before its batch started" in r.stderr
+    assert {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+
+
+def test_what_the_sweep_cannot_check_before_its_jobs_is_left_to_them(tmp_path):
+    """${hydra:job.num} resolves only inside a job, and a job's env_set only while it runs: such
+    sweeps run as before (the pre-check neither crashes nor refuses on the sweep process's values)."""
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *TINY, "seed=${hydra:job.num}", "tau=1,2", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(p.read_text())["seed"] for p in sweep.glob("*/summary.json")) == [0, 1]
+    afile, folder = tmp_path / "afile", tmp_path / "cache_here"
+    afile.write_text("not a folder")
+    r = fedrun(["-m", *TINY, "seed=0", f"+hydra.job.env_set.FEDRUN_CACHE={folder}", f"hydra.sweep.dir={tmp_path / 's2'}"],
+               tmp_path, {"FEDRUN_CACHE": str(afile)})
+    assert r.returncode == 0, r.stderr
+    assert folder.is_dir()
 
 
 def test_a_diverging_seed_stops_alone_and_the_group_goes_on():
