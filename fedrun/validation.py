@@ -147,13 +147,25 @@ def validate(cfg: DictConfig) -> list[str]:
         if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
             problems.append(f"data.{key}={v!r} must be a number >= 0")
     problems += trackers.check(cfg)
+    built = {}
+
+    def build(key: str, node, **kwargs) -> None:
+        try:
+            built[key] = instantiate_checked(node, **kwargs)
+        except ConfigError as e:
+            if not isinstance(e.__cause__, RuntimeError):
+                raise
+            given = ", ".join(f"{key}.{k}={v!r}" for k, v in OmegaConf.to_container(node).items() if k != "_target_")
+            raise ConfigError(f"{key} options ({given}) do not build a network: {e}") from None
+
+    check(build, "algo", cfg.algo)
     hidden = _model_hidden(cfg)
     if hidden:
         problems.append(hidden)
-        check(instantiate_checked, cfg.algo)
-    else:  # the algorithm's own needs of the model (a body, BatchNorm or none), on a tiny one of its kind
-        check(lambda: instantiate_checked(cfg.algo).check_params(
-            params_of(instantiate_checked(cfg.model, in_features=4, num_classes=2))))
+    else:
+        check(lambda: build("model", cfg.model, in_features=4, num_classes=2))
+    if len(built) == 2:  # the algorithm's own needs of the model (a body, BatchNorm or none), on a tiny one
+        check(built["algo"].check_params, params_of(built["model"]))
     return problems
 
 
@@ -205,7 +217,8 @@ def instantiate_checked(node: DictConfig, **kwargs):
         return instantiate(node, **kwargs)
     except InstantiationException as e:
         cause = e.__cause__ or e
-        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError)):  # bad option values
+        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
+            # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
             raise ConfigError(str(cause).splitlines()[0]) from cause
         raise
 

@@ -137,7 +137,8 @@ def run_sweep(args, sweep_dir: str, overrides: list[str], hidden: list[str] | No
     t0 = time.time()
     r = subprocess.run(cmd)
     if r.returncode != 0:
-        sys.exit(f"error: fedrun exited with status {r.returncode} (outputs so far in {sweep_dir})")
+        print(f"error: fedrun exited with status {r.returncode} (outputs so far in {sweep_dir})", file=sys.stderr)
+        sys.exit(r.returncode if 0 < r.returncode < 128 else 1)  # 2: fedrun refused the options, 3: diverged
     return time.time() - t0
 
 

@@ -426,6 +426,10 @@ def main(argv=None) -> int:
             _paper.fail(f"--replot {args.replot}: no settings.json there (not a pfl_cifar.py output folder)")
         with open(saved_path) as f:
             saved = json.load(f)
+        for opt, given in (("dataset", args.dataset), ("split", args.split), ("classes", args.classes)):
+            if given is not None and opt in saved and given != saved[opt]:  # the data the runs were trained on
+                _paper.fail(f"--{opt} {given}: the runs in {args.replot} were trained with --{opt} {saved[opt]} "
+                            f"(--replot redraws them as they are; leave --{opt} out)")
     settings = {
         "dataset": args.dataset or saved.get("dataset", "cifar10"), "split": args.split or saved.get("split", "acid"),
         "classes": args.classes or saved.get("classes", 5),

@@ -59,6 +59,8 @@ CASES = [  # (arguments, the option the error line names)
     (["model.hidden=[-5]"], "model.hidden"),
     (["model.hidden=[0]"], "model.hidden"),
     (["model.hidden=abc"], "model.hidden"),
+    (["model=cnn", "model.in_channels=-1"], "model.in_channels"),  # torch refuses the layer: one line too
+    (["algo=fedavg", "model=mlp_bn"], "algo.alpha=null"),  # FedAvg's test-time update on BatchNorm
     (["experiment=nope"], "experiment"),
     (["+bogus=1"], "bogus"),
     (["bogus=1"], "bogus"),

@@ -363,12 +363,16 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     saved = json.loads((out / "settings.json").read_text())
     assert (saved["protocol"], saved["pad_fill"], saved["sampling"]) == ("official", "black", "authors")
     assert "protocol=official, data.pad_fill=black, --sampling authors" in (out / "table.md").read_text()
+    # --replot draws the runs as they were trained: another split is refused in one line
+    with pytest.raises(SystemExit) as e:
+        _load_script("pfl_cifar.py")["main"](["--replot", str(out), "--split", "alid"])
+    assert e.value.code == 2
     # a folder written before the three options (and --target-lowest): honest, with the old padding,
-    # rows drawn with replacement, the lowest device's targets --target's. --split alid relabels it
-    # (the drawing only): ALID is the paper's Table 2, Table 4 and Figure 3
+    # rows drawn with replacement, the lowest device's targets --target's; its settings say ALID
+    # (standing in for an ALID run: the drawing only): ALID is the paper's Table 2, Table 4 and Figure 3
     old = {k: v for k, v in saved.items() if k not in ("protocol", "pad_fill", "sampling", "targets_lowest")}
-    (out / "settings.json").write_text(json.dumps(old))
-    script("pfl_cifar.py", ["--replot", str(out), "--split", "alid"], tmp_path, monkeypatch)
+    (out / "settings.json").write_text(json.dumps({**old, "split": "alid"}))
+    script("pfl_cifar.py", ["--replot", str(out)], tmp_path, monkeypatch)
     md = (out / "table.md").read_text()
     assert "protocol=honest, data.pad_fill=mean, --sampling replacement" in md and "Table 2 (ALID)" in md
     assert (out / "table_lowest.md").read_text().startswith("# Paper 004 Table 4 (ALID)")
