@@ -181,6 +181,7 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         title, data, by_model = FIGURES[f]
         shown = [(m, t) for m, t in MODELS if m in models]
         fig, axes = plt.subplots(2, len(shown), figsize=(5.4 * len(shown), 7.6), squeeze=False)
+        ran_as: set = set()  # (protocol, fedrun data=) of the runs drawn: the title says how they ran
         for col, (m, model_title) in enumerate(shown):
             acc_ax, loss_ax = axes[0, col], axes[1, col]
             colors = {}
@@ -201,7 +202,11 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                 # the mean of the last LAST_EVALS evaluated rounds: one evaluation of a PM curve swings by
                 # points from one evaluation to the next (the paper's curves are moving averages)
                 tail = [float(j.metrics[f"{c.model}_acc"].dropna().tail(LAST_EVALS).mean()) for j in jobs]
+                runs = {(j.settings.get("protocol"), j.settings.get("data")) for j in jobs}
+                ran_as |= runs
                 rows.append({"figure": f, "data": data, "model": m, "curve": c.label, "setting": c.setting.name,
+                             "protocol": "/".join(sorted({str(p) for p, _ in runs})),
+                             "fedrun_data": "/".join(sorted({str(d) for _, d in runs})),
                              "seeds": len(jobs), "rounds": int(jobs[0].metrics["round"].iloc[-1]),
                              "acc_last_round_mean": 100 * _mean(last), "acc_last_round_std": 100 * _paper.sample_std(last),
                              "acc_best_round_mean": 100 * _mean(best), "acc_best_round_std": 100 * _paper.sample_std(best),
@@ -215,7 +220,9 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                     ax.legend(fontsize=7)
         png = os.path.join(out, f"figure{f}.png")
         n_seeds = max((len(found.get(c.setting.name, [])) for m, _ in shown for c in by_model[m]), default=0)
-        head = f"pFedMe Figure {f} (fedrun): {title}; " + ("mean over seeds, band ± std" if n_seeds > 1 else "one seed")
+        how = ", ".join(f"protocol={p}, data={d}" for p, d in sorted(ran_as, key=str))
+        head = (f"pFedMe Figure {f} (fedrun): {title}; {how}; "
+                + ("mean over seeds, band ± std" if n_seeds > 1 else "one seed"))
         save_figure(fig, png, "\n".join(textwrap.wrap(head, 62 * len(shown))))  # one column: a narrow title
         print(f"wrote {png}")
     if not rows:
