@@ -23,8 +23,8 @@ conf/experiment/pfedme_<data>_<model>_<algo>.yaml.
 
 Runs `fedrun -m` once per distinct setting into runs/<setting>/ (a setting two figures share, e.g.
 K=5 of Figure 1 and beta=1 of Figure 2, runs once), then draws from the runs' metrics.csv:
-figure<N>.png, figures.csv / figures.md (last and best round of every curve, the PM gaps the paper
-quotes for Figures 3-4 beside fedrun's) in the output folder it prints.
+figure<N>.png, figures.csv / figures.md (last and best round of every curve and the mean of its last
+10 evaluations, the PM gaps the paper quotes for Figures 3-4 beside fedrun's) in the output folder it prints.
 
 The training-loss panels show fedrun's `train_loss`: the GLOBAL model's loss on all clients'
 training rows (pFedMe GM, Per-FedAvg's meta model, FedAvg); fedrun records no training loss of the
@@ -111,6 +111,7 @@ FIGURES = {
 # Figures 3-4: the paper's text, "pFedMe's personalized model is x%, y%, z% more accurate than its
 # global model, Per-FedAvg and FedAvg" (strongly convex, nonconvex)
 PAPER_GAPS = {3: {"mlr": (1.1, 1.3, 1.5), "dnn": (0.9, 0.9, 1.3)}, 4: {"mlr": (6.1, 3.8, 5.2), "dnn": (3.9, 0.7, 3.1)}}
+LAST_EVALS = 10  # figures.csv: the mean of the last 10 evaluated rounds besides the last and the best one
 COLORS = ["tab:blue", "tab:green", "tab:red", "darkorange", "tab:brown", "m"]
 
 
@@ -180,6 +181,7 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         title, data, by_model = FIGURES[f]
         shown = [(m, t) for m, t in MODELS if m in models]
         fig, axes = plt.subplots(2, len(shown), figsize=(5.4 * len(shown), 7.6), squeeze=False)
+        ran_as: set = set()  # (protocol, fedrun data=) of the runs drawn: the title says how they ran
         for col, (m, model_title) in enumerate(shown):
             acc_ax, loss_ax = axes[0, col], axes[1, col]
             colors = {}
@@ -197,10 +199,18 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                           style)
                 last = [float(j.metrics[f"{c.model}_acc"].iloc[-1]) for j in jobs]
                 best = [float(j.metrics[f"{c.model}_acc"].max()) for j in jobs]
+                # the mean of the last LAST_EVALS evaluated rounds: one evaluation of a PM curve swings by
+                # points from one evaluation to the next (the paper's curves are moving averages)
+                tail = [float(j.metrics[f"{c.model}_acc"].dropna().tail(LAST_EVALS).mean()) for j in jobs]
+                runs = {(j.settings.get("protocol"), j.settings.get("data")) for j in jobs}
+                ran_as |= runs
                 rows.append({"figure": f, "data": data, "model": m, "curve": c.label, "setting": c.setting.name,
+                             "protocol": "/".join(sorted({str(p) for p, _ in runs})),
+                             "fedrun_data": "/".join(sorted({str(d) for _, d in runs})),
                              "seeds": len(jobs), "rounds": int(jobs[0].metrics["round"].iloc[-1]),
                              "acc_last_round_mean": 100 * _mean(last), "acc_last_round_std": 100 * _paper.sample_std(last),
-                             "acc_best_round_mean": 100 * _mean(best), "acc_best_round_std": 100 * _paper.sample_std(best)})
+                             "acc_best_round_mean": 100 * _mean(best), "acc_best_round_std": 100 * _paper.sample_std(best),
+                             "acc_last_evals_mean": 100 * _mean(tail), "acc_last_evals_std": 100 * _paper.sample_std(tail)})
             acc_ax.set(title=model_title, xlabel="global round", ylabel="test accuracy (pooled)")
             loss_ax.set(title=f"{model_title}: global models", xlabel="global round",
                         ylabel="training loss (global model)")
@@ -209,18 +219,23 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                 if ax.lines:
                     ax.legend(fontsize=7)
         png = os.path.join(out, f"figure{f}.png")
-        head = f"pFedMe Figure {f} (fedrun): {title}; mean over seeds, band ± std"
+        n_seeds = max((len(found.get(c.setting.name, [])) for m, _ in shown for c in by_model[m]), default=0)
+        how = ", ".join(f"protocol={p}, data={d}" for p, d in sorted(ran_as, key=str))
+        head = (f"pFedMe Figure {f} (fedrun): {title}; {how}; "
+                + ("mean over seeds, band ± std" if n_seeds > 1 else "one seed"))
         save_figure(fig, png, "\n".join(textwrap.wrap(head, 62 * len(shown))))  # one column: a narrow title
         print(f"wrote {png}")
     if not rows:
         sys.exit("error: no finished runs to draw")
     write_csv(os.path.join(out, "figures.csv"), rows)
-    lines = ["| figure | model | curve | last-round accuracy % | best-round accuracy % | seeds | rounds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| figure | model | curve | last-round accuracy % | best-round accuracy % | "
+             f"mean of the last {LAST_EVALS} evaluations % | seeds | rounds |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['figure']} | {r['model'].upper()} | {r['curve']} | "
                      f"{_paper.mean_pm_std(r['acc_last_round_mean'], r['acc_last_round_std'])} | "
-                     f"{_paper.mean_pm_std(r['acc_best_round_mean'], r['acc_best_round_std'])} | {r['seeds']} | {r['rounds']} |")
+                     f"{_paper.mean_pm_std(r['acc_best_round_mean'], r['acc_best_round_std'])} | "
+                     f"{_paper.mean_pm_std(r['acc_last_evals_mean'], r['acc_last_evals_std'])} | {r['seeds']} | {r['rounds']} |")
     gaps = _gaps(rows)
     if gaps:
         lines += ["", "pFedMe PM minus pFedMe GM / Per-FedAvg / FedAvg, percentage points (best round, as the paper's "

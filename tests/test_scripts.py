@@ -460,6 +460,8 @@ def test_pfedme_figures_quick_settings_curves_and_replot(data_root, tmp_path, mo
         assert r["rounds"] == 2 and len(m) == 2
         assert r["acc_last_round_mean"] == pytest.approx(100 * m[col].iloc[-1], abs=1e-6)
         assert r["acc_best_round_mean"] == pytest.approx(100 * m[col].max(), abs=1e-6)
+        assert r["acc_last_evals_mean"] == pytest.approx(100 * m[col].mean(), abs=1e-6)  # 2 of the last 10
+        assert (r["protocol"], r["fedrun_data"]) == ("honest", {"mnist": "mnist_pfedme", "synthetic": "synthetic"}[r["data"]])
     fig4 = table[(table.figure == 4) & (table.model == "mlr")].set_index("curve")["acc_best_round_mean"]
     gap = " / ".join(f"{fig4['pFedMe (PM)'] - fig4[o]:+.1f}" for o in ("pFedMe (GM)", "Per-FedAvg", "FedAvg"))
     assert f"| 4 | MLR | +6.1 / +3.8 / +5.2 | {gap} |" in (out / "figures.md").read_text()
