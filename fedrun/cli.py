@@ -17,8 +17,8 @@ from .algorithms.base import ConfigError
 from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_searchpath  # noqa: F401 - re-exported
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
-from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
 from .outputs import write_atomic
+from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
 from .runner import discard_empty, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
@@ -120,7 +120,7 @@ def _jobs_checked_before_the_sweep():
     from .validation import job_problems
 
     compose, make_sweeper = ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper
-    checked, refused, kept = set(), [], {}  # kept: multirun.yaml's path -> its bytes before the sweep
+    checked, refused, kept = set(), [], {}  # kept: multirun.yaml's path -> its text before the sweep (None: none)
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list) -> DictConfig:
         cfg = compose(self, master_config, sweep_overrides)
