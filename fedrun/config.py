@@ -188,8 +188,6 @@ def load_conf(path: str):
     """OmegaConf.load(path), each file parsed once per process while it is unchanged (keyed by its
     modification time and size): the shipped yamls are read again for every job of a sweep. A new
     DictConfig every call, so callers may change theirs."""
-    from omegaconf import OmegaConf
-
     st = os.stat(path)
     stamp = (st.st_mtime_ns, st.st_size)
     hit = _CONF_CACHE.get(path)
