@@ -84,7 +84,8 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
     s = SETTINGS[args.setting]
     data = list(s["data"])
     if s["root"]:
-        data += [f"{s['root']}.root={os.path.abspath(args.data_root)}", f"{s['root']}.download=false"]
+        data += [f"{s['root']}.root={os.path.abspath(args.data_root)}",
+                 f"{s['root']}.download={'false' if args.no_download else 'true'}"]
     if args.quick and args.setting == "synthetic":
         data += QUICK["data"]
     data += args.data_overrides.split() if args.data_overrides else []
@@ -174,7 +175,8 @@ def table(out: str) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    _paper.common_options(ap, NAME)
+    _paper.common_options(ap, NAME, holds="the setting's files (MNIST/raw, cifar-10-batches-py)",
+                          data="the setting's dataset")
     ap.add_argument("--setting", default="synthetic", metavar="NAME", help=f"one of {', '.join(SETTINGS)} (default: synthetic)")
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, from {', '.join(ENTRIES)}")
     ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")

@@ -392,7 +392,8 @@ def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lo
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    _paper.common_options(ap, NAME)
+    _paper.common_options(ap, NAME, holds="cifar-10-batches-py or cifar-100-python",
+                          data="CIFAR-10 / CIFAR-100")
     ap.set_defaults(data_root=os.environ.get("FEDRUN_DATA", "data"))
     ap.add_argument("--dataset", choices=["cifar10", "cifar100"], default=None, help="default cifar10")
     ap.add_argument("--split", choices=["acid", "alid"], default=None,
