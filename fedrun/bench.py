@@ -22,6 +22,10 @@ PATH is a work tree of their repository (their Synthetic data is generated there
 Seeds batched (issue 11, `hydra/launcher=batched`): wall time of 1, 5, 10 seeds as one computation
 against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench_seeds):
     python -m fedrun.bench --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
+Minibatch draws (sampling=): seconds to draw one round's minibatch rows (fedrun.simulate.sample_round)
+under each sampling=, for --clients-per-round devices of --train-per-client rows, tau=--tau (default 50)
+steps of one batch of --batch rows (paper 004's CIFAR round by default; the draw depends on row counts only):
+    python -m fedrun.bench --setting draws [--train-per-client 5000]
 The first GPU's numbers (fedrun.gpu_check): engine agreement on cuda for every device branch, the default run,
 the CIFAR ACID preset, the CIFAR bench and batched seeds, one table; refused (exit 2) without CUDA:
     python -m fedrun.bench --gpu-check
@@ -44,7 +48,7 @@ from .data import ClientSplit, FederatedData, synthetic
 from .device import keep_freed_memory
 from .functional import ENGINES, params_of
 from .models import CNN, MLP
-from .simulate import Schedule, simulate
+from .simulate import SAMPLING, Schedule, sample_round, simulate
 
 # Named bench settings: a conf/algo entry and the options the setting changes (the rest come from
 # its yaml). Any other conf/algo name is benched with its yaml's options as they are.
@@ -129,8 +133,9 @@ def main(argv=None) -> None:
     ap.add_argument("--personalize-batch", type=int, default=None,
                     help="test-time adaptation on a minibatch of this size (default: all training rows)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--setting", choices=["synthetic", "cifar"], default="synthetic",
-                    help="synthetic: issue 2's MLP setting | cifar: paper 004's CNN on CIFAR-shaped random data")
+    ap.add_argument("--setting", choices=["synthetic", "cifar", "draws"], default="synthetic",
+                    help="synthetic: issue 2's MLP setting | cifar: paper 004's CNN on CIFAR-shaped random data | "
+                         "draws: one round's minibatch draws under each sampling=")
     ap.add_argument("--clients", type=int, default=100, help="cifar: devices (default 100)")
     ap.add_argument("--train-per-client", type=int, default=500, help="cifar: training images per device")
     ap.add_argument("--test-per-client", type=int, default=100, help="cifar: test images per device")
@@ -182,6 +187,8 @@ def main(argv=None) -> None:
         return authors_main(args, ap, device)
     if args.setting == "cifar":
         return cifar_main(args, ap, device)
+    if args.setting == "draws":
+        return draws_main(args, device)
     args.tau = args.tau or 20
     args.algos = args.algos or "fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact"
     if _unknown(args.algos, ALGOS):
@@ -224,6 +231,31 @@ def cifar_main(args, ap, device) -> None:
                                model_fn=lambda: CNN(data.in_features, data.num_classes))
 
         _print_row(name, _time_engines(args, timed))
+
+
+def draws_main(args, device) -> None:
+    """Median seconds over --rounds draws (after --warmup) of one round's minibatch rows per sampling=."""
+    m, n, tau = args.clients_per_round, args.train_per_client, args.tau or 50
+
+    def split(rows: int) -> ClientSplit:  # one feature per row: a draw reads only the clients' row counts
+        return ClientSplit.from_flat(torch.zeros(m * rows, 1), torch.zeros(m * rows, dtype=torch.long),
+                                     torch.full((m,), rows, dtype=torch.long))
+
+    data = FederatedData("draws", split(n), split(1), 2).to(device)
+    print(f"device={device} threads={torch.get_num_threads()} {m} devices of {n} training rows, all training "
+          f"every round; tau={tau} steps of one batch of {args.batch} rows; median of {args.rounds} rounds "
+          f"after {args.warmup}")
+    print(f"{'sampling':<14}{'ms per round':>14}")
+    for sampling in SAMPLING:
+        sched = Schedule(rounds=1, tau=tau, clients_per_round=m, batch_size=args.batch, sampling=sampling)
+        times = []
+        for rnd in range(args.warmup + args.rounds):
+            _sync(device)
+            t0 = time.perf_counter()
+            sample_round(data, sched, 1, 0, rnd)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        print(f"{sampling:<14}{1e3 * statistics.median(times[args.warmup:]):>14.2f}")
 
 
 def _engine_rounds(args):

@@ -29,6 +29,15 @@ def test_cifar_bench_smoke(capsys):
     assert vmap > 0 and loop > 0
 
 
+def test_draws_setting_times_every_sampling(capsys):
+    bench.main(["--setting", "draws", "--clients-per-round", "3", "--train-per-client", "7", "--tau", "2",
+                "--batch", "4", "--rounds", "2", "--warmup", "0", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "3 devices of 7 training rows" in out and "tau=2 steps of one batch of 4 rows" in out
+    rows = {l.split()[0]: float(l.split()[1]) for l in out.splitlines()[2:]}
+    assert set(rows) == {"replacement", "epochs", "steps"} and all(v > 0 for v in rows.values())
+
+
 def test_loop_rounds_zero_times_the_vmap_engine_alone(capsys):
     bench.main(["--setting", "cifar", "--clients", "3", "--train-per-client", "6", "--test-per-client", "2",
                 "--clients-per-round", "2", "--tau", "1", "--batch", "2", "--rounds", "1", "--loop-rounds", "0",

@@ -43,8 +43,8 @@ import helpers
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 RUNS = [(a, m) for a in ("fedavg", "peravg", "pfedme") for m in ("mclr", "dnn")]
-# float32 tolerance, the tightest round numbers that all six traces meet (largest |diff| seen: 3.4e-7,
-# pFedMe DNN; float32 eps is 1.2e-7). Accuracies must match exactly (smallest top-2 logit margin of
+# float32 tolerance, the tightest round numbers that all six traces meet (largest |diff|: 3.8e-7, pFedMe
+# MLR, vmap engine, scripts/golden/largest_differences.py; float32 eps is 1.2e-7). Accuracies must match exactly (smallest top-2 logit margin of
 # any evaluated row: 8e-5, far above these differences).
 RTOL, ATOL = 1e-6, 2e-7
 

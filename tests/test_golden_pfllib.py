@@ -109,8 +109,10 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
 
 
 def compare(trace: dict, states: list) -> dict[str, float]:
-    """name -> worst |d| - ATOL - RTOL |ref| over every compared entry (> 0: a mismatch)."""
+    """name -> worst |d| - ATOL - RTOL |ref| over every compared entry (> 0: a mismatch);
+    `compare.max_abs` gets the largest |d| seen (scripts/golden/largest_differences.py prints it)."""
     worst: dict[str, float] = {}
+    compare.max_abs = 0.0
     algo = trace["algorithm"]
     NAMES = names_of(algo)
     rtol, atol = (RTOL, ATOL) if trace.get("dtype", "float32") == "float32" else TOL64
@@ -118,7 +120,9 @@ def compare(trace: dict, states: list) -> dict[str, float]:
     def close(key, ref, val):
         ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
         assert ref.shape == val.shape, key
-        worst[key] = max(worst.get(key, -np.inf), float((np.abs(ref - val) - atol - rtol * np.abs(ref)).max()))
+        d = np.abs(ref - val)
+        compare.max_abs = max(compare.max_abs, float(d.max(initial=0)))
+        worst[key] = max(worst.get(key, -np.inf), float((d - atol - rtol * np.abs(ref)).max()))
 
     for it, state in zip(trace["iterations"], states):
         for name, v in it["server"].items():  # the shared part PFLlib's server holds
