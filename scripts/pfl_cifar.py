@@ -371,6 +371,17 @@ def accuracy_table(out: str, res: dict) -> list[dict]:
 FIGURES = {"acid": 2, "alid": 3}  # the paper's figure of the convergence curves, by split
 
 
+def _dataset_name(dataset: str) -> str:
+    return "CIFAR-" + dataset[5:]  # cifar10 -> CIFAR-10
+
+
+def _rounds_and_seeds(settings: dict) -> str:
+    """'20 of the paper's 1000 rounds, seed 0' / '1000 rounds, mean over 3 seeds (band ± std)'."""
+    r, seeds = settings["rounds"], settings["seeds"]
+    rounds = f"{r} of the paper's {ROUNDS} rounds" if r < ROUNDS else f"{r} rounds"
+    return rounds + (f", seed {seeds[0]}" if len(seeds) == 1 else f", mean over {len(seeds)} seeds (band ± std)")
+
+
 def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lowest: list[float]) -> str:
     """figure2.png (ACID) or figure3.png (ALID): average, lowest and highest device panels."""
     from fedrun.plots import plot_curve_panels
@@ -383,9 +394,9 @@ def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lo
                       ylabel="test accuracy (personalized; FedDyn/SCAFFOLD: global)", x="transmissions", styles=STYLES,
                       hlines={**{names["average"]: (t, f"target {t * 100:g}%") for t in targets[:1]},
                               **{names["lowest"]: (t, f"target {t * 100:g}%") for t in targets_lowest[:1]}},
-                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {settings['dataset'].upper()} "
-                                             f"{settings['split'].upper()}, {settings['classes']} classes per device; "
-                                             f"mean over seeds, band ± std")
+                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {_dataset_name(settings['dataset'])} "
+                                             f"{settings['split'].upper()}, {settings['classes']} classes per device, "
+                                             f"{_rounds_and_seeds(settings)}, protocol={settings['protocol']}")
     return png
 
 
