@@ -129,7 +129,7 @@ def main(argv=None) -> None:
                     help="comma-separated bench settings or conf/algo names (synthetic default: fedavg,perfedavg-fo,"
                          f"perfedavg-hf,perfedavg-exact, from {','.join(ALGOS)}; cifar default: fedavg, from "
                          f"{','.join(CIFAR_ALGOS)}; any of {','.join(names())})")
-    ap.add_argument("--tau", type=int, default=None, help="local steps (default: synthetic 20, cifar 50)")
+    ap.add_argument("--tau", type=int, default=None, help="local steps (default: synthetic 20, cifar and draws 50)")
     ap.add_argument("--personalize-batch", type=int, default=None,
                     help="test-time adaptation on a minibatch of this size (default: all training rows)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -137,10 +137,10 @@ def main(argv=None) -> None:
                     help="synthetic: issue 2's MLP setting | cifar: paper 004's CNN on CIFAR-shaped random data | "
                          "draws: one round's minibatch draws under each sampling=")
     ap.add_argument("--clients", type=int, default=100, help="cifar: devices (default 100)")
-    ap.add_argument("--train-per-client", type=int, default=500, help="cifar: training images per device")
+    ap.add_argument("--train-per-client", type=int, default=500, help="cifar, draws: training images (rows) per device")
     ap.add_argument("--test-per-client", type=int, default=100, help="cifar: test images per device")
-    ap.add_argument("--clients-per-round", type=int, default=10, help="cifar: active devices per round")
-    ap.add_argument("--batch", type=int, default=50, help="cifar: batch size")
+    ap.add_argument("--clients-per-round", type=int, default=10, help="cifar, draws: active devices per round")
+    ap.add_argument("--batch", type=int, default=50, help="cifar, draws: batch size")
     ap.add_argument("--eval-every", type=int, default=1, help="cifar: evaluate all devices every this many rounds")
     ap.add_argument("--authors", default=None, metavar="PATH",
                     help="time CharlieDinh/pFedMe's main.py (a work tree at PATH) against fedrun's pFedMe DNN")
