@@ -298,7 +298,7 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
 
     run = [k for k in res if METHODS[k].table] or list(res)
     shown = run + [k for k in PAPER_COLUMNS if k not in run] if paper else run  # the paper's columns always
-    lines = [f"# Paper 004 {titles[settings['split']]}: {settings['dataset'].upper()}, {settings['classes']} classes "
+    lines = [f"# Paper 004 {titles[settings['split']]}: {_dataset_name(settings['dataset'])}, {settings['classes']} classes "
              "per device", "", f"Model transmissions needed to reach {reach}, relative to one round of Per-FedAvg "
              "(models sent to the server / devices per round, so PFLScaf counts "
              "2 per round); mean ± std over seeds; *not reached (> N)*: N transmissions were made (mean over seeds) "
