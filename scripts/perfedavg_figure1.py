@@ -116,9 +116,10 @@ def draw(out: str, pairs) -> list[dict]:
     if not rows:
         sys.exit("error: no finished runs to draw")
     png = os.path.join(out, "figure1.png")
+    rounds, n_seeds = max(x["rounds"] for x in rows), max(x["seeds"] for x in rows)
+    seeds = "one seed" if n_seeds == 1 else f"mean over {n_seeds} seeds, band ± std"
     plot_curve_panels(panels, png, ylabel="test accuracy (pooled over users)", styles=STYLES,
-                      suptitle="Per-FedAvg Figure 1 (fedrun): MNIST 0-4/5-9 split; "
-                               "mean over seeds, band ± std")
+                      suptitle=f"Per-FedAvg Figure 1 (fedrun): MNIST 0-4/5-9 split, {rounds} rounds, {seeds}")
     write_csv(os.path.join(out, "figure1.csv"), rows)
     lines = ["| tau | r | curve | last-round accuracy % | best-round accuracy % | seeds |", "|---|---|---|---|---|---|"]
     for x in rows:
