@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import openmp  # noqa: F401 - before torch: GOMP_SPINCOUNT, as `fedrun` sets it (fedrun/openmp.py)
+
 import torch
 
 from .algorithms import build, names

@@ -9,6 +9,8 @@ import contextlib
 import os
 import sys
 
+from . import openmp  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads (fedrun/openmp.py)
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
