@@ -222,7 +222,7 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         n_seeds = max((len(found.get(c.setting.name, [])) for m, _ in shown for c in by_model[m]), default=0)
         how = ", ".join(f"protocol={p}, data={d}" for p, d in sorted(ran_as, key=str))
         head = (f"pFedMe Figure {f} (fedrun): {title}; {how}; "
-                + ("mean over seeds, band ± std" if n_seeds > 1 else "one seed"))
+                + (f"mean over {n_seeds} seeds, band ± std" if n_seeds > 1 else "one seed"))
         save_figure(fig, png, "\n".join(textwrap.wrap(head, 62 * len(shown))))  # one column: a narrow title
         print(f"wrote {png}")
     if not rows:
