@@ -12,9 +12,8 @@ CHECK = ("import os, sys, {module}; from fedrun import openmp; "
 def _run(module: str, **env_set) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     env.update(env_set)
-    out = subprocess.run([sys.executable, "-c", CHECK.format(module=module)], env=env, check=True,
-                         capture_output=True, text=True).stdout.split()
-    return out
+    return subprocess.run([sys.executable, "-c", CHECK.format(module=module)], env=env, check=True,
+                          capture_output=True, text=True).stdout.split()
 
 
 @pytest.mark.parametrize("module", ["fedrun.cli", "fedrun.bench"])
