@@ -154,11 +154,20 @@ def main(argv=None) -> None:
                     help="on a CUDA machine: engine agreement (every device branch), the default run, the CIFAR ACID "
                          "preset, the CIFAR bench and batched seeds, in one table (fedrun.gpu_check); refused on a CPU")
     ap.add_argument("--gpu-check-device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny run
+    ap.add_argument("--gpu-check-parts", default=None, help=argparse.SUPPRESS)  # a subset, in this order
+    ap.add_argument("--compile", action="store_true",
+                    help="s/round of training rounds under compile=none|default|graphs and precision=fp32|bf16, the "
+                         "first (compiling) round apart, the GPU's busy fraction, and each mode's difference to eager "
+                         "(fedrun.bench_compile); --rounds timed (default 10) after --warmup")
+    ap.add_argument("--compile-settings", default="default-fedavg,default-fo,pfedme,cifar-acid,seeds5",
+                    help="--compile: settings, from default-fedavg, default-fo, pfedme, cifar-acid, seeds5")
+    ap.add_argument("--compile-modes", default=None,
+                    help="--compile: modes (default: CUDA eager,compiled,graphs,bf16,graphs+bf16; CPU eager,compiled,bf16)")
     args = ap.parse_args(argv)
     if args.gpu_check:
         from . import gpu_check
 
-        raise SystemExit(gpu_check.main(args.gpu_check_device))
+        raise SystemExit(gpu_check.main(args.gpu_check_device, args.gpu_check_parts))
     if args.repeats < 1:
         ap.refuse("--repeats", args.repeats, "must be at least 1")
     if args.seeds and not all(n.strip().isdigit() and int(n) >= 1 for n in args.seeds.split(",")):
@@ -183,6 +192,17 @@ def main(argv=None) -> None:
 
         return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3, args.seed_settings.split(","),
                                 args.device)
+    if args.compile:
+        from . import bench_compile
+
+        bad = [n for n in args.compile_settings.split(",") if n not in bench_compile.SETTINGS]
+        if bad:
+            ap.refuse("--compile-settings", args.compile_settings, f"allowed: {', '.join(bench_compile.SETTINGS)}")
+        modes = args.compile_modes.split(",") if args.compile_modes else None
+        if modes and any(m not in bench_compile.MODES for m in modes):
+            ap.refuse("--compile-modes", args.compile_modes, f"allowed: {', '.join(bench_compile.MODES)}")
+        bench_compile.main(args.device, args.compile_settings.split(","), args.rounds or 10, args.warmup, modes)
+        return None
     args.rounds = args.rounds or 20
     device = torch.device(args.device)
     if args.authors is not None:

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 # Sizes of each part: on the GPU the settings named above; "tiny" for the CPU path of the tests.
-FULL = dict(rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500, cifar_test=100,
+FULL = dict(compile_rounds=10, rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500, cifar_test=100,
             per_class=(5000, 1000), seeds=5, agreement_cases=None, preset_clients=100, bench_clients=100,
             algos=("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-exact"))
-TINY = dict(rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6, cifar_test=2,
+TINY = dict(compile_rounds=1, rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6, cifar_test=2,
             per_class=(10, 5), seeds=2, agreement_cases=1, preset_clients=10, bench_clients=2, algos=("perfedavg-hf",))
 
 
@@ -207,11 +207,46 @@ def seeds_rows(device: str, sizes: dict) -> list[Row]:
                 note=f"1 seed {one:.4f} s/round")]
 
 
+def compile_rows(device: str, sizes: dict) -> list[Row]:
+    """fedrun.bench_compile's table (eager / compiled / graphs / bf16 s/round, busy fraction, each
+    mode's max |diff| to eager), printed as it goes; summarized here as one row per setting."""
+    from . import bench_compile
+
+    cuda = torch.device(device).type == "cuda"
+    settings = [*bench_compile.SETTINGS, "resnet18-c100"] if cuda else ["default-fo"]
+    modes = None if cuda else ["eager", "compiled"]
+    res = bench_compile.main(device, settings, sizes["compile_rounds"], sizes["warmup"] + 1, modes,
+                             small=not cuda, backend="inductor" if cuda else "aot_eager")
+    rows = []
+    for name in dict.fromkeys(r["setting"] for r in res):
+        mine = {r["mode"]: r for r in res if r["setting"] == name}
+        eager = mine.get("eager", {}).get("s_round")
+        best = min((r for r in mine.values() if r.get("s_round") and r["mode"] != "eager"),
+                   key=lambda r: r["s_round"], default=None)
+        # compiled and graphs must give eager's numbers (bf16 has its own rounding: reported, not judged)
+        bad = [m for m in ("compiled", "graphs") if m in mine and
+               (mine[m].get("error") or (mine[m].get("diff") or 0) > COMPILE_TOL)]
+        note = (f"fastest {best['mode']} {best['s_round']:.4f} s/round ({eager / best['s_round']:.1f}x eager)"
+                if best and eager else "")
+        if bad:
+            note += f"; DIFFERS FROM EAGER: {', '.join(bad)}"
+        rows.append(Row("compile", name, eager, None, mine.get("eager", {}).get("peak_mb"),
+                        error=max((r.get("diff") or 0 for m, r in mine.items() if m in ("compiled", "graphs")),
+                                  default=None), note=note))
+        rows[-1].failed = bool(bad)
+    return rows
+
+
+# compiled and graph-replayed rounds against eager: max |server params difference| after 2 rounds,
+# float32 (reassociated sums in fused kernels; TF32 stays off unless precision=tf32)
+COMPILE_TOL = 1e-4
+
+
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def main(device: str = "cuda") -> int:
+def main(device: str = "cuda", parts: str | None = None) -> int:
     refuse_without_cuda(device)
     sizes = FULL if torch.device(device).type == "cuda" else TINY
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
@@ -219,9 +254,17 @@ def main(device: str = "cuda") -> int:
     rows: list[Row] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedrun-gpu-check-") as tmp:
-        parts = {"agreement": agreement_rows, "default": default_rows,
-                 "cifar_acid": lambda d, s: cifar_preset_rows(d, s, tmp), "bench": bench_rows, "seeds": seeds_rows}
-        for label, part in parts.items():
+        every = {"agreement": agreement_rows, "default": default_rows,
+                 "cifar_acid": lambda d, s: cifar_preset_rows(d, s, tmp), "bench": bench_rows, "seeds": seeds_rows,
+                 "compile": compile_rows}
+        chosen = parts.split(",") if parts else list(every)
+        unknown = [p for p in chosen if p not in every]
+        if unknown:
+            print(f"fedrun-bench --gpu-check-parts: unknown {', '.join(unknown)}; choose from {', '.join(every)}",
+                  file=sys.stderr)
+            return 2
+        for label in chosen:
+            part = every[label]
             try:
                 rows += part(device, sizes)
             except Exception as e:  # report the part that broke, go on with the others

@@ -18,7 +18,8 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
-ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None}
+ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None, "compile": "none",
+                 "precision": "fp32"}
 
 
 def fingerprint(cfg: DictConfig) -> dict:

@@ -28,6 +28,7 @@ from .device import cpu_threads, keep_freed_memory, resolve_device
 from .functional import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
+from .acceleration import LocalSteps
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
 from .validation import check_model_fits, check_round_draws, instantiate_checked, schedule, validate
@@ -331,8 +332,9 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     engine = ENGINES[cfg.engine](models[0], max_chunks=cfg.max_chunks)
     try:
         runs = [job.replica(data, model) for job, model in zip(jobs, models)]  # opens files and trackers
+        steps = LocalSteps(cfg.get("compile", "none"), cfg.get("precision", "fp32"))
         simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
-                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk)
+                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk, steps=steps)
     except BaseException:  # an error, a kill (KeyboardInterrupt), a tracker that cannot start:
         # the tracker runs opened so far end as stopped
         for job in jobs:

@@ -90,15 +90,25 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
     return clients.to(dev), trained.to(dev), idx
 
 
+def one_step(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
+             aug: tuple | None = None) -> Local:
+    """One local step for all training clients: gather every client's batches `idx` [m, k, B] in one
+    op, augment them with the step's pre-drawn `aug` params when the data has an augmentation, and
+    call the algorithm's `client_step` (what `compile=default` compiles)."""
+    xb, yb = data.train.rows(idx)
+    if aug is not None:
+        xb = apply_augmentation(data.augment, xb, aug, data.augment_fill)
+    return algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[1])], rnd)
+
+
 def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
-                   aug: tuple | None = None) -> Local:
-    """tau local steps for all training clients; each step gathers every client's batches in one op
-    (and augments them, when the data has an augmentation, with the round's pre-drawn `aug` params)."""
+                   aug: tuple | None = None, step: Callable | None = None) -> Local:
+    """tau local steps for all training clients (`one_step` each, or `step`: its compiled form)."""
+    step = step or one_step
     for s in range(idx.shape[1]):
-        xb, yb = data.train.rows(idx[:, s])  # step s: [m, k, B] rows
-        if aug is not None:
-            xb = apply_augmentation(data.augment, xb, tuple(a[:, s] for a in aug), data.augment_fill)
-        local = algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[2])], rnd)
+        # (contiguous: a compiled step's guards would otherwise see a new stride each step)
+        local = step(algo, engine, local, data, idx[:, s].contiguous(), rnd,
+                     None if aug is None else tuple(a[:, s].contiguous() for a in aug))
     return local
 
 
@@ -114,9 +124,10 @@ class ChunkedTraining:
     so a retry gives the same result); the size that fit is kept for later rounds.
     """
 
-    def __init__(self, size: int | None = None):
+    def __init__(self, size: int | None = None, steps: Callable = local_training):
         self.fixed = size is not None
         self.size = size
+        self.steps = steps  # local_training, or an acceleration.LocalSteps (compile=, precision=)
 
     def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
                  aug: tuple | None = None) -> Local:
@@ -125,8 +136,8 @@ class ChunkedTraining:
             size = min(self.size or m, m)
             try:
                 parts = [
-                    local_training(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd,
-                                   None if aug is None else tuple(a[i : i + size] for a in aug))
+                    self.steps(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd,
+                               None if aug is None else tuple(a[i : i + size] for a in aug))
                     for i in range(0, m, size)
                 ]
                 break
@@ -180,6 +191,7 @@ def simulate(
     on_checkpoint: Callable[[Progress], None] | None = None,
     checkpoint_every: int = 0,
     client_chunk: int | None = None,
+    steps: Callable | None = None,
 ) -> tuple[ServerState, Evaluation | None]:
     """Runs rounds up to `sched.rounds`, evaluating every `eval_every` rounds and after the last.
 
@@ -189,10 +201,11 @@ def simulate(
         on_checkpoint: called every `checkpoint_every` rounds (0: never) and after the last round,
             after that round's evaluation was reported.
         client_chunk: train at most this many clients at once (None: all, split on out-of-memory).
+        steps: how the local steps run (`acceleration.LocalSteps`: compile=, precision=; None: eager).
     Returns the final server state and the last evaluation.
     """
     run = Replica(seed, params, start, on_eval, on_checkpoint)
-    simulate_group(algo, engine, data, [run], sched, progress, checkpoint_every, client_chunk)
+    simulate_group(algo, engine, data, [run], sched, progress, checkpoint_every, client_chunk, steps)
     if run.error is not None:
         raise run.error
     return run.at.state, run.last
@@ -207,6 +220,7 @@ def simulate_group(
     progress: bool = False,
     checkpoint_every: int = 0,
     client_chunk: int | None = None,
+    steps: Callable | None = None,
 ) -> None:
     """Runs several replicas (seeds) of one configuration as one computation: each round, every
     replica samples its own clients and minibatches from its own (seed, round) streams, and the
@@ -220,7 +234,7 @@ def simulate_group(
     """
     for r in runs:
         r.at = r.start or Progress(algo.init(r.params, data.num_clients))
-    train = ChunkedTraining(client_chunk)
+    train = ChunkedTraining(client_chunk, steps or local_training)
     bar = None
     first = min(r.at.round for r in runs)
     clock = RoundClock(sched.rounds, sched.eval_every)

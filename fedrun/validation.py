@@ -7,7 +7,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from . import trackers
+from . import acceleration, trackers
 from .algorithms.base import ConfigError, check_choice
 from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, load_conf, search_roots
 from .data import DataMissingError
@@ -135,6 +135,12 @@ def validate(cfg: DictConfig) -> list[str]:
             problems.append(f"{key}={cfg[key]!r} must be true or false")
     problems += _cache_dir(cfg)
     check(resolve_device, str(cfg.device))
+    try:
+        acceleration.check(cfg.get("compile", "none"), cfg.get("precision", "fp32"), resolve_device(str(cfg.device)))
+    except ConfigError as e:
+        problems.append(str(e))
+    except Exception:  # a bad device: said above
+        pass
     check(cpu_threads, cfg.get("threads", "auto"))
     for key in DATA_INTS:
         v = cfg.data.get(key)

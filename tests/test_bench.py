@@ -137,13 +137,14 @@ def test_gpu_check_refuses_without_cuda_in_one_line(monkeypatch, capsys):
 def test_gpu_check_runs_its_whole_path_on_the_cpu(capsys):
     """The hidden `--gpu-check-device cpu`: every part at tiny sizes (agreement in float64 and
     float32, the default run, the CIFAR ACID preset on generated CIFAR-10 files, the bench, batched
-    seeds), one table, exit 0."""
+    seeds, eager against compiled local steps), one table, exit 0."""
     with pytest.raises(SystemExit) as e:
         bench.main(["--gpu-check", "--gpu-check-device", "cpu"])
     out = capsys.readouterr().out
     assert e.value.code == 0, out
     table = out[out.index("part "):].splitlines()
     parts = [line.split()[0] for line in table[1:-1]]
-    assert parts == ["agreement", "agreement", "default", "cifar_acid", "bench", "seeds"], out
+    assert parts == ["agreement", "agreement", "default", "cifar_acid", "bench", "seeds", "compile"], out
     assert "ERROR" not in out and "generated CIFAR-10 files" in out
     assert "4/4 within tolerance" in table[1] and "4/4 within tolerance" in table[2]  # mlr, mlp, cnn, mlp_bn
+    assert "DIFFERS FROM EAGER" not in out and "default-fo     compiled" in out

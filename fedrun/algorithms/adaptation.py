@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..data.federated import ClientSplit
 from ..functional import Engine, Params, class_means, proto_logits, stack
-from .base import Prototypes, check_choice, check_int, check_positive, clip_per_client, sgd
+from .base import Prototypes, check_choice, check_int, check_positive, clip_per_client, sgd_each
 
 MetaLoss = Callable[..., Tensor]  # (p, *batch tensors) -> scalar, per client
 
@@ -70,7 +70,7 @@ class MAML(NoAdaptation):
             g = engine.inner_grad(engine.loss, p, x, y, create_graph=not self.first_order)
             if self.weight_decay:
                 g = {k: g[k] + self.weight_decay * p[k] for k in g}
-            p = sgd(p, g, self.inner_lr)
+            p = sgd_each(p, g, self.inner_lr)  # (inside vmap)
         return p
 
     def meta_loss(self, engine: Engine) -> MetaLoss:
@@ -90,7 +90,7 @@ class MAML(NoAdaptation):
             else:
                 pp = stack(p, batches[0].shape[0]) if s == 0 else p
                 g, l = engine.grad(pp, batches[0][:, s], batches[1][:, s])
-            p = sgd(p, clip_per_client(g, self.clip), self.inner_lr)  # broadcasts the shared params to [C, ...] at step 0
+            p = sgd_each(p, clip_per_client(g, self.clip), self.inner_lr)  # broadcasts the shared params to [C, ...] at step 0
             loss = l if loss is None else loss
         return p, (loss if batches is None else None)
 

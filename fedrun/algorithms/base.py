@@ -108,6 +108,10 @@ class Algorithm(metaclass=AlgorithmMeta):
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
     batchnorm = False  # handles BatchNorm models' buffers (running statistics); others refuse them
+    # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
+    # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
+    # checks this declaration for every algorithm)
+    step_uses_round = False
 
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `functional.params_of`, with any
@@ -162,7 +166,17 @@ def clip_per_client(g: Params, max_norm: float | None) -> Params:
 
 
 def sgd(params: Params, grads: Params, lr: float) -> Params:
-    return {k: torch.add(params[k], grads[k], alpha=-lr) for k in params}  # one op per tensor
+    """params - lr * grads for every tensor, as ONE multi-tensor op (torch._foreach_add: on CUDA a
+    few fused launches for all tensors; on the CPU the same per-tensor torch.add, bit for bit).
+    Gradients in another dtype (bf16 autocast) are cast to the parameters' first."""
+    keys = list(params)
+    g = [grads[k] if grads[k].dtype == params[k].dtype else grads[k].to(params[k].dtype) for k in keys]
+    return dict(zip(keys, torch._foreach_add([params[k] for k in keys], g, alpha=-lr)))
+
+
+def sgd_each(params: Params, grads: Params, lr: float) -> Params:
+    """`sgd` one tensor at a time: inside torch.func transforms (vmap has no rule for foreach ops)."""
+    return {k: torch.add(params[k], grads[k], alpha=-lr) for k in params}
 
 
 def sgd_step(engine, local: Local, batches, lr: float) -> Local:

@@ -95,6 +95,11 @@ class MetaSGD(Algorithm):
     def lr_at(self, rnd: int) -> float:
         return self.lr * self.lr_decay ** (rnd - 1)
 
+    @property
+    def step_uses_round(self) -> bool:
+        """The local step reads the round number when the learning rate decays over rounds."""
+        return self.lr_decay != 1
+
     def init(self, params: Params, num_clients: int) -> ServerState:
         clients = {"last": stack(params, num_clients)} if self.eval_model == "clients_mean" else {}
         return ServerState(params=params, clients=clients)

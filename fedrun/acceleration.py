@@ -1,0 +1,158 @@
+"""How a round's local steps execute: `compile=` and `precision=` (README "Speed on a GPU").
+
+A round's local training is `tau` calls of the algorithm's `client_step` on minibatch rows drawn
+up front (fedrun.simulate.sample_round), so its shapes are the same every round. Three ways to run it:
+
+  none      eager PyTorch, one kernel launch per operation (the reference)
+  default   `torch.compile` of one local step (gather the step's rows, augment, client_step):
+            Inductor fuses the step's elementwise work; Dynamo traces through torch.func
+  graphs    CUDA only: the round's whole local loop (tau steps) is captured once per shape as a
+            CUDA graph and replayed each round, so a round launches one graph instead of
+            thousands of kernels (a round of small models is launch-bound: ~10 ms whatever the
+            number of clients, H200, issue 37). The inputs are copied into the graph's static
+            buffers, the outputs copied out.
+
+Precision of the local steps' forward and backward (evaluation always runs in the data's dtype):
+  fp32   as the data (float32; float64 in the agreement tests)
+  tf32   CUDA matmuls and convolutions in TF32 (10-bit mantissa products, float32 accumulation)
+  bf16   torch.autocast to bfloat16 for forward and backward; parameters, their updates and the
+         per-client state stay float32 ("master" weights)
+
+A local step that reads the round number (`Algorithm.step_uses_round`, e.g. a learning rate decayed
+over rounds) cannot be replayed from a graph captured in another round: `graphs` then runs it
+eagerly, with one line on stderr. So does a step whose capture fails (one that reads a value back to
+the host): the reason is printed once and the run goes on eagerly, with the same numbers.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .algorithms.options import ConfigError
+
+COMPILE = ("none", "default", "graphs")
+PRECISION = ("fp32", "tf32", "bf16")
+
+
+def check(compile: str, precision: str, device: torch.device | str) -> None:
+    """One-line ConfigError for a value outside COMPILE / PRECISION, or graphs off CUDA."""
+    if compile not in COMPILE:
+        raise ConfigError(f"compile={compile!r} is not allowed; choose one of: {', '.join(COMPILE)}")
+    if precision not in PRECISION:
+        raise ConfigError(f"precision={precision!r} is not allowed; choose one of: {', '.join(PRECISION)}")
+    if compile == "graphs" and torch.device(device).type != "cuda":
+        raise ConfigError(f"compile=graphs captures CUDA graphs and needs a CUDA device (device={device}); "
+                          f"use compile=default or none on the CPU")
+
+
+@contextlib.contextmanager
+def precision_scope(precision: str, device: torch.device):
+    """The local steps' numeric mode (module docstring); fp32 changes nothing."""
+    if precision == "bf16":
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield
+    elif precision == "tf32" and device.type == "cuda":
+        old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    else:
+        yield
+
+
+def _say(line: str) -> None:
+    print(f"fedrun: {line}", file=sys.stderr, flush=True)
+
+
+class LocalSteps:
+    """Runs `tau` local steps for a round's clients as `compile=` says (module docstring).
+
+    Called as `fedrun.simulate.local_training` is: (algo, engine, local, data, idx, rnd, aug) -> Local.
+    `backend` is torch.compile's (the tests use "aot_eager": Dynamo's capture and AOT autograd
+    without Inductor's C++ code generation, which takes ~30-50 s per step on a 2-core CPU).
+    """
+
+    def __init__(self, compile: str = "none", precision: str = "fp32", backend: str = "inductor"):
+        self.compile, self.precision, self.backend = compile, precision, backend
+        self._compiled: dict[int, Callable] = {}  # id(algo) -> compiled step
+        self._graphs: dict[tuple, tuple] = {}  # shapes -> (graph, static inputs, static outputs)
+        self._eager_why: str | None = None  # graphs: why this run fell back to eager (said once)
+        self.captures = 0  # graphs captured (gpu-check reports it)
+
+    def __call__(self, algo, engine, local, data, idx, rnd, aug=None):
+        from .simulate import local_training  # (simulate imports this module)
+
+        device = idx.device
+        if self.compile == "graphs" and self._eager_why is None:
+            if getattr(algo, "step_uses_round", False):
+                self._fall_back(f"algo={algo.name}'s local step changes with the round number "
+                                f"(e.g. algo.lr_decay), so one captured graph cannot serve every round")
+            else:
+                try:
+                    return self._replay(algo, engine, local, data, idx, rnd, aug)
+                except Exception as e:  # a step that cannot be captured: the same numbers, eagerly
+                    self._fall_back(f"algo={algo.name}'s local steps could not be captured as a CUDA graph "
+                                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+        step = None
+        if self.compile == "default":
+            step = self._step_fn(algo)
+            # A step that does not read the round (a declaration tests/test_acceleration.py checks
+            # for every algorithm) gets a fixed one, so the compiled step is not specialized anew
+            # for each round; one that does gets it as a symbolic int after its second round.
+            rnd = rnd if getattr(algo, "step_uses_round", False) else 0
+        with precision_scope(self.precision, device):
+            return local_training(algo, engine, local, data, idx, rnd, aug, step=step)
+
+    def _fall_back(self, why: str) -> None:
+        self._eager_why = why
+        self._graphs.clear()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        _say(f"compile=graphs: {why}; its local steps run eagerly (same numbers, no graph)")
+
+    def _step_fn(self, algo) -> Callable:
+        fn = self._compiled.get(id(algo))
+        if fn is None:
+            from .simulate import one_step
+
+            # Dynamo keeps compiled code per function, across torch.compile calls: a run starts from
+            # none (else another run's algorithm and engine in this process count toward the
+            # recompile limit), and hitting the limit raises instead of running on eagerly unnoticed.
+            torch._dynamo.reset()
+            torch._dynamo.config.fail_on_recompile_limit_hit = True
+            fn = self._compiled[id(algo)] = torch.compile(one_step, backend=self.backend)
+        return fn
+
+    def _replay(self, algo, engine, local, data, idx, rnd, aug):
+        from .simulate import local_training
+
+        leaves, spec = tree_flatten((local, idx, aug))
+        # (augmentation params are drawn on the CPU: a host-to-device copy cannot be captured)
+        leaves = [v.to(idx.device, non_blocking=True) for v in leaves]
+        key = (id(algo), id(engine), id(data), str(spec), tuple((tuple(v.shape), v.dtype) for v in leaves))
+        entry = self._graphs.get(key)
+        if entry is None:
+            static = [v.clone() for v in leaves]
+            run = lambda: local_training(algo, engine, *tree_unflatten(static, spec), rnd, step=None)
+            with precision_scope(self.precision, idx.device):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
+                    run()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    out = run()
+            entry = self._graphs[key] = (graph, static, out)
+            self.captures += 1
+        graph, static, out = entry
+        for s, v in zip(static, leaves):
+            s.copy_(v)
+        graph.replay()
+        return tree_map(torch.clone, out)  # the next replay overwrites the graph's outputs

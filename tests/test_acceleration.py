@@ -1,0 +1,131 @@
+"""compile= and precision= (fedrun.acceleration): the compiled local steps give eager's numbers for
+every algorithm, resume stays exact under them, each algorithm's `step_uses_round` declaration is
+true, bf16 really runs in bfloat16, and the options are checked before any work starts.
+
+torch.compile runs here with backend "aot_eager": Dynamo's capture of each algorithm's step and AOT
+autograd, without Inductor's C++ code generation (~30-50 s per step on a 2-core CPU, too slow for
+the suite); `fedrun-bench --gpu-check` checks Inductor's compiled steps against eager on CUDA, and
+docs/performance.md has the CPU timings of compile=default with Inductor.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedrun.acceleration import LocalSteps, check
+from fedrun.algorithms import ConfigError, build, names
+from fedrun.data import synthetic
+from fedrun.functional import VmapEngine, params_of
+from fedrun.models import MLP, MLPBN
+from fedrun.simulate import Progress, Schedule, local_training, sample_round, simulate
+from helpers import fedrun
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic(num_clients=8, dim=6, num_classes=3, seed=1, cache_dir=None, chunk_len=16)
+
+
+def _model(algo_name: str, **opts):
+    torch.manual_seed(0)
+    model = MLP(6, 3, hidden=[5])
+    try:
+        build(algo_name, **opts).check_params(params_of(model))
+    except ConfigError:  # FedBN needs BatchNorm
+        torch.manual_seed(0)
+        model = MLPBN(6, 3, hidden=[5])
+    return model
+
+
+SCHED = Schedule(rounds=2, tau=2, clients_per_round=3, batch_size=4)
+
+
+def _run(data, algo_name, steps, rounds=2, start=None, **opts):
+    model = _model(algo_name, **opts)
+    sched = Schedule(**{**SCHED.__dict__, "rounds": rounds})
+    out = {}
+
+    def keep(progress):
+        out["progress"] = progress
+
+    state, _ = simulate(build(algo_name, **opts), VmapEngine(model), data, params_of(model), sched, 0, start=start,
+                        on_checkpoint=keep, steps=steps)
+    return state, out["progress"]
+
+
+def _same(a: dict, b: dict, exact: bool) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("algo_name", names())
+def test_compiled_local_steps_give_eagers_numbers(data, algo_name):
+    eager, _ = _run(data, algo_name, None)
+    compiled, _ = _run(data, algo_name, LocalSteps("default", backend="aot_eager"))
+    _same(eager.params, compiled.params, exact=False)
+    for k in eager.clients:
+        _same(eager.clients[k], compiled.clients[k], exact=False)
+
+
+def test_a_resumed_compiled_run_is_bitwise_the_uninterrupted_one(data):
+    steps = LocalSteps("default", backend="aot_eager")
+    whole, _ = _run(data, "perfedavg", steps, rounds=4)
+    _, half = _run(data, "perfedavg", steps, rounds=2)
+    resumed, _ = _run(data, "perfedavg", steps, rounds=4, start=half)
+    _same(whole.params, resumed.params, exact=True)
+
+
+def _one_round_step(data, algo_name, rnd, **opts):
+    algo = build(algo_name, **opts)
+    model = _model(algo_name, **opts)
+    state = algo.init(params_of(model), data.num_clients)
+    _, trained, idx = sample_round(data, SCHED, algo.batches_per_step, 0, 1, algo.train_all)
+    local = algo.client_init(state, trained, 1)
+    return local_training(algo, VmapEngine(model), local, data, idx, rnd)
+
+
+@pytest.mark.parametrize("algo_name,opts", [(n, {}) for n in names()] + [("pfldyn", {"lr_decay": 0.5})])
+def test_step_uses_round_is_declared_where_the_step_reads_the_round(data, algo_name, opts):
+    """The same inputs at round 1 and round 7: a step that gives other numbers must say
+    step_uses_round (compile=graphs would replay round 1's graph otherwise), and one that says so
+    must really differ."""
+    a, b = _one_round_step(data, algo_name, 1, **opts), _one_round_step(data, algo_name, 7, **opts)
+    differs = any(not torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
+    assert differs == build(algo_name, **opts).step_uses_round
+
+
+def test_bf16_autocast_trains_in_bfloat16_with_float32_parameters(data):
+    fp32, _ = _run(data, "fedavg", None)
+    bf16, _ = _run(data, "fedavg", LocalSteps("none", "bf16"))
+    for k in fp32.params:
+        assert bf16.params[k].dtype == torch.float32
+    # bfloat16 products (8-bit mantissa) move the numbers, but not far: two rounds of 2 steps
+    assert any(not torch.equal(fp32.params[k], bf16.params[k]) for k in fp32.params)
+    for k in fp32.params:
+        torch.testing.assert_close(bf16.params[k], fp32.params[k], rtol=0.05, atol=0.02)
+
+
+def test_tf32_on_the_cpu_is_fp32(data):
+    fp32, _ = _run(data, "fedavg", None)
+    tf32, _ = _run(data, "fedavg", LocalSteps("none", "tf32"))
+    _same(fp32.params, tf32.params, exact=True)
+
+
+def test_the_options_are_checked_in_one_line():
+    with pytest.raises(ConfigError, match=r"compile='fast' is not allowed; choose one of: none, default, graphs"):
+        check("fast", "fp32", "cpu")
+    with pytest.raises(ConfigError, match=r"precision='fp16' is not allowed; choose one of: fp32, tf32, bf16"):
+        check("none", "fp16", "cpu")
+    with pytest.raises(ConfigError, match=r"compile=graphs .* needs a CUDA device"):
+        check("graphs", "fp32", "cpu")
+
+
+def test_a_bad_compile_option_stops_the_run_before_it_starts(tmp_path):
+    r = fedrun(["compile=graphs", "device=cpu", "rounds=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 2
+    assert "compile=graphs captures CUDA graphs and needs a CUDA device" in r.stderr
+    assert not (tmp_path / "run").exists()
