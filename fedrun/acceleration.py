@@ -133,26 +133,39 @@ class LocalSteps:
         from .simulate import local_training
 
         leaves, spec = tree_flatten((local, idx, aug))
+        tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]  # (aug may be None)
         # (augmentation params are drawn on the CPU: a host-to-device copy cannot be captured)
-        leaves = [v.to(idx.device, non_blocking=True) for v in leaves]
-        key = (id(algo), id(engine), id(data), str(spec), tuple((tuple(v.shape), v.dtype) for v in leaves))
+        for i in tensors:
+            leaves[i] = leaves[i].to(idx.device, non_blocking=True)
+        key = (id(algo), id(engine), id(data), str(spec), tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensors))
         entry = self._graphs.get(key)
         if entry is None:
-            static = [v.clone() for v in leaves]
-            run = lambda: local_training(algo, engine, *tree_unflatten(static, spec), rnd, step=None)
+            static = list(leaves)
+            for i in tensors:
+                static[i] = leaves[i].clone()
+            def run():
+                s_local, s_idx, s_aug = tree_unflatten(static, spec)
+                return local_training(algo, engine, s_local, data, s_idx, rnd, s_aug)
             with precision_scope(self.precision, idx.device):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
-                    run()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    out = run()
-            entry = self._graphs[key] = (graph, static, out)
+                replay, out = self._capture(run)
+            entry = self._graphs[key] = (replay, static, out)
             self.captures += 1
-        graph, static, out = entry
-        for s, v in zip(static, leaves):
-            s.copy_(v)
-        graph.replay()
+        replay, static, out = entry
+        for i in tensors:
+            static[i].copy_(leaves[i])
+        replay()
         return tree_map(torch.clone, out)  # the next replay overwrites the graph's outputs
+
+    @staticmethod
+    def _capture(run: Callable) -> tuple[Callable, object]:
+        """`run` captured as a CUDA graph: (replay, the graph's output tensors). `run` reads its inputs
+        from static tensors that the caller refills before each replay."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = run()
+        return graph.replay, out

@@ -7,8 +7,9 @@ A "training round" is what fedrun.simulate does each round minus evaluation: dra
 clients and minibatch rows, gather the clients' starting state, `tau` local steps, the server step
 (the divergence guard's one read included). Timed after warm-up rounds; the first round of a
 compiled mode (its compile, or its graph capture) is reported apart as "first round". Each mode
-starts from the same model and seed, and its final server parameters are compared with eager's
-("max |diff|": float rounding expected for compiled and graphs, bf16's own error for bf16).
+starts from the same model and seed, and its server parameters are compared with eager's: after a
+round of 2 local steps ("max|diff|": float rounding for compiled and graphs, bf16's own error for
+bf16), and after 2 whole rounds ("2-rd drift": how those differences grow over tau steps).
 On CUDA the GPU's busy fraction is the time some kernel runs (the union of kernel intervals,
 torch.profiler over the timed rounds again) over the unprofiled wall time.
 
@@ -145,6 +146,18 @@ def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
     return time.perf_counter() - t0, states
 
 
+def _short_round(s: Setting, steps) -> list:
+    """The server states after round 1 with at most 2 local steps."""
+    from .simulate import Schedule
+
+    full = s.sched
+    s.sched = Schedule(**{**full.__dict__, "tau": min(full.tau, 2)})
+    try:
+        return train_rounds(s, steps, 1, first=1)[1]
+    finally:
+        s.sched = full
+
+
 def busy_fraction(fn, wall: float) -> float | None:
     """Time some CUDA kernel runs during fn() (the union of kernel intervals, torch.profiler) over
     `wall`, fn's wall time measured without the profiler."""
@@ -183,13 +196,15 @@ def measure(s: Setting, modes: list[str], rounds: int, warmup: int, backend: str
                 row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
                 n = min(rounds, 3)  # the profiler's trace of a few rounds; their unprofiled wall: secs * n / rounds
                 row["busy"] = busy_fraction(lambda: train_rounds(s, steps, n, first=1 + warmup), secs * n / rounds)
-            # the same rounds from the same start in every mode: compare the final server models
-            _, check = train_rounds(s, steps, 2, first=1)
+            # the same start in every mode: the server models after round 1 cut to 2 local steps (the
+            # step's own agreement: "diff", judged), and after 2 whole rounds (how float32 rounding
+            # differences grow over tau steps: "drift", reported)
+            check = (_short_round(s, steps), train_rounds(s, steps, 2, first=1)[1])
             if ref is None and mode == "eager":
                 ref = check
             elif ref is not None:
-                row["diff"] = max(float((a.params[k].double() - b.params[k].double()).abs().max())
-                                  for a, b in zip(ref, check) for k in a.params)
+                row["diff"], row["drift"] = (max(float((a.params[k].double() - b.params[k].double()).abs().max())
+                                                 for a, b in zip(r, c) for k in a.params) for r, c in zip(ref, check))
         except Exception as e:  # one mode that breaks must not hide the others
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
         out.append(row)
@@ -201,10 +216,11 @@ def format_row(r: dict) -> str:
     f = lambda k, spec: "-" if r.get(k) is None else format(r[k], spec)
     note = r.get("error") or (f"fell back to eager: {r['fallback'][:90]}" if r.get("fallback") else "")
     return (f"{r['setting']:<15}{r['mode']:<13}{f('s_round', '.4f'):>10}{f('first', '.2f'):>10}{f('busy', '.0%'):>7}"
-            f"{f('peak_mb', '.0f'):>9}{f('diff', '.2e'):>11}  {note}")
+            f"{f('peak_mb', '.0f'):>9}{f('diff', '.2e'):>11}{f('drift', '.2e'):>11}  {note}")
 
 
-HEADER = f"{'setting':<15}{'mode':<13}{'s/round':>10}{'first s':>10}{'busy':>7}{'peak MB':>9}{'max|diff|':>11}  note"
+HEADER = (f"{'setting':<15}{'mode':<13}{'s/round':>10}{'first s':>10}{'busy':>7}{'peak MB':>9}{'max|diff|':>11}"
+          f"{'2-rd drift':>11}  note")
 
 
 def main(device: str, settings: list[str], rounds: int, warmup: int, modes: list[str] | None = None,

@@ -109,7 +109,8 @@ def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: lis
     logp = torch.log_softmax(z, 1)
     target = y.unsqueeze(1)
     nll = -logp.gather(1, target).squeeze(1)
-    dz = logp.exp_().scatter_add_(1, target, torch.full(target.shape, -1.0, dtype=z.dtype, device=z.device))
+    dz = logp.exp_().scatter_add_(1, target, torch.full(target.shape, -1.0, dtype=logp.dtype, device=z.device))
+    # (logp's dtype: under bf16 autocast on CUDA, log_softmax gives float32 logits of bfloat16 z)
     if weight is None:  # d(mean loss)/d logits = (softmax - onehot) / B
         losses = nll.mean(1)
         dz = dz.mul_(1.0 / y.shape[1])

@@ -129,3 +129,38 @@ def test_a_bad_compile_option_stops_the_run_before_it_starts(tmp_path):
     assert r.returncode == 2
     assert "compile=graphs captures CUDA graphs and needs a CUDA device" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _cpu_graph(monkeypatch):
+    """compile=graphs's bookkeeping on the CPU: a stand-in for the CUDA graph that, like a replay,
+    recomputes from the static inputs into the SAME output tensors."""
+    from torch.utils._pytree import tree_leaves
+
+    def capture(run):
+        out = run()
+
+        def replay():
+            for a, b in zip(tree_leaves(out), tree_leaves(run())):
+                a.copy_(b)
+        return replay, out
+
+    monkeypatch.setattr(LocalSteps, "_capture", staticmethod(capture))
+
+
+def test_graph_replay_refills_its_inputs_and_copies_out_its_outputs(data, monkeypatch):
+    _cpu_graph(monkeypatch)
+    steps = LocalSteps("graphs")
+    eager, _ = _run(data, "perfedavg", None, rounds=3)
+    graphed, _ = _run(data, "perfedavg", steps, rounds=3)
+    _same(eager.params, graphed.params, exact=True)
+    assert steps.captures == 1 and steps._eager_why is None  # one graph served all three rounds
+
+
+def test_graphs_run_a_round_dependent_step_eagerly_and_say_so(data, monkeypatch, capsys):
+    _cpu_graph(monkeypatch)
+    steps = LocalSteps("graphs")
+    eager, _ = _run(data, "pfldyn", None, lr_decay=0.5)
+    graphed, _ = _run(data, "pfldyn", steps, lr_decay=0.5)
+    _same(eager.params, graphed.params, exact=True)
+    assert steps.captures == 0
+    assert "algo=pfldyn's local step changes with the round number" in capsys.readouterr().err
