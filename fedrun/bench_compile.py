@@ -223,6 +223,49 @@ HEADER = (f"{'setting':<15}{'mode':<13}{'s/round':>10}{'first s':>10}{'busy':>7}
           f"{'2-rd drift':>11}  note")
 
 
+def graphs_every_algorithm(device: str, small: bool = False) -> list[dict]:
+    """compile=graphs against eager for every conf/algo entry with its defaults (FedBN: the MLP
+    with BatchNorm), 2 rounds of 3 steps on a small synthetic problem (`small`: a tiny one, the
+    test suite's): whether its steps were captured (else the reason it runs eagerly) and the
+    largest difference of the server models."""
+    from .acceleration import LocalSteps
+    from .algorithms import ConfigError, build, names
+    from .data import synthetic
+    from .functional import params_of
+    from .models import MLP, MLPBN
+    from .simulate import Schedule
+
+    data = (synthetic(num_clients=8, dim=6, num_classes=3, seed=1, cache_dir=None, chunk_len=16) if small
+            else synthetic(num_clients=12, cache_dir=None)).to(device)
+    hidden = [5] if small else [20]
+    rows = []
+    for name in names():
+        algo = build(name)
+        arch = MLP
+        try:
+            algo.check_params(params_of(MLP(data.in_features, data.num_classes, hidden=hidden)))
+        except ConfigError:
+            arch = MLPBN
+        s = Setting(name, algo, data, Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=10),
+                    lambda arch=arch: arch(data.in_features, data.num_classes, hidden=hidden))
+        row = {"algo": name}
+        try:
+            _, ref = train_rounds(s, LocalSteps(), 2)
+            steps = LocalSteps("graphs")
+            _, out = train_rounds(s, steps, 2)
+            row["captured"] = steps.captures > 0 and steps._eager_why is None
+            row["why"] = steps._eager_why
+            row["diff"] = max(float((a.params[k].double() - b.params[k].double()).abs().max())
+                              for a, b in zip(ref, out) for k in a.params)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+        rows.append(row)
+        print(f"graphs {name:<11}" + (f"ERROR {row['error']}" if "error" in row else
+              f"{'captured' if row['captured'] else 'eager   '} max|diff| {row['diff']:.2e}"
+              + (f"  ({row['why'][:100]})" if row["why"] else "")), flush=True)
+    return rows
+
+
 def main(device: str, settings: list[str], rounds: int, warmup: int, modes: list[str] | None = None,
          small: bool = False, backend: str = "inductor") -> list[dict]:
     cuda = torch.device(device).type == "cuda"

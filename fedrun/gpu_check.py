@@ -234,6 +234,14 @@ def compile_rows(device: str, sizes: dict) -> list[Row]:
                         error=max((r.get("diff") or 0 for m, r in mine.items() if m in ("compiled", "graphs")),
                                   default=None), note=note))
         rows[-1].failed = bool(bad)
+    if cuda:  # every algorithm's steps as a CUDA graph against eager
+        every = bench_compile.graphs_every_algorithm(device)
+        captured = [r for r in every if r.get("captured")]
+        wrong = [r["algo"] for r in every if "error" in r or r["diff"] > COMPILE_TOL]
+        rows.append(Row("compile", "graphs, every algo", error=max((r.get("diff", 0) for r in every), default=None),
+                        note=f"{len(captured)}/{len(every)} captured, the rest eager (reasons above)"
+                             + (f"; DIFFERS FROM EAGER or failed: {', '.join(wrong)}" if wrong else "")))
+        rows[-1].failed = bool(wrong)
     return rows
 
 

@@ -164,3 +164,18 @@ def test_graphs_run_a_round_dependent_step_eagerly_and_say_so(data, monkeypatch,
     _same(eager.params, graphed.params, exact=True)
     assert steps.captures == 0
     assert "algo=pfldyn's local step changes with the round number" in capsys.readouterr().err
+
+
+def test_every_algorithm_replays_its_graph_to_eagers_numbers(monkeypatch):
+    """gpu-check's sweep of compile=graphs over conf/algo, with the CPU stand-in for the graph: each
+    algorithm's local state (nested dicts, BatchNorm buffers, per-client counters) goes through the
+    static buffers and comes back as eager computed it, or the step says why it runs eagerly."""
+    from fedrun.bench_compile import graphs_every_algorithm
+
+    _cpu_graph(monkeypatch)
+    rows = graphs_every_algorithm("cpu", small=True)
+    assert [r["algo"] for r in rows] == names()
+    for r in rows:
+        assert "error" not in r, r
+        assert r["diff"] == 0.0, r
+        assert r["captured"] or r["why"], r
