@@ -13,6 +13,7 @@ the evaluation reports them in `new_*` columns.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import replace
 
@@ -116,8 +117,6 @@ def check(dataset: dict, partition: dict) -> None:
     seed = partition.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise P.PartitionError(f"partition.seed={seed!r}: allowed an integer >= 0")
-    import inspect
-
     accepted = set(inspect.signature(PARTITIONS[pname]).parameters) - {"labels", "rng", "writers"}
     for key, v in partition.items():  # the data-free checks, before any file is read
         if key in COMMON:
@@ -136,6 +135,9 @@ def check(dataset: dict, partition: dict) -> None:
     h = partition.get("holdout", 0)
     if isinstance(h, bool) or not isinstance(h, (int, float)) or h < 0 or (isinstance(h, float) and h >= 1):
         raise P.PartitionError(f"partition.holdout={h!r}: allowed a fraction in [0, 1) or a count of clients")
+    if "num_clients" in accepted:  # a holdout that rounds to no client (or every one) refused before any reading
+        P.holdout_clients(partition.get("num_clients", inspect.signature(PARTITIONS[pname]).parameters["num_clients"].default),
+                          h, np.random.default_rng(0))
 
 
 def stratified_split(owner: np.ndarray, labels: np.ndarray, train_frac: float, rng: np.random.Generator
@@ -223,9 +225,11 @@ def _finish(partition: dict, tr: list[np.ndarray], te: list[np.ndarray], test_y,
     held = P.holdout_clients(len(tr), partition.get("holdout", 0), rng)
     empty = [c for c in range(len(tr)) if len(tr[c]) == 0 or len(te[c]) == 0]
     if empty:
+        fixes = (["raise partition.min_size"] if "min_size" in inspect.signature(PARTITIONS[partition["name"]]).parameters
+                 else []) + ["use fewer clients"] + (["use partition.test=split"] if test_y is not None else [])
         raise P.PartitionError(
-            f"partition={partition['name']}: clients {empty[:10]} get no training or no test rows; raise "
-            f"partition.min_size (where it has one), use fewer clients{', or partition.test=split' if test_y is not None else ''}")
+            f"partition={partition['name']}: clients {empty[:10]} get no training or no test rows; "
+            f"{', '.join(fixes[:-1])}{' or ' if len(fixes) > 1 else ''}{fixes[-1]}")
     keep = np.setdiff1d(np.arange(len(tr)), held)
     order = np.r_[keep, held]
     return [tr[c] for c in order], [te[c] for c in order], len(held)
