@@ -22,7 +22,8 @@ import numpy as np
 from . import partitioners as P
 from .federated import FederatedData
 from .partitions import class_lists, deal_classes, perfedavg_mnist, pfedme_mnist
-from .sources import CIFAR_FILES, EMNIST_SPLITS, IDX_DATASETS, idx_files, load_cifar, load_idx, load_leaf
+from .sources import (CIFAR_FILES, EMNIST_LABELS, EMNIST_SPLITS, IDX_DATASETS, IDX_LABELS, idx_files, load_cifar, load_idx,
+                      load_leaf)
 
 # mean / std of the training pixels in [0, 1] (MNIST's as fedrun's MNIST loaders use it)
 IDX_STATS = {"mnist": (0.1307, 0.3081), "fmnist": (0.2860, 0.3530), "emnist": (0.1751, 0.3332)}
@@ -79,7 +80,7 @@ def load_rows(dataset: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             try_, tey = try_ - 1, tey - 1
         mean, std = IDX_STATS[name]
         f = lambda x: ((x.astype(np.float32) / 255.0 - mean) / std).reshape(len(x), -1)
-        return f(trx), try_, f(tex), tey, int(max(try_.max(), tey.max())) + 1, {}
+        return f(trx), try_, f(tex), tey, (EMNIST_LABELS[split] if name == "emnist" else IDX_LABELS[name])[1], {}
     if name in LEAF_DATASETS:  # pixels as LEAF wrote them (in [0, 1]), normalized by the training rows
         trx, try_, trw, tex, tey, tew = load_leaf(root, name)
         mean, std = float(trx.mean()), float(trx.std()) or 1.0

@@ -49,6 +49,10 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
         _check_idx(os.path.join(root, "MNIST", "raw", name))
     tr = MNIST(root, train=True, download=False)
     te = MNIST(root, train=False, download=False)
+    raw = os.path.join(root, "MNIST", "raw")
+    for ds, (images, labels) in ((tr, MNIST_FILES[:2]), (te, MNIST_FILES[2:])):
+        check_labelled_images(ds.data.numpy(), ds.targets.numpy(), os.path.join(raw, images), os.path.join(raw, labels),
+                              *IDX_LABELS["mnist"], "MNIST")
     return tr.data.numpy(), tr.targets.numpy(), te.data.numpy(), te.targets.numpy()
 
 
@@ -209,7 +213,11 @@ IDX_DATASETS = {  # dataset -> (folder under root, file stem per split; {split}:
     "fmnist": ("FashionMNIST", "{part}-{kind}-idx{d}-ubyte"),
     "emnist": ("EMNIST", "emnist-{split}-{part}-{kind}-idx{d}-ubyte"),
 }
-EMNIST_SPLITS = ("balanced", "byclass", "bymerge", "digits", "letters", "mnist")
+# the labels each idx dataset has: (lowest, count); EMNIST by split (letters are stored as 1..26)
+IDX_LABELS = {"mnist": (0, 10), "fmnist": (0, 10)}
+EMNIST_LABELS = {"balanced": (0, 47), "byclass": (0, 62), "bymerge": (0, 47), "digits": (0, 10),
+                 "letters": (1, 26), "mnist": (0, 10)}
+EMNIST_SPLITS = tuple(EMNIST_LABELS)
 
 
 def idx_files(dataset: str, split: str | None = None) -> list[str]:
@@ -221,20 +229,55 @@ def idx_files(dataset: str, split: str | None = None) -> list[str]:
 
 def read_idx(path: str) -> np.ndarray:
     """An idx file (MNIST's big-endian format; `path` or `path`.gz) as a numpy array. Only the header
-    and raw bytes are read: no pickle, nothing in a data file can run code."""
+    and raw bytes are read: no pickle, nothing in a data file can run code. A file that is not a
+    whole idx file of bytes (empty, torn, garbage, a .gz that does not decompress) is a
+    DataCorruptError naming it, in one line."""
     import gzip
+    import zlib
 
-    opener = gzip.open if not os.path.exists(path) and os.path.exists(path + ".gz") else open
-    with opener(path if opener is open else path + ".gz", "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = data[0] * 256 + data[1], data[2], data[3]
-    if zero != 0 or dtype != 0x08:
-        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    gz = not os.path.exists(path) and os.path.exists(path + ".gz")
+    name = path + ".gz" if gz else path
+    try:
+        with (gzip.open if gz else open)(name, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise DataCorruptError(_corrupt(name, f"not readable as {'gzip' if gz else 'a file'} ({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:120] if str(e) else 'truncated?'})")) from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08 or not 1 <= data[3] <= 4:
+        raise DataCorruptError(_corrupt(name, f"not an idx file of bytes ({len(data)} bytes; an idx file starts "
+                                              f"00 00 08 01..04)"))
+    ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise DataCorruptError(_corrupt(name, f"truncated in its header ({len(data)} bytes)"))
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: {arr.size} bytes for shape {shape} (a torn copy?)")
+        raise DataCorruptError(_corrupt(name, f"{arr.size} bytes of data, but its header ({' x '.join(map(str, shape))}) "
+                                              f"says {int(np.prod(shape))} (a torn copy?)"))
     return arr.reshape(shape)
+
+
+def check_labelled_images(images: np.ndarray, labels: np.ndarray, image_file: str, label_file: str,
+                          lowest: int, count: int, what: str) -> None:
+    """DataCorruptError in one line unless `images` is [n, 28, 28], `labels` is [n] (the same n: a
+    label file one entry short would shift every later image onto the next row's label) and every
+    label is one of the dataset's `count` labels from `lowest` (one 0xff byte would make a
+    256-class problem)."""
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise DataCorruptError(_corrupt(image_file, f"not a file of 28 x 28 images (its header says "
+                                                    f"{' x '.join(map(str, images.shape))})"))
+    if labels.ndim != 1:
+        raise DataCorruptError(_corrupt(label_file, f"not a file of labels (its header says "
+                                                    f"{' x '.join(map(str, labels.shape))}, expected one dimension)"))
+    if len(images) != len(labels):
+        raise DataCorruptError(f"{os.path.abspath(image_file)} holds {len(images)} images but "
+                               f"{os.path.abspath(label_file)} holds {len(labels)} labels; they must agree, one label "
+                               f"per image: delete both and download the dataset again (or copy good copies there)")
+    bad = np.flatnonzero((labels < lowest) | (labels >= lowest + count))
+    if len(bad):
+        raise DataCorruptError(_corrupt(label_file, f"a label file with label {int(labels[bad[0]])} at row {int(bad[0])} "
+                                                    f"({len(bad)} rows outside {what}'s labels "
+                                                    f"{lowest}..{lowest + count - 1})"))
 
 
 def load_idx(root: str, dataset: str, split: str | None = None, download: bool = True
@@ -265,7 +308,13 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
                 f"dataset={dataset} not found: expected {', '.join(names)} (or .gz) in {os.path.abspath(raw)} "
                 f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds {folder}/raw"
             )
+    paths = [os.path.join(raw, f) for f in names]
+    paths = [p if os.path.exists(p) or not os.path.exists(p + ".gz") else p + ".gz" for p in paths]
     trx, try_, tex, tey = (read_idx(os.path.join(raw, f)) for f in names)
+    lowest, count = EMNIST_LABELS[split] if dataset == "emnist" else IDX_LABELS[dataset]
+    what = f"dataset={dataset}" + (f" dataset.split={split}" if dataset == "emnist" else "")
+    check_labelled_images(trx, try_, paths[0], paths[1], lowest, count, what)
+    check_labelled_images(tex, tey, paths[2], paths[3], lowest, count, what)
     if dataset == "emnist":  # stored transposed (column-major), as torchvision leaves them
         trx, tex = trx.transpose(0, 2, 1), tex.transpose(0, 2, 1)
     return trx, try_.astype(np.int64), tex, tey.astype(np.int64)

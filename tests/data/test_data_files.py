@@ -1,0 +1,107 @@
+"""Dataset files that are there but wrong (issue 38 items 10 and 12): every one is refused in one
+line naming the file, before any work, never read as rows that look fine. MNIST's idx files
+(counts that disagree, labels outside the classes, empty, torn, garbage .gz), LEAF's JSON
+(metadata that contradicts the rows, labels outside FEMNIST's 62, mixed feature widths, no users),
+and the data cache, which must not serve the rows of a file since repaired."""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from fedrun.data.composed import composed
+from fedrun.data.sources import DataCorruptError, load_idx, load_mnist
+from helpers import _write_idx, fedrun, write_mnist_idx
+
+TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
+TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))
+RAW = os.path.join("MNIST", "raw")
+
+
+@pytest.fixture
+def root(tmp_path):
+    write_mnist_idx(tmp_path, TRAIN, TEST)
+    return tmp_path
+
+
+def _one_line(e) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("loader", ["dataset=", "data="])
+def test_label_file_one_short_refused_naming_both_files(root, loader):
+    """59,999 labels beside 60,000 images ran on shifted labels: every image after the gap carried
+    the next row's label."""
+    _write_idx(str(root / RAW / "train-labels-idx1-ubyte"), 0x801, TRAIN[:-1])
+    with pytest.raises(DataCorruptError) as e:
+        load_idx(str(root), "mnist", download=False) if loader == "dataset=" else load_mnist(str(root), download=False)
+    msg = _one_line(e)
+    assert f"{root / RAW / 'train-images-idx3-ubyte'} holds 600 images but " in msg
+    assert f"{root / RAW / 'train-labels-idx1-ubyte'} holds 599 labels" in msg
+
+
+@pytest.mark.parametrize("loader", ["dataset=", "data="])
+def test_label_outside_the_classes_refused_naming_the_file(root, loader):
+    """One 0xff label byte made a 256-class problem."""
+    bad = TEST.copy()
+    bad[7] = 255
+    _write_idx(str(root / RAW / "t10k-labels-idx1-ubyte"), 0x801, bad)
+    with pytest.raises(DataCorruptError) as e:
+        load_idx(str(root), "mnist", download=False) if loader == "dataset=" else load_mnist(str(root), download=False)
+    msg = _one_line(e)
+    assert msg.startswith(f"{root / RAW / 't10k-labels-idx1-ubyte'} is a label file with label 255 at row 7 (1 rows "
+                          f"outside ")
+    assert "labels 0..9)" in msg
+
+
+def test_emnist_letters_labels_checked_against_their_own_range(root):
+    raw = root / "EMNIST" / "raw"
+    os.makedirs(raw)
+    for name, y in (("train-labels", np.arange(1, 27).repeat(2)), ("test-labels", np.r_[np.arange(1, 26), 0])):
+        _write_idx(str(raw / f"emnist-letters-{name}-idx1-ubyte"), 0x801, y)
+        _write_idx(str(raw / f"emnist-letters-{name.replace('labels', 'images')}-idx3-ubyte"), 0x803,
+                   np.zeros((len(y), 28, 28)))
+    with pytest.raises(DataCorruptError, match=r"with label 0 at row 25 .*dataset=emnist dataset.split=letters's "
+                                               r"labels 1..26\)"):
+        load_idx(str(root), "emnist", "letters", download=False)
+
+
+@pytest.mark.parametrize("content, what", [
+    (b"", "not an idx file of bytes (0 bytes"),
+    (b"\x00\x00\x08", "not an idx file of bytes (3 bytes"),
+    (b"\x00\x00\x08\x03\x00\x00", "truncated in its header (6 bytes)"),
+    (b"\x00\x00\x08\x03" + (2).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x01" * 100,
+     "100 bytes of data, but its header (2 x 28 x 28) says 1568"),
+], ids=["empty", "3-bytes", "torn-header", "torn-data"])
+def test_empty_or_torn_image_file_is_one_line(root, content, what):
+    (root / RAW / "train-images-idx3-ubyte").write_bytes(content)
+    with pytest.raises(DataCorruptError) as e:
+        load_idx(str(root), "mnist", download=False)
+    assert _one_line(e).startswith(f"{root / RAW / 'train-images-idx3-ubyte'} is {what}")
+
+
+@pytest.mark.parametrize("content", [b"garbage, not gzip" * 10,
+                                     gzip.compress(np.random.RandomState(0).bytes(5000))[:2000]],
+                         ids=["garbage", "torn"])
+def test_garbage_or_torn_gz_is_one_line(root, content):
+    os.remove(root / RAW / "train-images-idx3-ubyte")
+    (root / RAW / "train-images-idx3-ubyte.gz").write_bytes(content)
+    with pytest.raises(DataCorruptError) as e:
+        load_idx(str(root), "mnist", download=False)
+    assert _one_line(e).startswith(f"{root / RAW / 'train-images-idx3-ubyte.gz'} is not readable as gzip (")
+
+
+def test_garbage_gz_under_dataset_mnist_is_one_line_exit_2_and_no_run_folder(root, tmp_path):
+    os.remove(root / RAW / "t10k-labels-idx1-ubyte")
+    (root / RAW / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b garbage")
+    r = fedrun(["dataset=mnist", "partition=iid", "partition.num_clients=5", f"dataset.root={root}",
+                "dataset.download=false", "rounds=1", "tau=1", "clients_per_round=2", "progress=false", "plot=false",
+                f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "t10k-labels-idx1-ubyte.gz is not readable as gzip" in lines[0], r.stderr
+    assert not (tmp_path / "run" / "metrics.csv").exists()
