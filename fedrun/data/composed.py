@@ -22,12 +22,12 @@ import numpy as np
 from . import partitioners as P
 from .federated import FederatedData
 from .partitions import class_lists, deal_classes, perfedavg_mnist, pfedme_mnist
-from .sources import (CIFAR_FILES, EMNIST_LABELS, EMNIST_SPLITS, IDX_DATASETS, IDX_LABELS, idx_files, load_cifar, load_idx,
-                      load_leaf)
+from .sources import (CIFAR_FILES, EMNIST_LABELS, EMNIST_SPLITS, IDX_DATASETS, IDX_LABELS, LEAF_SHAPES, idx_files,
+                      load_cifar, load_idx, load_leaf)
 
 # mean / std of the training pixels in [0, 1] (MNIST's as fedrun's MNIST loaders use it)
 IDX_STATS = {"mnist": (0.1307, 0.3081), "fmnist": (0.2860, 0.3530), "emnist": (0.1751, 0.3332)}
-LEAF_DATASETS = ("femnist",)  # rows come with writer ids: partition=natural is theirs
+LEAF_DATASETS = tuple(LEAF_SHAPES)  # rows come with writer ids: partition=natural is theirs
 DATASETS = (*IDX_DATASETS, "cifar10", "cifar100", *LEAF_DATASETS)
 
 
@@ -84,7 +84,7 @@ def load_rows(dataset: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     if name in LEAF_DATASETS:  # pixels as LEAF wrote them (in [0, 1]), normalized by the training rows
         trx, try_, trw, tex, tey, tew = load_leaf(root, name)
         mean, std = float(trx.mean()), float(trx.std()) or 1.0
-        return (trx - mean) / std, try_, (tex - mean) / std, tey, 62, {"writers": (trw, tew)}
+        return (trx - mean) / std, try_, (tex - mean) / std, tey, LEAF_SHAPES[name][1], {"writers": (trw, tew)}
     from . import _channel_stats  # CIFAR: per-channel normalization by the training set, crop+flip training batches
 
     trx, try_, tex, tey = load_cifar(root, int(name[5:]), download)

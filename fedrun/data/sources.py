@@ -322,6 +322,8 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
 
 # ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
 
+LEAF_SHAPES = {"femnist": (784, 62)}  # dataset -> (features per row, labels 0..n-1)
+
 def _leaf_users(path: str, dataset: str):
     """(user, x float32 [n, features], y int64 [n]) of each user in one LEAF JSON file; a torn or
     foreign file is a DataCorruptError naming it and the fix, in one line."""
@@ -338,19 +340,43 @@ def _leaf_users(path: str, dataset: str):
         raise bad(f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else 'empty?'}; a torn copy?)") from None
     if not (isinstance(blob, dict) and isinstance(blob.get("users"), list) and isinstance(blob.get("user_data"), dict)):
         raise bad('not a LEAF user file (expected {"users": [...], "user_data": {user: {"x": ..., "y": ...}}})')
+    users, data = blob["users"], blob["user_data"]
+    if not users:
+        raise bad("a LEAF user file with no users")
+    if len(set(map(str, users))) != len(users) or set(map(str, users)) != set(data):
+        extra, missing = sorted(set(data) - set(map(str, users))), sorted(set(map(str, users)) - set(data))
+        raise bad(f"a LEAF user file whose metadata contradicts its rows: \"users\" lists {len(users)} users, "
+                  f"\"user_data\" holds {len(data)}" + (f" ({len(extra)} not listed, e.g. {extra[0]!r})" if extra else "")
+                  + (f" ({len(missing)} without rows, e.g. {missing[0]!r})" if missing else "")
+                  + (" (a user listed twice)" if not extra and not missing else ""))
+    counts = blob.get("num_samples")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+        raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" is not {len(users)} counts, "
+                  f"one per user")
+    width, classes = LEAF_SHAPES[dataset]
     out = []
-    for user in blob["users"]:
-        u = blob["user_data"].get(user) if isinstance(user, str) else None
+    for i, user in enumerate(users):
+        u = data.get(user) if isinstance(user, str) else None
         if not isinstance(u, dict) or "x" not in u or "y" not in u:
             raise bad(f"not a LEAF user file: user {user!r} has no x and y in user_data")
         try:
             y = np.asarray(u["y"], dtype=np.int64).reshape(-1)
             x = np.asarray(u["x"], dtype=np.float32)
-        except (ValueError, TypeError):
-            raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers") from None
+        except (ValueError, TypeError):  # ragged rows (mixed feature widths) land here too
+            raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers in rows of one width") from None
         if x.ndim < 1 or len(x) != len(y):
             raise bad(f"not a LEAF user file: user {user!r} has {len(x) if x.ndim else 0} rows of x but {len(y)} of y")
-        out.append((user, x.reshape(len(y), -1), y))
+        if counts is not None and counts[i] != len(y):
+            raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" gives user {user!r} "
+                      f"{counts[i]!r} rows, its user_data holds {len(y)}")
+        x = x.reshape(len(y), -1)
+        if len(y) and x.shape[1] != width:
+            raise bad(f"not {dataset} rows: user {user!r}'s rows have {x.shape[1]} features, {dataset} has {width} "
+                      f"(28 x 28 pixels)")
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            v = int(y[(y < 0) | (y >= classes)][0])
+            raise bad(f"not {dataset} rows: user {user!r} has label {v}, outside {dataset}'s labels 0..{classes - 1}")
+        out.append((user, x, y))
     return out
 
 

@@ -105,3 +105,70 @@ def test_garbage_gz_under_dataset_mnist_is_one_line_exit_2_and_no_run_folder(roo
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "t10k-labels-idx1-ubyte.gz is not readable as gzip" in lines[0], r.stderr
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+# ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
+
+def _leaf(tmp_path, change) -> str:
+    """write_leaf's FEMNIST with `change(blob)` applied to the first training file; that file's path."""
+    import json
+
+    from helpers import write_leaf
+
+    write_leaf(str(tmp_path))
+    path = tmp_path / "femnist" / "data" / "train" / "all_data_0_niid_train.json"
+    blob = json.loads(path.read_text())
+    change(blob)
+    path.write_text(json.dumps(blob))
+    return str(path)
+
+
+def _set(blob, key, value):
+    blob[key] = value
+
+
+def _x(blob, rows):
+    blob["user_data"][blob["users"][0]]["x"] = rows
+
+
+def _y(blob, value):
+    blob["user_data"][blob["users"][-1]]["y"][4] = value
+
+
+LEAF_BAD = [  # the red team's cases, each with what the one line must say
+    (lambda b: _set(b, "users", b["users"][:1]), 'metadata contradicts its rows: "users" lists 1 users, "user_data" '
+                                                  "holds 3 (2 not listed, e.g. 'f0001_1')"),
+    (lambda b: _set(b, "users", b["users"] + ["f0999_0"]), "(1 without rows, e.g. 'f0999_0')"),
+    (lambda b: _set(b, "num_samples", [999, 9, 9]), "\"num_samples\" gives user 'f0000_0' 999 rows, its user_data holds 9"),
+    (lambda b: _set(b, "num_samples", [9]), '"num_samples" is not 3 counts, one per user'),
+    (lambda b: _x(b, [[0.5] * 10] * 9), "not femnist rows: user 'f0000_0''s rows have 10 features, femnist has 784"),
+    (lambda b: _x(b, [[0.5] * 784] * 8 + [[0.5] * 10]), "user 'f0000_0''s x or y is not numbers in rows of one width"),
+    (lambda b: _y(b, 99), "not femnist rows: user 'f0002_2' has label 99, outside femnist's labels 0..61"),
+    (lambda b: _y(b, -1), "has label -1, outside femnist's labels 0..61"),
+    (lambda b: (_set(b, "users", []), _set(b, "user_data", {}), _set(b, "num_samples", [])), "a LEAF user file with no users"),
+]
+
+
+@pytest.mark.parametrize("change, says", LEAF_BAD,
+                         ids=["users-short", "users-extra", "num-samples", "num-samples-length", "width-10",
+                              "mixed-widths", "label-99", "label-negative", "no-users"])
+def test_leaf_file_that_contradicts_itself_or_femnist_is_one_line_naming_it(tmp_path, change, says):
+    """LEAF metadata was not read at all (users listing 4 of 6 user_data entries, num_samples
+    [999, 1] and rows of 10 features were accepted as FEMNIST); a label 99 ended in a 56-line
+    `index 99 is out of bounds` at training time; mixed widths and no users in numpy's
+    concatenation errors."""
+    from fedrun.data.sources import load_leaf
+
+    path = _leaf(tmp_path, change)
+    with pytest.raises(DataCorruptError) as e:
+        load_leaf(str(tmp_path), "femnist")
+    msg = _one_line(e)
+    assert msg.startswith(f"{path} is ") and says in msg and msg.endswith("preprocess.sh again (or copy a good copy there)")
+
+
+def test_leaf_label_99_under_fedrun_is_one_line_exit_2(tmp_path):
+    _leaf(tmp_path / "leaf", lambda b: _y(b, 99))
+    r = fedrun(["dataset=femnist", f"dataset.root={tmp_path / 'leaf'}", "partition=natural", "rounds=1",
+                "clients_per_round=2", "progress=false", "plot=false", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "has label 99, outside femnist's labels 0..61" in lines[0], r.stderr
