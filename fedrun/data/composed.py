@@ -238,7 +238,7 @@ def _finish(partition: dict, tr: list[np.ndarray], te: list[np.ndarray], test_y,
 
 def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk_len: int = 256) -> FederatedData:
     """The FederatedData of `dataset` partitioned by `partition` (see the module docstring)."""
-    from . import _cached  # the cache of fedrun.data: keyed by every setting that shapes the rows
+    from . import _cached, file_digests  # the cache of fedrun.data: keyed by every setting that shapes the rows
 
     dataset, partition = dict(dataset), dict(partition)
     check(dataset, partition)
@@ -273,8 +273,8 @@ def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk
         else:
             folder = os.path.join(abs_root, CIFAR_FILES[int(name[5:])][0])
             files = CIFAR_FILES[int(name[5:])][1] + CIFAR_FILES[int(name[5:])][2]
-        settings["files"] = {f: next((os.path.getsize(p) for p in (os.path.join(folder, f), os.path.join(folder, f + ".gz"))
-                                      if os.path.exists(p)), None) for f in files}
+        settings["files"] = file_digests({f: next((p for p in (os.path.join(folder, f), os.path.join(folder, f + ".gz"))
+                                                   if os.path.exists(p)), None) for f in files}, cache_dir)
     label = f"{dataset['name']}_{partition['name']}"
     data = _cached(label, settings, cache_dir, build, chunk_len,
                    augment="crop_flip" if dataset["name"].startswith("cifar") else None)

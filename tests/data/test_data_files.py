@@ -172,3 +172,36 @@ def test_leaf_label_99_under_fedrun_is_one_line_exit_2(tmp_path):
                 "clients_per_round=2", "progress=false", "plot=false", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "has label 99, outside femnist's labels 0..61" in lines[0], r.stderr
+
+
+# ---------------------------------------------------------------------------- the data cache
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_cache_rereads_a_file_repaired_to_the_same_size(root, tmp_path, keep_mtime):
+    """The cache key held file sizes only: after a bad label file was replaced by the good one (same
+    size), the cache kept serving the bad rows. Also when the repair keeps the old mtime."""
+    labels = root / RAW / "train-labels-idx1-ubyte"
+    good = labels.read_bytes()
+    wrong = TRAIN.copy()
+    wrong[0] = (wrong[0] + 1) % 10  # one label wrong, same size
+    _write_idx(str(labels), 0x801, wrong)
+    ds, part, cache = dict(name="mnist", root=str(root), download=False), dict(name="iid", num_clients=4), str(tmp_path / "c")
+    bad = composed(ds, part, cache_dir=cache)
+    stamp = os.stat(labels)
+    labels.write_bytes(good)
+    if keep_mtime:
+        os.utime(labels, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    fixed = composed(ds, part, cache_dir=cache)
+    fresh = composed(ds, part)
+    assert not np.array_equal(bad.train.y.numpy(), fresh.train.y.numpy())
+    np.testing.assert_array_equal(fixed.train.y.numpy(), fresh.train.y.numpy())
+
+
+def test_file_digests_hash_an_unchanged_file_once(root, tmp_path, monkeypatch):
+    import fedrun.data as D
+
+    paths = {"a": str(root / RAW / "train-labels-idx1-ubyte"), "gone": str(root / "nope")}
+    first = D.file_digests(paths, str(tmp_path))
+    assert first["gone"] is None and len(first["a"]) == 40
+    monkeypatch.setattr(D, "_sha1", lambda p: pytest.fail(f"{p} hashed again although unchanged"))
+    assert D.file_digests(paths, str(tmp_path)) == first
