@@ -87,7 +87,7 @@ def load_rows(dataset: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         return (trx - mean) / std, try_, (tex - mean) / std, tey, LEAF_SHAPES[name][1], {"writers": (trw, tew)}
     from . import _channel_stats  # CIFAR: per-channel normalization by the training set, crop+flip training batches
 
-    trx, try_, tex, tey = load_cifar(root, int(name[5:]), download)
+    trx, try_, tex, tey = load_cifar(root, int(name[5:]), download, root_option="dataset.root (or $FEDRUN_DATA)")
     mean, std = _channel_stats(trx)
     mean, std = mean.astype(np.float32)[:, None, None], std.astype(np.float32)[:, None, None]
     fill = (-mean / std).reshape(-1) if dataset.get("pad_fill", "black") == "black" else None

@@ -1,6 +1,7 @@
 """Raw datasets: torchvision when the files are there (or can be downloaded), a clear error if not."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 
@@ -9,6 +10,33 @@ import numpy as np
 
 class DataMissingError(RuntimeError):
     """The dataset's files are absent and could not be downloaded."""
+
+
+def _download(root: str, leaves: list[str], fetch) -> str | None:
+    """Runs `fetch()` (a torchvision download into `root`); None when it worked, else why not, in a
+    few words. A failed download leaves nothing behind: of `root` and `leaves` (the paths under
+    `root` it writes, e.g. MNIST/raw), those that were not there before are removed again (an
+    offline run left empty MNIST/raw folders)."""
+    import shutil
+
+    paths = [root] + [os.path.join(root, *leaf.split("/")[:i + 1]) for leaf in leaves
+                      for i in range(len(leaf.split("/")))]
+    new = [p for p in dict.fromkeys(paths) if not os.path.lexists(p)]
+    try:
+        fetch()
+        return None
+    except Exception as e:  # offline: URLError, timeouts, torchvision's RuntimeError, ...
+        for p in reversed(new):  # deepest first; root only when nothing else is in it
+            if os.path.isdir(p) and not os.path.islink(p):
+                if p == root:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(p)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+            elif os.path.lexists(p):
+                with contextlib.suppress(OSError):
+                    os.remove(p)
+        return f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
 
 
 MNIST_FILES = [
@@ -34,11 +62,8 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
     if not _mnist_present(root):
         why = "download=false"
         if download:
-            try:
-                MNIST(root, train=True, download=True)
-                MNIST(root, train=False, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            why = _download(root, ["MNIST/raw"], lambda: (MNIST(root, train=True, download=True),
+                                                          MNIST(root, train=False, download=True))) or why
         if not _mnist_present(root):
             raise DataMissingError(
                 f"MNIST not found: expected {', '.join(MNIST_FILES)} in "
@@ -174,13 +199,14 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(root: str, num_classes: int = 10, download: bool = True
+def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "data.root"
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
 
     Reads `root`/cifar-10-batches-py/{data_batch_1..5,test_batch} or `root`/cifar-100-python/
     {train,test} itself (torchvision would check every file's md5); downloads them there through
-    torchvision when they are missing and `download` is set.
+    torchvision when they are missing and `download` is set. `root_option`: the option that set
+    `root`, as the missing-files message names it (`data.root` for data=cifar*, `dataset.root`).
     """
     if num_classes not in CIFAR_FILES:
         raise ValueError(f"CIFAR has 10 or 100 classes, not {num_classes}")
@@ -190,16 +216,14 @@ def load_cifar(root: str, num_classes: int = 10, download: bool = True
     if not _all_present(base, names):
         why = "download=false"
         if download:
-            try:
-                from torchvision.datasets import CIFAR10, CIFAR100
+            from torchvision.datasets import CIFAR10, CIFAR100
 
-                (CIFAR10 if num_classes == 10 else CIFAR100)(root, train=True, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            source = CIFAR10 if num_classes == 10 else CIFAR100
+            why = _download(root, [folder, source.filename], lambda: source(root, train=True, download=True)) or why
         if not _all_present(base, names):
             raise DataMissingError(
                 f"CIFAR-{num_classes} not found: expected {', '.join(names)} in {os.path.abspath(base)} "
-                f"({why}); copy them there or point data.root at the folder that holds {folder}"
+                f"({why}); copy them there or point {root_option} at the folder that holds {folder}"
             )
     trx, try_ = _read_cifar([os.path.join(base, f) for f in train_files], label_key)
     tex, tey = _read_cifar([os.path.join(base, f) for f in test_files], label_key)
@@ -294,13 +318,11 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
     if not present():
         why = "download=false"
         if download and dataset != "emnist":
-            try:
-                from torchvision.datasets import MNIST, FashionMNIST
+            from torchvision.datasets import MNIST, FashionMNIST
 
-                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=True, download=True)
-                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=False, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            source = MNIST if dataset == "mnist" else FashionMNIST
+            why = _download(root, [f"{folder}/raw"], lambda: (source(root, train=True, download=True),
+                                                              source(root, train=False, download=True))) or why
         elif download:
             why = "EMNIST is not downloaded by fedrun (~560 MB zip)"
         if not present():

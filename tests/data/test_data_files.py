@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedrun.data.composed import composed
-from fedrun.data.sources import DataCorruptError, load_idx, load_mnist
+from fedrun.data.sources import DataCorruptError, DataMissingError, load_idx, load_mnist
 from helpers import _write_idx, fedrun, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
@@ -205,3 +205,44 @@ def test_file_digests_hash_an_unchanged_file_once(root, tmp_path, monkeypatch):
     assert first["gone"] is None and len(first["a"]) == 40
     monkeypatch.setattr(D, "_sha1", lambda p: pytest.fail(f"{p} hashed again although unchanged"))
     assert D.file_digests(paths, str(tmp_path)) == first
+
+
+# ---------------------------------------------------------------------------- failed downloads
+
+def _offline(monkeypatch, cls, leave: str):
+    """torchvision's download of `cls` as it fails offline: its folders made, a partial file, then an error."""
+    def download(self):
+        os.makedirs(os.path.join(self.root, os.path.dirname(leave)), exist_ok=True)
+        with open(os.path.join(self.root, leave), "wb") as f:
+            f.write(b"\x1f\x8b partial")
+        raise RuntimeError("Error downloading: <urlopen error [Errno -2] Name or service not known>")
+
+    monkeypatch.setattr(cls, "download", download)
+
+
+@pytest.mark.parametrize("how", ["dataset=mnist", "dataset=fmnist", "data=mnist_*"])
+def test_a_failed_mnist_download_leaves_no_folder(tmp_path, monkeypatch, how):
+    import torchvision.datasets as tv
+
+    folder = "FashionMNIST" if how == "dataset=fmnist" else "MNIST"
+    _offline(monkeypatch, tv.FashionMNIST if how == "dataset=fmnist" else tv.MNIST, f"{folder}/raw/train-images-idx3-ubyte.gz")
+    (tmp_path / "kept").mkdir()
+    root = tmp_path / "kept" / "data"
+    with pytest.raises(DataMissingError, match="download failed \\(RuntimeError: Error downloading"):
+        load_mnist(str(root)) if how == "data=mnist_*" else load_idx(str(root), how.split("=")[1])
+    assert os.listdir(tmp_path / "kept") == []  # data/, data/MNIST/raw and the partial file removed
+
+
+def test_a_failed_cifar_download_leaves_no_folder_and_names_the_option_used(tmp_path, monkeypatch):
+    """The missing-files message said `data.root` for `dataset=cifar10` runs, whose option is dataset.root."""
+    import torchvision.datasets as tv
+
+    from fedrun.data.composed import load_rows
+
+    _offline(monkeypatch, tv.CIFAR10, "cifar-10-python.tar.gz")
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DataMissingError) as e:
+        load_rows({"name": "cifar10", "root": str(tmp_path)})
+    msg = _one_line(e)
+    assert "download failed (RuntimeError" in msg and "point dataset.root (or $FEDRUN_DATA) at the folder" in msg
+    assert os.listdir(tmp_path) == ["mine"]  # the tarball removed, what was there kept
