@@ -338,3 +338,27 @@ def test_holdout_rounding_to_no_client_refused_before_any_file_is_read():
 
     with pytest.raises(P.PartitionError, match=r"partition.holdout=0.004: holds out round\(0.004 x 100 clients\) = 0"):
         check({"name": "mnist"}, {"name": "iid", "num_clients": 100, "holdout": 0.004})
+
+
+@pytest.mark.parametrize("name, opts", [
+    ("quantity", dict(num_clients=20, sizes="lognormal", sigma=1.0, min_size=3)),
+    ("quantity", dict(num_clients=20, sizes="dirichlet", alpha=1.0, min_size=3)),
+    ("dirichlet", dict(num_clients=20, alpha=0.5)),
+    ("mixture", dict(num_clients=20, iid_frac=0.3, alpha=0.5)),
+    ("pfedme_labels", dict(num_clients=20, labels_per_client=2)),
+])
+def test_random_client_sizes_are_drawn_from_the_seed(name, opts):
+    """Where the sizes are part of the draw, another seed gives other sizes (a partition whose rows
+    follow the seed but whose sizes were drawn with a fixed one passed the seed test)."""
+    sizes = {tuple(len(p) for p in PARTITIONS[name](LABELS, np.random.default_rng(s), **opts)) for s in range(3)}
+    assert len(sizes) == 3
+
+
+def test_stratified_split_draws_test_rows_at_random_within_a_label():
+    """A client's test rows of one label are a random sample of its rows of that label, not every
+    fourth row in the file's order (which can follow writers, time or sources)."""
+    from fedrun.data.composed import stratified_split
+
+    train = stratified_split(np.zeros(400, np.int64), np.zeros(400, np.int64), 0.75, np.random.default_rng(0))
+    test = np.flatnonzero(~train)
+    assert len(test) == 100 and len(set(np.diff(test).tolist())) > 3
