@@ -300,7 +300,7 @@ def check_labelled_images(images: np.ndarray, labels: np.ndarray, image_file: st
     bad = np.flatnonzero((labels < lowest) | (labels >= lowest + count))
     if len(bad):
         raise DataCorruptError(_corrupt(label_file, f"a label file with label {int(labels[bad[0]])} at row {int(bad[0])} "
-                                                    f"({len(bad)} rows outside {what}'s labels "
+                                                    f"({len(bad)} row{'s' if len(bad) > 1 else ''} outside {what}'s labels "
                                                     f"{lowest}..{lowest + count - 1})"))
 
 

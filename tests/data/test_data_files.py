@@ -54,7 +54,7 @@ def test_label_outside_the_classes_refused_naming_the_file(root, loader):
     with pytest.raises(DataCorruptError) as e:
         load_idx(str(root), "mnist", download=False) if loader == "dataset=" else load_mnist(str(root), download=False)
     msg = _one_line(e)
-    assert msg.startswith(f"{root / RAW / 't10k-labels-idx1-ubyte'} is a label file with label 255 at row 7 (1 rows "
+    assert msg.startswith(f"{root / RAW / 't10k-labels-idx1-ubyte'} is a label file with label 255 at row 7 (1 row "
                           f"outside ")
     assert "labels 0..9)" in msg
 
