@@ -37,6 +37,7 @@ class Mutant:
 
 
 AGREE = "tests/algorithms/test_branches_agree.py"
+PARTS, COMPOSED, PTESTS = "fedrun/data/partitioners.py", "fedrun/data/composed.py", "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
     Mutant("vmap-vag-mean", "fedrun/functional.py",
@@ -115,6 +116,48 @@ MUTANTS = [
            "return self.lr * self.lr_decay ** min(rnd - 1, 1)",
            ("tests/test_golden_pfl.py", "-k", "feddyn"), "paper-004 lr decay applied once, not compounded "
                                                         "(first wrong number in round 3)"),
+    # every partitioner (issue 38 item 15): what defines it, one mutant each at least
+    Mutant("iid-in-order", PARTS, "owner[rng.permutation(len(labels))] = np.arange(len(labels))",
+           "owner[np.arange(len(labels))] = np.arange(len(labels))", (PTESTS,),
+           "partition=iid deals rows in dataset order (contiguous blocks), not shuffled"),
+    Mutant("dirichlet-alpha-ignored", PARTS, "_dirichlet_rows(len(counts), num_clients, alpha, rng)",
+           "_dirichlet_rows(len(counts), num_clients, 1.0, rng)", (PTESTS,), "partition=dirichlet draws with alpha 1"),
+    Mutant("dirichlet-min-size-ignored", PARTS, "if sizes.min() >= min_size:", "if True:", (PTESTS,),
+           "partition=dirichlet keeps the first draw whatever min_size says"),
+    Mutant("shards-in-order", PARTS, "client_of_shard = rng.permutation(total) // s",
+           "client_of_shard = np.arange(total) // s", (PTESTS,), "partition=shards gives each client consecutive shards"),
+    Mutant("classes-unseeded", PARTS, "perm = rng.permutation(len(present))", "perm = np.arange(len(present))",
+           (PTESTS,), "partition=classes: client c owns classes c*k.. whatever the seed"),
+    Mutant("quantity-in-order", PARTS, "return _groups(owner, num_clients, rng.permutation(n))",
+           "return _groups(owner, num_clients, np.arange(n))", (PTESTS,),
+           "partition=quantity deals rows in dataset order (each client a contiguous, label-skewed block)"),
+    Mutant("quantity-sizes-unseeded", PARTS, "w = np.exp(rng.normal(0.0, _positive(\"sigma\", sigma), num_clients))",
+           "w = np.exp(np.random.default_rng(0).normal(0.0, _positive(\"sigma\", sigma), num_clients))", (PTESTS,),
+           "partition=quantity sizes=lognormal: the sizes drawn with seed 0 whatever the seed"),
+    Mutant("mixture-drops-small-iid-share", PARTS, "owner = rng.permutation(num_clients)[:k]", "owner = np.full(k, -1)",
+           (PTESTS,), "partition=mixture: an iid share smaller than the clients goes to nobody (the red team's 70 rows)"),
+    Mutant("mixture-iid-frac-ignored", PARTS, "k = int(round(iid_frac * n))", "k = int(round(0.5 * n))", (PTESTS,),
+           "partition=mixture deals half the rows iid whatever iid_frac says"),
+    Mutant("perfedavg-split-unseeded", COMPOSED, "return perfedavg_mnist(labels, num_clients, a, _rs(rng))",
+           "return perfedavg_mnist(labels, num_clients, a, np.random.RandomState(0))", (PTESTS,),
+           "partition=perfedavg_split drawn with seed 0 whatever the seed"),
+    Mutant("pfedme-labels-unseeded", COMPOSED, "return pfedme_mnist(labels, num_clients, labels_per_client, _rs(rng))",
+           "return pfedme_mnist(labels, num_clients, labels_per_client, np.random.RandomState(0))", (PTESTS,),
+           "partition=pfedme_labels drawn with seed 0 whatever the seed"),
+    Mutant("acid-unseeded", COMPOSED, "    rs = _rs(rng)\n", "    rs = np.random.RandomState(0)\n", (PTESTS,),
+           "partition=acid drawn with seed 0 whatever the seed"),
+    Mutant("natural-rows-to-wrong-writers", PARTS, "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))",
+           "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels))[::-1])", (PTESTS,),
+           "partition=natural gives a writer's rows to another writer"),
+    Mutant("composed-partition-seed-ignored", COMPOSED, 'rng = np.random.default_rng([int(partition.get("seed", 0)), 23])',
+           "rng = np.random.default_rng([0, 23])", (PTESTS,),
+           "every composed partition drawn with seed 0 whatever partition.seed says (issue 38's survivor)"),
+    Mutant("holdout-rounding-to-none-accepted", PARTS,
+           "if isinstance(holdout, float) and 0 < holdout < 1 and not 0 < count < num_clients:", "if False:", (PTESTS,),
+           "partition.holdout=0.004 of 100 clients holds out nobody without a word"),
+    Mutant("stratified-split-unshuffled", COMPOSED, "order = np.lexsort((rng.random(n_rows), labels, owner))",
+           "order = np.lexsort((np.arange(n_rows), labels, owner))", (PTESTS,),
+           "test=split: a client's test rows no longer drawn at random within a label"),
     Mutant("nonfinite-guard-off", "fedrun/simulate.py",
            "    return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []",
            "    return []",
@@ -178,7 +221,7 @@ def main(argv=None) -> int:
         chosen = [known[n] for n in args.only.split(",")]
     if args.list:
         for m in chosen:
-            print(f"{m.name:<30}{m.path:<34}{m.what}")
+            print(f"{m.name:<36}{m.path:<34}{m.what}")
         return 0
     print(f"| mutant | what | status | caught by | s |\n|---|---|---|---|---|", flush=True)
     survived = 0

@@ -63,6 +63,55 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
                          **blob.get("meta", {}))
 
 
+DIGESTS = "file-digests.json"  # in the cache folder: path -> [size, mtime_ns, ctime_ns, inode, sha1]
+
+
+def _sha1(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digests(paths: dict[str, str | None], cache_dir: str) -> dict[str, str | None]:
+    """The content hash of each data file (name -> path; None or a missing path: None), for cache
+    keys: a file repaired in place, even to the same size and modification time, is new data and
+    its rows are read again. A hash is computed once and kept in `cache_dir`/file-digests.json
+    beside the file's size, mtime, ctime and inode; any of them changed (ctime moves on every
+    write and cannot be set back), the file is hashed again."""
+    book_path = os.path.join(cache_dir, DIGESTS)
+    try:
+        with open(book_path) as f:
+            book = json.load(f)
+        book = book if isinstance(book, dict) else {}
+    except (OSError, ValueError):
+        book = {}
+    out, changed = {}, False
+    for name, path in paths.items():
+        if not path or not os.path.isfile(path):
+            out[name] = None
+            continue
+        path = os.path.abspath(path)
+        st = os.stat(path)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        kept = book.get(path)
+        if not (isinstance(kept, list) and kept[:4] == stamp and len(kept) == 5):
+            book[path], changed = [*stamp, _sha1(path)], True
+        out[name] = book[path][4]
+    if changed:  # through a temp file; when it cannot be written the hashes are computed again next time
+        tmp = f"{book_path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(book, f)
+            os.replace(tmp, book_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+    return out
+
+
 def _write_cache(blob: dict, path: str) -> None:
     """Writes the cache file through a temp file. The cache only saves time: when it cannot be written
     (a full disk, no permission) the run goes on with the data in memory, says so in one line, and
@@ -145,15 +194,15 @@ def mnist_perfedavg(
 
     settings = dict(root=abs_root, n=n, a=a, test_a=test_a, seed=seed)
     if cache_dir:
-        settings["files"] = _mnist_files_key(abs_root)
+        settings["files"] = _mnist_files_key(abs_root, cache_dir)
     return _cached("mnist_perfedavg", settings, cache_dir, build, chunk_len)
 
 
-def _mnist_files_key(abs_root: str) -> dict:
-    """The label files' sizes, for cache keys: a different copy of MNIST is new data."""
-    raw = os.path.join(abs_root, "MNIST", "raw")
-    return {f: os.path.getsize(os.path.join(raw, f)) if os.path.exists(os.path.join(raw, f)) else None
-            for f in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte")}
+def _mnist_files_key(abs_root: str, cache_dir: str) -> dict:
+    """The MNIST files' content hashes, for cache keys: a different or repaired copy is new data."""
+    from .sources import MNIST_FILES
+
+    return file_digests({f: os.path.join(abs_root, "MNIST", "raw", f) for f in MNIST_FILES}, cache_dir)
 
 
 def mnist_pfedme(
@@ -195,7 +244,7 @@ def mnist_pfedme(
     settings = dict(root=abs_root, num_clients=num_clients, labels_per_client=labels_per_client,
                     train_frac=train_frac, seed=seed)
     if cache_dir:
-        settings["files"] = _mnist_files_key(abs_root)
+        settings["files"] = _mnist_files_key(abs_root, cache_dir)
     return _cached("mnist_pfedme", settings, cache_dir, build, chunk_len)
 
 
@@ -238,7 +287,7 @@ def mnist_pfedme_authors(
     settings = dict(root=abs_root, num_clients=num_clients, labels_per_client=labels_per_client, seed=seed,
                     train_frac=train_frac)
     if cache_dir:
-        settings["files"] = _mnist_files_key(abs_root)
+        settings["files"] = _mnist_files_key(abs_root, cache_dir)
     return _cached("mnist_pfedme_authors", settings, cache_dir, build, chunk_len)
 
 
@@ -332,9 +381,9 @@ def cifar(
     settings = dict(root=abs_root, dataset=dataset, split=split, num_clients=num_clients,
                     classes_per_client=k, classes=classes, seed=seed,
                     meta=2)  # 2: the cached meta holds augment_fill (a file from before it is not served)
-    if cache_dir:  # the cache key includes the files' sizes: a different copy of CIFAR is new data
+    if cache_dir:  # the cache key includes the files' hashes: a different copy of CIFAR is new data
         folder, train_files, test_files, _ = CIFAR_FILES[num_classes]
         paths = {f: os.path.join(abs_root, folder, f) for f in train_files + test_files}
-        settings["files"] = {f: os.path.getsize(p) if os.path.exists(p) else None for f, p in paths.items()}
+        settings["files"] = file_digests(paths, cache_dir)
     data = _cached(f"{dataset}_{split}", settings, cache_dir, build, chunk_len, augment="crop_flip")
     return data if pad_fill == "black" else replace(data, augment_fill=None)

@@ -13,6 +13,7 @@ the evaluation reports them in `new_*` columns.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import replace
 
@@ -21,11 +22,12 @@ import numpy as np
 from . import partitioners as P
 from .federated import FederatedData
 from .partitions import class_lists, deal_classes, perfedavg_mnist, pfedme_mnist
-from .sources import CIFAR_FILES, EMNIST_SPLITS, IDX_DATASETS, idx_files, load_cifar, load_idx, load_leaf
+from .sources import (CIFAR_FILES, EMNIST_LABELS, EMNIST_SPLITS, IDX_DATASETS, IDX_LABELS, LEAF_SHAPES, idx_files,
+                      load_cifar, load_idx, load_leaf)
 
 # mean / std of the training pixels in [0, 1] (MNIST's as fedrun's MNIST loaders use it)
 IDX_STATS = {"mnist": (0.1307, 0.3081), "fmnist": (0.2860, 0.3530), "emnist": (0.1751, 0.3332)}
-LEAF_DATASETS = ("femnist",)  # rows come with writer ids: partition=natural is theirs
+LEAF_DATASETS = tuple(LEAF_SHAPES)  # rows come with writer ids: partition=natural is theirs
 DATASETS = (*IDX_DATASETS, "cifar10", "cifar100", *LEAF_DATASETS)
 
 
@@ -78,14 +80,14 @@ def load_rows(dataset: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             try_, tey = try_ - 1, tey - 1
         mean, std = IDX_STATS[name]
         f = lambda x: ((x.astype(np.float32) / 255.0 - mean) / std).reshape(len(x), -1)
-        return f(trx), try_, f(tex), tey, int(max(try_.max(), tey.max())) + 1, {}
+        return f(trx), try_, f(tex), tey, (EMNIST_LABELS[split] if name == "emnist" else IDX_LABELS[name])[1], {}
     if name in LEAF_DATASETS:  # pixels as LEAF wrote them (in [0, 1]), normalized by the training rows
         trx, try_, trw, tex, tey, tew = load_leaf(root, name)
         mean, std = float(trx.mean()), float(trx.std()) or 1.0
-        return (trx - mean) / std, try_, (tex - mean) / std, tey, 62, {"writers": (trw, tew)}
+        return (trx - mean) / std, try_, (tex - mean) / std, tey, LEAF_SHAPES[name][1], {"writers": (trw, tew)}
     from . import _channel_stats  # CIFAR: per-channel normalization by the training set, crop+flip training batches
 
-    trx, try_, tex, tey = load_cifar(root, int(name[5:]), download)
+    trx, try_, tex, tey = load_cifar(root, int(name[5:]), download, root_option="dataset.root (or $FEDRUN_DATA)")
     mean, std = _channel_stats(trx)
     mean, std = mean.astype(np.float32)[:, None, None], std.astype(np.float32)[:, None, None]
     fill = (-mean / std).reshape(-1) if dataset.get("pad_fill", "black") == "black" else None
@@ -116,8 +118,6 @@ def check(dataset: dict, partition: dict) -> None:
     seed = partition.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise P.PartitionError(f"partition.seed={seed!r}: allowed an integer >= 0")
-    import inspect
-
     accepted = set(inspect.signature(PARTITIONS[pname]).parameters) - {"labels", "rng", "writers"}
     for key, v in partition.items():  # the data-free checks, before any file is read
         if key in COMMON:
@@ -136,6 +136,9 @@ def check(dataset: dict, partition: dict) -> None:
     h = partition.get("holdout", 0)
     if isinstance(h, bool) or not isinstance(h, (int, float)) or h < 0 or (isinstance(h, float) and h >= 1):
         raise P.PartitionError(f"partition.holdout={h!r}: allowed a fraction in [0, 1) or a count of clients")
+    if "num_clients" in accepted:  # a holdout that rounds to no client (or every one) refused before any reading
+        P.holdout_clients(partition.get("num_clients", inspect.signature(PARTITIONS[pname]).parameters["num_clients"].default),
+                          h, np.random.default_rng(0))
 
 
 def stratified_split(owner: np.ndarray, labels: np.ndarray, train_frac: float, rng: np.random.Generator
@@ -223,9 +226,11 @@ def _finish(partition: dict, tr: list[np.ndarray], te: list[np.ndarray], test_y,
     held = P.holdout_clients(len(tr), partition.get("holdout", 0), rng)
     empty = [c for c in range(len(tr)) if len(tr[c]) == 0 or len(te[c]) == 0]
     if empty:
+        fixes = (["raise partition.min_size"] if "min_size" in inspect.signature(PARTITIONS[partition["name"]]).parameters
+                 else []) + ["use fewer clients"] + (["use partition.test=split"] if test_y is not None else [])
         raise P.PartitionError(
-            f"partition={partition['name']}: clients {empty[:10]} get no training or no test rows; raise "
-            f"partition.min_size (where it has one), use fewer clients{', or partition.test=split' if test_y is not None else ''}")
+            f"partition={partition['name']}: clients {empty[:10]} get no training or no test rows; "
+            f"{', '.join(fixes[:-1])}{' or ' if len(fixes) > 1 else ''}{fixes[-1]}")
     keep = np.setdiff1d(np.arange(len(tr)), held)
     order = np.r_[keep, held]
     return [tr[c] for c in order], [te[c] for c in order], len(held)
@@ -233,7 +238,7 @@ def _finish(partition: dict, tr: list[np.ndarray], te: list[np.ndarray], test_y,
 
 def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk_len: int = 256) -> FederatedData:
     """The FederatedData of `dataset` partitioned by `partition` (see the module docstring)."""
-    from . import _cached  # the cache of fedrun.data: keyed by every setting that shapes the rows
+    from . import _cached, file_digests  # the cache of fedrun.data: keyed by every setting that shapes the rows
 
     dataset, partition = dict(dataset), dict(partition)
     check(dataset, partition)
@@ -268,8 +273,8 @@ def composed(dataset: dict, partition: dict, cache_dir: str | None = None, chunk
         else:
             folder = os.path.join(abs_root, CIFAR_FILES[int(name[5:])][0])
             files = CIFAR_FILES[int(name[5:])][1] + CIFAR_FILES[int(name[5:])][2]
-        settings["files"] = {f: next((os.path.getsize(p) for p in (os.path.join(folder, f), os.path.join(folder, f + ".gz"))
-                                      if os.path.exists(p)), None) for f in files}
+        settings["files"] = file_digests({f: next((p for p in (os.path.join(folder, f), os.path.join(folder, f + ".gz"))
+                                                   if os.path.exists(p)), None) for f in files}, cache_dir)
     label = f"{dataset['name']}_{partition['name']}"
     data = _cached(label, settings, cache_dir, build, chunk_len,
                    augment="crop_flip" if dataset["name"].startswith("cifar") else None)

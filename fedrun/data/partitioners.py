@@ -89,8 +89,13 @@ def dirichlet(labels: np.ndarray, rng: np.random.Generator, num_clients: int, al
     it), at most `max_redraws` times, then a PartitionError says which options to change. An
     impossible minimum (num_clients * min_size > rows) is refused before any draw.
     """
+    return _dirichlet(labels, rng, _int("num_clients", num_clients, 1, len(labels)), alpha, min_size, max_redraws)
+
+
+def _dirichlet(labels: np.ndarray, rng: np.random.Generator, num_clients: int, alpha: float, min_size: int,
+               max_redraws: int) -> list[np.ndarray]:
+    """`dirichlet` for any number of clients (mixture's skewed share may hold fewer rows than clients)."""
     n = len(labels)
-    num_clients = _int("num_clients", num_clients, 1, n)
     alpha = _positive("alpha", alpha)
     min_size = _int("min_size", min_size, 0)
     max_redraws = _int("max_redraws", max_redraws, 0)
@@ -192,18 +197,28 @@ def mixture(labels: np.ndarray, rng: np.random.Generator, num_clients: int, iid_
     perm = rng.permutation(n)
     k = int(round(iid_frac * n))
     a, b = perm[:k], perm[k:]
-    parts_a = iid(labels[a], rng, num_clients) if k >= num_clients else [np.zeros(0, np.int64)] * num_clients
-    parts_b = (dirichlet(labels[b], rng, num_clients, alpha, min_size, max_redraws) if len(b)
+    if k >= num_clients:
+        parts_a = iid(labels[a], rng, num_clients)
+    else:  # fewer iid rows than clients: one each to k clients drawn at random (none is dropped)
+        owner = rng.permutation(num_clients)[:k]
+        parts_a = _groups(owner, num_clients, np.arange(k))
+    parts_b = (_dirichlet(labels[b], rng, num_clients, alpha, min_size, max_redraws) if len(b)
                else [np.zeros(0, np.int64)] * num_clients)
     return [np.sort(np.concatenate([a[pa], b[pb]])).astype(np.int64) for pa, pb in zip(parts_a, parts_b)]
 
 
 def holdout_clients(num_clients: int, holdout, rng: np.random.Generator) -> np.ndarray:
     """The clients kept out of training: `holdout` a fraction in [0, 1) of num_clients (rounded) or a
-    count (an integer >= 1); at least one client must train. Returns them sorted."""
+    count (an integer >= 1); at least one client must train, and a fraction > 0 must hold out at
+    least one client (one that rounds to none is refused, not ignored). Returns them sorted."""
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float)):
         raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count of clients")
     count = int(holdout) if isinstance(holdout, int) else int(round(holdout * num_clients))
+    if isinstance(holdout, float) and 0 < holdout < 1 and not 0 < count < num_clients:
+        lo, hi = 0.5 / num_clients, (num_clients - 0.5) / num_clients  # the fractions that round to 1..C-1
+        raise PartitionError(f"partition.holdout={holdout!r}: holds out round({holdout!r} x {num_clients} clients) = "
+                             f"{count}; allowed 0 (none), a fraction in ({lo:.4g}, {hi:.4g}) (it rounds to 1..{num_clients - 1} "
+                             f"clients) or a count 0..{num_clients - 1}")
     if (isinstance(holdout, float) and not 0 <= holdout < 1) or not 0 <= count < num_clients:
         raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count 0..{num_clients - 1} "
                              f"({num_clients} clients, at least one must train)")

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..config import CONF_DIR, with_composed_data, with_env_searchpath
     from ..outputs import write_partition
     from ..plots import plot_partition
-    from ..validation import instantiate_checked, precheck
+    from ..validation import instantiate_checked, job_problems, precheck
     from . import DataMissingError
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("config", overrides=overrides)
+        problems = job_problems(cfg)  # the options it does not use checked as fedrun checks them: a command
+        if problems:                  # fedrun-data takes is one fedrun takes
+            raise ConfigError(problems[0])
         data = instantiate_checked(cfg.data)
     except (ConfigError, DataMissingError) as e:
         print(f"fedrun-data: error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Raw datasets: torchvision when the files are there (or can be downloaded), a clear error if not."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 
@@ -9,6 +10,33 @@ import numpy as np
 
 class DataMissingError(RuntimeError):
     """The dataset's files are absent and could not be downloaded."""
+
+
+def _download(root: str, leaves: list[str], fetch) -> str | None:
+    """Runs `fetch()` (a torchvision download into `root`); None when it worked, else why not, in a
+    few words. A failed download leaves nothing behind: of `root` and `leaves` (the paths under
+    `root` it writes, e.g. MNIST/raw), those that were not there before are removed again (an
+    offline run left empty MNIST/raw folders)."""
+    import shutil
+
+    paths = [root] + [os.path.join(root, *leaf.split("/")[:i + 1]) for leaf in leaves
+                      for i in range(len(leaf.split("/")))]
+    new = [p for p in dict.fromkeys(paths) if not os.path.lexists(p)]
+    try:
+        fetch()
+        return None
+    except Exception as e:  # offline: URLError, timeouts, torchvision's RuntimeError, ...
+        for p in reversed(new):  # deepest first; root only when nothing else is in it
+            if os.path.isdir(p) and not os.path.islink(p):
+                if p == root:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(p)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+            elif os.path.lexists(p):
+                with contextlib.suppress(OSError):
+                    os.remove(p)
+        return f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
 
 
 MNIST_FILES = [
@@ -34,11 +62,8 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
     if not _mnist_present(root):
         why = "download=false"
         if download:
-            try:
-                MNIST(root, train=True, download=True)
-                MNIST(root, train=False, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            why = _download(root, ["MNIST/raw"], lambda: (MNIST(root, train=True, download=True),
+                                                          MNIST(root, train=False, download=True))) or why
         if not _mnist_present(root):
             raise DataMissingError(
                 f"MNIST not found: expected {', '.join(MNIST_FILES)} in "
@@ -49,6 +74,10 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
         _check_idx(os.path.join(root, "MNIST", "raw", name))
     tr = MNIST(root, train=True, download=False)
     te = MNIST(root, train=False, download=False)
+    raw = os.path.join(root, "MNIST", "raw")
+    for ds, (images, labels) in ((tr, MNIST_FILES[:2]), (te, MNIST_FILES[2:])):
+        check_labelled_images(ds.data.numpy(), ds.targets.numpy(), os.path.join(raw, images), os.path.join(raw, labels),
+                              *IDX_LABELS["mnist"], "MNIST")
     return tr.data.numpy(), tr.targets.numpy(), te.data.numpy(), te.targets.numpy()
 
 
@@ -170,13 +199,14 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(root: str, num_classes: int = 10, download: bool = True
+def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "data.root"
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
 
     Reads `root`/cifar-10-batches-py/{data_batch_1..5,test_batch} or `root`/cifar-100-python/
     {train,test} itself (torchvision would check every file's md5); downloads them there through
-    torchvision when they are missing and `download` is set.
+    torchvision when they are missing and `download` is set. `root_option`: the option that set
+    `root`, as the missing-files message names it (`data.root` for data=cifar*, `dataset.root`).
     """
     if num_classes not in CIFAR_FILES:
         raise ValueError(f"CIFAR has 10 or 100 classes, not {num_classes}")
@@ -186,16 +216,14 @@ def load_cifar(root: str, num_classes: int = 10, download: bool = True
     if not _all_present(base, names):
         why = "download=false"
         if download:
-            try:
-                from torchvision.datasets import CIFAR10, CIFAR100
+            from torchvision.datasets import CIFAR10, CIFAR100
 
-                (CIFAR10 if num_classes == 10 else CIFAR100)(root, train=True, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            source = CIFAR10 if num_classes == 10 else CIFAR100
+            why = _download(root, [folder, source.filename], lambda: source(root, train=True, download=True)) or why
         if not _all_present(base, names):
             raise DataMissingError(
                 f"CIFAR-{num_classes} not found: expected {', '.join(names)} in {os.path.abspath(base)} "
-                f"({why}); copy them there or point data.root at the folder that holds {folder}"
+                f"({why}); copy them there or point {root_option} at the folder that holds {folder}"
             )
     trx, try_ = _read_cifar([os.path.join(base, f) for f in train_files], label_key)
     tex, tey = _read_cifar([os.path.join(base, f) for f in test_files], label_key)
@@ -209,7 +237,11 @@ IDX_DATASETS = {  # dataset -> (folder under root, file stem per split; {split}:
     "fmnist": ("FashionMNIST", "{part}-{kind}-idx{d}-ubyte"),
     "emnist": ("EMNIST", "emnist-{split}-{part}-{kind}-idx{d}-ubyte"),
 }
-EMNIST_SPLITS = ("balanced", "byclass", "bymerge", "digits", "letters", "mnist")
+# the labels each idx dataset has: (lowest, count); EMNIST by split (letters are stored as 1..26)
+IDX_LABELS = {"mnist": (0, 10), "fmnist": (0, 10)}
+EMNIST_LABELS = {"balanced": (0, 47), "byclass": (0, 62), "bymerge": (0, 47), "digits": (0, 10),
+                 "letters": (1, 26), "mnist": (0, 10)}
+EMNIST_SPLITS = tuple(EMNIST_LABELS)
 
 
 def idx_files(dataset: str, split: str | None = None) -> list[str]:
@@ -221,20 +253,55 @@ def idx_files(dataset: str, split: str | None = None) -> list[str]:
 
 def read_idx(path: str) -> np.ndarray:
     """An idx file (MNIST's big-endian format; `path` or `path`.gz) as a numpy array. Only the header
-    and raw bytes are read: no pickle, nothing in a data file can run code."""
+    and raw bytes are read: no pickle, nothing in a data file can run code. A file that is not a
+    whole idx file of bytes (empty, torn, garbage, a .gz that does not decompress) is a
+    DataCorruptError naming it, in one line."""
     import gzip
+    import zlib
 
-    opener = gzip.open if not os.path.exists(path) and os.path.exists(path + ".gz") else open
-    with opener(path if opener is open else path + ".gz", "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = data[0] * 256 + data[1], data[2], data[3]
-    if zero != 0 or dtype != 0x08:
-        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    gz = not os.path.exists(path) and os.path.exists(path + ".gz")
+    name = path + ".gz" if gz else path
+    try:
+        with (gzip.open if gz else open)(name, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise DataCorruptError(_corrupt(name, f"not readable as {'gzip' if gz else 'a file'} ({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:120] if str(e) else 'truncated?'})")) from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08 or not 1 <= data[3] <= 4:
+        raise DataCorruptError(_corrupt(name, f"not an idx file of bytes ({len(data)} bytes; an idx file starts "
+                                              f"00 00 08 01..04)"))
+    ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise DataCorruptError(_corrupt(name, f"truncated in its header ({len(data)} bytes)"))
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: {arr.size} bytes for shape {shape} (a torn copy?)")
+        raise DataCorruptError(_corrupt(name, f"{arr.size} bytes of data, but its header ({' x '.join(map(str, shape))}) "
+                                              f"says {int(np.prod(shape))} (a torn copy?)"))
     return arr.reshape(shape)
+
+
+def check_labelled_images(images: np.ndarray, labels: np.ndarray, image_file: str, label_file: str,
+                          lowest: int, count: int, what: str) -> None:
+    """DataCorruptError in one line unless `images` is [n, 28, 28], `labels` is [n] (the same n: a
+    label file one entry short would shift every later image onto the next row's label) and every
+    label is one of the dataset's `count` labels from `lowest` (one 0xff byte would make a
+    256-class problem)."""
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise DataCorruptError(_corrupt(image_file, f"not a file of 28 x 28 images (its header says "
+                                                    f"{' x '.join(map(str, images.shape))})"))
+    if labels.ndim != 1:
+        raise DataCorruptError(_corrupt(label_file, f"not a file of labels (its header says "
+                                                    f"{' x '.join(map(str, labels.shape))}, expected one dimension)"))
+    if len(images) != len(labels):
+        raise DataCorruptError(f"{os.path.abspath(image_file)} holds {len(images)} images but "
+                               f"{os.path.abspath(label_file)} holds {len(labels)} labels; they must agree, one label "
+                               f"per image: delete both and download the dataset again (or copy good copies there)")
+    bad = np.flatnonzero((labels < lowest) | (labels >= lowest + count))
+    if len(bad):
+        raise DataCorruptError(_corrupt(label_file, f"a label file with label {int(labels[bad[0]])} at row {int(bad[0])} "
+                                                    f"({len(bad)} row{'s' if len(bad) > 1 else ''} outside {what}'s labels "
+                                                    f"{lowest}..{lowest + count - 1})"))
 
 
 def load_idx(root: str, dataset: str, split: str | None = None, download: bool = True
@@ -251,13 +318,11 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
     if not present():
         why = "download=false"
         if download and dataset != "emnist":
-            try:
-                from torchvision.datasets import MNIST, FashionMNIST
+            from torchvision.datasets import MNIST, FashionMNIST
 
-                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=True, download=True)
-                (MNIST if dataset == "mnist" else FashionMNIST)(root, train=False, download=True)
-            except Exception as e:  # offline: URLError, timeouts, ...
-                why = f"download failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            source = MNIST if dataset == "mnist" else FashionMNIST
+            why = _download(root, [f"{folder}/raw"], lambda: (source(root, train=True, download=True),
+                                                              source(root, train=False, download=True))) or why
         elif download:
             why = "EMNIST is not downloaded by fedrun (~560 MB zip)"
         if not present():
@@ -265,13 +330,21 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
                 f"dataset={dataset} not found: expected {', '.join(names)} (or .gz) in {os.path.abspath(raw)} "
                 f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds {folder}/raw"
             )
+    paths = [os.path.join(raw, f) for f in names]
+    paths = [p if os.path.exists(p) or not os.path.exists(p + ".gz") else p + ".gz" for p in paths]
     trx, try_, tex, tey = (read_idx(os.path.join(raw, f)) for f in names)
+    lowest, count = EMNIST_LABELS[split] if dataset == "emnist" else IDX_LABELS[dataset]
+    what = f"dataset={dataset}" + (f" dataset.split={split}" if dataset == "emnist" else "")
+    check_labelled_images(trx, try_, paths[0], paths[1], lowest, count, what)
+    check_labelled_images(tex, tey, paths[2], paths[3], lowest, count, what)
     if dataset == "emnist":  # stored transposed (column-major), as torchvision leaves them
         trx, tex = trx.transpose(0, 2, 1), tex.transpose(0, 2, 1)
     return trx, try_.astype(np.int64), tex, tey.astype(np.int64)
 
 
 # ---------------------------------------------------------------------------- LEAF JSON (FEMNIST)
+
+LEAF_SHAPES = {"femnist": (784, 62)}  # dataset -> (features per row, labels 0..n-1)
 
 def _leaf_users(path: str, dataset: str):
     """(user, x float32 [n, features], y int64 [n]) of each user in one LEAF JSON file; a torn or
@@ -289,19 +362,43 @@ def _leaf_users(path: str, dataset: str):
         raise bad(f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else 'empty?'}; a torn copy?)") from None
     if not (isinstance(blob, dict) and isinstance(blob.get("users"), list) and isinstance(blob.get("user_data"), dict)):
         raise bad('not a LEAF user file (expected {"users": [...], "user_data": {user: {"x": ..., "y": ...}}})')
+    users, data = blob["users"], blob["user_data"]
+    if not users:
+        raise bad("a LEAF user file with no users")
+    if len(set(map(str, users))) != len(users) or set(map(str, users)) != set(data):
+        extra, missing = sorted(set(data) - set(map(str, users))), sorted(set(map(str, users)) - set(data))
+        raise bad(f"a LEAF user file whose metadata contradicts its rows: \"users\" lists {len(users)} users, "
+                  f"\"user_data\" holds {len(data)}" + (f" ({len(extra)} not listed, e.g. {extra[0]!r})" if extra else "")
+                  + (f" ({len(missing)} without rows, e.g. {missing[0]!r})" if missing else "")
+                  + (" (a user listed twice)" if not extra and not missing else ""))
+    counts = blob.get("num_samples")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+        raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" is not {len(users)} counts, "
+                  f"one per user")
+    width, classes = LEAF_SHAPES[dataset]
     out = []
-    for user in blob["users"]:
-        u = blob["user_data"].get(user) if isinstance(user, str) else None
+    for i, user in enumerate(users):
+        u = data.get(user) if isinstance(user, str) else None
         if not isinstance(u, dict) or "x" not in u or "y" not in u:
             raise bad(f"not a LEAF user file: user {user!r} has no x and y in user_data")
         try:
             y = np.asarray(u["y"], dtype=np.int64).reshape(-1)
             x = np.asarray(u["x"], dtype=np.float32)
-        except (ValueError, TypeError):
-            raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers") from None
+        except (ValueError, TypeError):  # ragged rows (mixed feature widths) land here too
+            raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers in rows of one width") from None
         if x.ndim < 1 or len(x) != len(y):
             raise bad(f"not a LEAF user file: user {user!r} has {len(x) if x.ndim else 0} rows of x but {len(y)} of y")
-        out.append((user, x.reshape(len(y), -1), y))
+        if counts is not None and counts[i] != len(y):
+            raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" gives user {user!r} "
+                      f"{counts[i]!r} rows, its user_data holds {len(y)}")
+        x = x.reshape(len(y), -1)
+        if len(y) and x.shape[1] != width:
+            raise bad(f"not {dataset} rows: user {user!r}'s rows have {x.shape[1]} features, {dataset} has {width} "
+                      f"(28 x 28 pixels)")
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            v = int(y[(y < 0) | (y >= classes)][0])
+            raise bad(f"not {dataset} rows: user {user!r} has label {v}, outside {dataset}'s labels 0..{classes - 1}")
+        out.append((user, x, y))
     return out
 
 

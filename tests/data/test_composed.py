@@ -105,7 +105,7 @@ def test_emnist_letters_and_cifar_compose(root):
 def test_composed_cache_serves_the_same_rows(root, tmp_path):
     ds, part = dict(name="fmnist", root=root, download=False), dict(name="iid", num_clients=4, holdout=1)
     a = composed(ds, part, cache_dir=str(tmp_path))
-    assert len(os.listdir(tmp_path)) == 1
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".pt")]) == 1  # beside file-digests.json
     b = composed(ds, part, cache_dir=str(tmp_path))
     assert torch.equal(a.train.x, b.train.x) and b.num_holdout == 1
 
@@ -256,3 +256,19 @@ def test_partition_options_checked_before_any_file_is_read(tmp_path):
             composed(dict(name="mnist", root=str(tmp_path), download=False), part)
     with pytest.raises(ValueError, match="dataset.name='svhn': allowed one of mnist, fmnist, emnist, cifar10, cifar100"):
         composed(dict(name="svhn", root=str(tmp_path)), dict(name="iid"))
+
+
+@pytest.mark.parametrize("option, says", [("rounds=abc", "rounds='abc' must be an integer >= 1"),
+                                          ("device=tpu", "device='tpu' is not allowed"),
+                                          ("seed=-3", "seed=-3 must be an integer >= 0")])
+def test_fedrun_data_checks_the_options_it_does_not_use(root, tmp_path, capsys, option, says):
+    """fedrun-data ignores the training options, but a command it accepts must be one fedrun accepts:
+    `rounds=abc` drew the partition and said nothing."""
+    from fedrun.data.show import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "p"), "dataset=mnist", "partition=iid", "partition.num_clients=4",
+              f"dataset.root={root}", "dataset.download=false", option])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(f"fedrun-data: error: {says}") and "\n" not in err
+    assert not (tmp_path / "p").exists()

@@ -4,6 +4,8 @@ distributions' own moments), and the failure modes peers' trackers report (a min
 never ends, alpha ignored, NaN at tiny alpha) refused or absent."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -182,3 +184,181 @@ def test_partition_benchmark_runs(capsys):
     main(["--repeats", "1", "--clients", "50"])
     out = capsys.readouterr().out
     assert "dirichlet alpha=0.1, 50 clients" in out and "3500 clients" in out
+
+
+# ---------------------------------------------------------------------------- every row accounted for
+
+def _rows_the_rule_uses(name: str, labels: np.ndarray) -> int:
+    """How many rows each partitioner's own rule deals out of `labels` with CASES[name]; the rest it
+    leaves out by design (Per-FedAvg's `a` images per digit, ACID's floor(N / n) per device)."""
+    o = CASES[name]
+    if name == "perfedavg_split":
+        n, a = o["num_clients"], o["a"]
+        return n // 2 * 5 * a + (n - n // 2) * (a // 2 + 2 * a)
+    if name == "acid":
+        return len(labels) // o["num_clients"] * o["num_clients"]
+    return len(labels)  # the rest use every row (classes and pfedme_labels: every class owned here)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_partition_accounts_for_every_row(name):
+    """No row is dropped beyond what the rule says: the rows dealt are exactly the rule's count."""
+    assert len(np.concatenate(_parts(name))) == _rows_the_rule_uses(name, LABELS)
+
+
+@pytest.mark.parametrize("iid_frac", [0.001, 0.004, 0.999])
+def test_mixture_with_a_share_smaller_than_the_clients_drops_no_row(iid_frac):
+    """The red team's 70 of 70,000 rows lost: an iid share (or a skewed one) of fewer rows than
+    clients went to nobody."""
+    parts = P.mixture(LABELS, np.random.default_rng(0), 20, iid_frac=iid_frac, alpha=0.5)
+    flat = np.concatenate(parts)
+    assert len(flat) == len(LABELS) and len(np.unique(flat)) == len(LABELS)
+
+
+@pytest.mark.parametrize("holdout, clients", [(0.004, 100), (0.04, 10), (0.999, 100)])
+def test_holdout_that_rounds_to_no_client_or_every_client_refused(holdout, clients):
+    with pytest.raises(P.PartitionError) as e:
+        P.holdout_clients(clients, holdout, np.random.default_rng(0))
+    assert f"partition.holdout={holdout}: holds out round({holdout} x {clients} clients) = " in str(e.value)
+    assert "allowed 0 (none), a fraction in (" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------- partition.seed pins the lists
+
+PARTITION_OPTIONS = {k: {o: v for o, v in opts.items() if o != "writers"} for k, opts in CASES.items()}
+
+
+def _composed_lists(name: str, seed: int, test: str = "split"):
+    from fedrun.data.composed import build_partition
+
+    writers = CASES["natural"]["writers"].astype(str)
+    partition = {"name": name, "seed": seed, "test": test, **PARTITION_OPTIONS[name]}
+    if test == "split":  # LABELS pooled
+        tr, te, _ = build_partition(partition, LABELS, None, (writers[:2500], writers[2500:]))
+    else:  # LABELS the training rows, the same labels reversed the dataset's test rows
+        tr, te, _ = build_partition(partition, LABELS, LABELS[::-1].copy(), (writers, writers[::-1].copy()))
+    return tr + te
+
+
+@pytest.mark.parametrize("test", ["split", "dataset"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_partition_seed_gives_the_same_lists_and_another_seed_other_lists(name, test):
+    """What a partition is drawn from is `partition.seed` (the planted bug: every composed partition
+    drawn with seed 0, caught by no test). natural with test=dataset is LEAF's own split: no draw."""
+    a, again, other = _composed_lists(name, 5, test), _composed_lists(name, 5, test), _composed_lists(name, 6, test)
+    assert len(a) == len(again) and all(np.array_equal(x, y) for x, y in zip(a, again))
+    if name == "natural" and test == "dataset":
+        assert all(np.array_equal(x, y) for x, y in zip(a, other))
+    else:
+        assert not all(np.array_equal(x, y) for x, y in zip(a, other))
+
+
+def test_partition_does_not_depend_on_the_runs_seed():
+    """cfg.data of a composed run resolves to the same settings under every run `seed` (the model,
+    sampling and minibatches change with it; the partition does not); and no partition's yaml
+    interpolates anything (composing all ten twice would take seconds)."""
+    import glob
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fedrun.config import CONF_DIR, with_composed_data
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        seen = [OmegaConf.to_container(compose("config", overrides=with_composed_data(
+            ["dataset=mnist", "partition=dirichlet", f"seed={s}"])).data, resolve=True) for s in (0, 7)]
+    assert seen[0] == seen[1] and seen[0]["partition"]["seed"] == 0
+    files = glob.glob(os.path.join(CONF_DIR, "partition", "*.yaml"))
+    assert len(files) == len(PARTITIONS)
+    for f in files:
+        assert "${" not in open(f).read(), f
+
+
+# ---------------------------------------------------------------------------- label-iid partitions
+
+def _within_sampling_error(labels: np.ndarray, parts: list[np.ndarray]) -> float:
+    """The largest |count - expected| / sd over clients and labels, where a client of m rows drawn
+    without replacement from the pool has a hypergeometric count of label j: mean m p_j, variance
+    m p_j (1 - p_j) (N - m) / (N - 1)."""
+    N = len(labels)
+    p = np.bincount(labels) / N
+    worst = 0.0
+    for part in parts:
+        m = len(part)
+        if m < 2:
+            continue
+        sd = np.sqrt(m * p * (1 - p) * (N - m) / (N - 1))
+        worst = max(worst, float((np.abs(np.bincount(labels[part], minlength=len(p)) - m * p) / sd).max()))
+    return worst
+
+
+@pytest.mark.parametrize("name, opts", [
+    ("iid", dict(num_clients=20)),
+    ("quantity", dict(num_clients=20, sizes="lognormal", sigma=1.0, min_size=10)),
+    ("quantity", dict(num_clients=20, sizes="dirichlet", alpha=1.0, min_size=10)),
+])
+def test_iid_and_quantity_clients_label_histograms_match_the_pool(name, opts):
+    """Rows in dataset order sorted by label (as MNIST's are not, and some datasets are): a
+    partitioner that deals rows in order instead of shuffled gives each client a contiguous,
+    label-skewed block (the planted bug no test caught). 200 counts, each within 5 sd."""
+    labels = np.repeat(np.arange(10), 2000)
+    parts = PARTITIONS[name](labels, np.random.default_rng(0), **opts)
+    assert _within_sampling_error(labels, parts) < 5
+
+
+def test_shards_are_dealt_at_random_not_in_order():
+    """200 shards of 10 labels, 2 per client: drawn at random a client's two shards share a label
+    with probability ~19/199 (~1.9 labels each); dealt in order every client holds one label."""
+    labels = np.repeat(np.arange(10), 400)
+    parts = P.shards(labels, np.random.default_rng(0), 100, shards_per_client=2)
+    assert np.mean([len(np.unique(labels[p])) for p in parts]) > 1.7
+
+
+def test_classes_owned_depend_on_the_seed():
+    """The classes a client owns come from a seeded permutation, not the classes' order."""
+    first = {tuple(np.unique(LABELS[P.classes(LABELS, np.random.default_rng(s), 20, classes_per_client=3)[0]]))
+             for s in range(8)}
+    assert len(first) > 1
+
+
+@pytest.mark.parametrize("name, advice", [("iid", "use fewer clients or use partition.test=split"),
+                                          ("dirichlet", "raise partition.min_size, use fewer clients or use partition.test=split")])
+def test_clients_without_rows_advice_names_only_the_partitions_options(name, advice):
+    """partition=iid partition.num_clients=<rows> advised a min_size iid does not have."""
+    from fedrun.data.composed import build_partition
+
+    part = {"name": name, "num_clients": 2500, "test": "dataset", "seed": 0}
+    with pytest.raises(P.PartitionError) as e:
+        build_partition(part, LABELS[:2500], LABELS[2500:], None)
+    assert str(e.value).endswith(f"get no training or no test rows; {advice}")
+
+
+def test_holdout_rounding_to_no_client_refused_before_any_file_is_read():
+    from fedrun.data.composed import check
+
+    with pytest.raises(P.PartitionError, match=r"partition.holdout=0.004: holds out round\(0.004 x 100 clients\) = 0"):
+        check({"name": "mnist"}, {"name": "iid", "num_clients": 100, "holdout": 0.004})
+
+
+@pytest.mark.parametrize("name, opts", [
+    ("quantity", dict(num_clients=20, sizes="lognormal", sigma=1.0, min_size=3)),
+    ("quantity", dict(num_clients=20, sizes="dirichlet", alpha=1.0, min_size=3)),
+    ("dirichlet", dict(num_clients=20, alpha=0.5)),
+    ("mixture", dict(num_clients=20, iid_frac=0.3, alpha=0.5)),
+    ("pfedme_labels", dict(num_clients=20, labels_per_client=2)),
+])
+def test_random_client_sizes_are_drawn_from_the_seed(name, opts):
+    """Where the sizes are part of the draw, another seed gives other sizes (a partition whose rows
+    follow the seed but whose sizes were drawn with a fixed one passed the seed test)."""
+    sizes = {tuple(len(p) for p in PARTITIONS[name](LABELS, np.random.default_rng(s), **opts)) for s in range(3)}
+    assert len(sizes) == 3
+
+
+def test_stratified_split_draws_test_rows_at_random_within_a_label():
+    """A client's test rows of one label are a random sample of its rows of that label, not every
+    fourth row in the file's order (which can follow writers, time or sources)."""
+    from fedrun.data.composed import stratified_split
+
+    train = stratified_split(np.zeros(400, np.int64), np.zeros(400, np.int64), 0.75, np.random.default_rng(0))
+    test = np.flatnonzero(~train)
+    assert len(test) == 100 and len(set(np.diff(test).tolist())) > 3
