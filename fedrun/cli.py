@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 
 from . import openmp  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads (fedrun/openmp.py)
 
@@ -21,7 +23,7 @@ from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
-from .runner import discard_empty, run
+from .runner import discard_empty, exit_status, on_sigterm, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
 
@@ -180,11 +182,26 @@ def main() -> None:
         sys.stdout.write(help_text(sys.argv[1:]))
         return
     try:
-        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs(), _jobs_checked_before_the_sweep():
+        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs(), _jobs_checked_before_the_sweep(), \
+                _sigterm_as_interrupt():
             _hydra_main()
-    except KeyboardInterrupt:  # before training (the round loop says where it stopped itself)
+    except KeyboardInterrupt as stop:  # before training (the round loop says where it stopped itself)
         print("fedrun: interrupted; nothing was trained yet, rerun the same command to start", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(exit_status(stop))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler's stop, `kill`) ends a run as Ctrl-C does: the last finished round
+    checkpointed, one line, exit 143 (fedrun.runner.Terminated); the previous handler restored."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import sys
 import time
 
@@ -198,18 +199,28 @@ class Job:
         self.saved_round, self.saved_at = (ck["round"] if ck is not None else None), time.time()
 
         def on_checkpoint(at: Progress) -> None:
-            self.saved_round, self.saved_at = at.round, time.time()
             outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
                 "config": fp,
                 "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
                 "transmitted": at.transmitted,
-                "history": self.history,
+                # (an interrupt's checkpoint of the last finished round: a row the next round logged is not its)
+                "history": [row for row in self.history if row["round"] <= at.round],
                 "torch_rng": torch.get_rng_state(),
             })
+            self.saved_round, self.saved_at = at.round, time.time()
 
         minutes = cfg.get("checkpoint_minutes") or 0
         due = (lambda: time.time() - self.saved_at >= 60 * minutes) if minutes else None
-        return Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
+        self.run = Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
+        return self.run
+
+    def checkpoint_interrupted(self) -> int | None:
+        """After an interrupt: checkpoints the last round the run finished, if no checkpoint holds it
+        yet. Returns the round the run can resume from (None: none)."""
+        run = getattr(self, "run", None)
+        if run is not None and run.error is None and run.done is not None and run.done.round > (self.saved_round or 0):
+            run.on_checkpoint(run.done)
+        return getattr(self, "saved_round", None)
 
     def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
         """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
@@ -302,18 +313,41 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
     return results
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the process is (`on_sigterm`): handled as Ctrl-C, exit status 143."""
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's status for a process its signal ended: 128 + SIGINT (2) or SIGTERM (15)."""
+    return 143 if isinstance(interrupt, Terminated) else 130
+
+
 def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
     try:
         return _train(jobs)
-    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, not a traceback
-        for job in jobs:
-            done = job.history[-1]["round"] if job.history else 0
-            go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
-                     else "start it again (no checkpoint yet)")
-            print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
-                  file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the last finished round kept, one line, no traceback
+        # a second signal would cut the checkpoint short: the save is atomic, and quick, so it waits
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for job in jobs:
+                try:
+                    saved = job.checkpoint_interrupted()
+                    go_on = f"resume from round {saved}" if saved else "start it again (no round finished)"
+                except OSError as e:  # a full disk, a read-only folder: the previous checkpoint stays
+                    go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
+                             else "start it again") + f" (no checkpoint written: {e.strerror or e})"
+                done = job.run.done.round if getattr(job, "run", None) is not None else 0
+                print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
+                      file=sys.stderr)
+        finally:
+            for s, handler in held.items():
+                signal.signal(s, handler)
+        sys.exit(exit_status(stop))
     finally:
         for job in jobs:
             job.close()

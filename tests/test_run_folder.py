@@ -10,6 +10,7 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 import torch
 
 from helpers import fedrun
@@ -206,10 +207,14 @@ def test_checkpoints_by_time_as_well_as_by_rounds(tmp_path):
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["round_0000002.pt", "round_0000003.pt"]
 
 
-def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_before_the_first_checkpoint_keeps_the_last_round(sig, status, tmp_path):
+    """Ctrl-C or SIGTERM long before the first checkpoint (checkpoint_every=100000): the last
+    finished round is checkpointed, one line says where it stopped, the exit status is the shell's
+    for that signal, and the rerun goes on to the numbers of an uninterrupted run."""
     run_dir = tmp_path / "X"
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=2",
+    p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=100000",
                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          # a shell's background job starts with SIGINT ignored, and its children
@@ -217,21 +222,29 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
-        while not (run_dir / "checkpoints").is_dir() or not os.listdir(run_dir / "checkpoints"):
+        while not (run_dir / "metrics.csv").is_file() or len((run_dir / "metrics.csv").read_text().splitlines()) < 4:
             assert p.poll() is None, p.stderr.read()
             assert time.time() < deadline
-            time.sleep(0.2)
-        p.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130, err
+    assert p.returncode == status, err
     # the cost estimate printed after the first rounds (fedrun.clock) is the only other line
     # (and, on a loaded machine, its hint that the run takes hours)
     lines = [line for line in err.strip().splitlines() if not line.startswith(("fedrun: estimated time", "fedrun: hint:"))]
     assert len(lines) == 1 and "interrupted after round" in lines[0], err
-    assert "rerun the same command to resume from round" in lines[0]
+    (saved,) = os.listdir(run_dir / "checkpoints")
+    rnd = int(saved[len("round_"):-len(".pt")])
+    assert rnd >= 3 and f"interrupted after round {rnd} " in lines[0]
+    assert lines[0].endswith(f"rerun the same command to resume from round {rnd}")
+    r = fedrun([*TINY, f"rounds={rnd + 2}", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / saved}" in r.stderr, r.stderr
+    r = fedrun([*TINY, f"rounds={rnd + 2}", f"hydra.run.dir={tmp_path / 'Y'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (run_dir / "metrics.csv").read_bytes() == (tmp_path / "Y" / "metrics.csv").read_bytes()
 
 
 # ------------------------------------------------------------------- records that say what they are
