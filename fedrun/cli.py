@@ -37,7 +37,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         summary = run(cfg, out_dir)
     except (ConfigError, DataMissingError, Diverged) as e:
-        discard_empty(out_dir)
+        discard_new_folders(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise
         for line in str(e).splitlines():
@@ -169,10 +169,63 @@ def _jobs_checked_before_the_sweep():
         ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper = compose, make_sweeper
 
 
+def _output_place(argv: list[str]) -> tuple[str, str, str]:
+    """Where this command's runs go: the option (hydra.run.dir, or hydra.sweep.dir for a sweep), its
+    value (the command line's, else conf/config.yaml's) and its fixed part, the folders before the
+    first ${...} (e.g. outputs/runs)."""
+    sweep = any(a in ("-m", "--multirun") for a in argv) or "hydra.mode=MULTIRUN" in argv
+    option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    value = next((a.split("=", 1)[1] for a in reversed(argv) if a.lstrip("+").startswith(option + "=")), None)
+    if value is None:
+        from .config import read_yaml
+
+        value = str(read_yaml(os.path.join(CONF_DIR, "config.yaml"))["hydra"]["sweep" if sweep else "run"]["dir"])
+    fixed = value.split("${", 1)[0]
+    fixed = fixed if "${" not in value else os.path.dirname(fixed)
+    return option, value, fixed or "."
+
+
+def _place_problem(option: str, value: str, fixed: str) -> str | None:
+    """Why the runs cannot be written where `option` puts them (checked before Hydra makes the folder:
+    its own error is a traceback), or None."""
+    place = os.path.abspath(fixed)
+    while not os.path.lexists(place):
+        place = os.path.dirname(place)
+    if not os.path.isdir(place):
+        return f"{option}={value}: {place} is a file, not a folder; name a folder for the run's files"
+    if not os.access(place, os.W_OK | os.X_OK) or os.statvfs(place).f_flag & os.ST_RDONLY:
+        return f"{option}={value}: {place} is read-only; name a folder fedrun may write ({option}=...)"
+    return None
+
+
+def _new_folders(fixed: str) -> list[str]:
+    """The folders of `fixed` that do not exist yet, deepest first (what a refused command removes)."""
+    out, place = [], os.path.abspath(fixed)
+    while not os.path.lexists(place):
+        out.append(place)
+        place = os.path.dirname(place)
+    return out
+
+
+_NEW_FOLDERS: list[str] = []  # the output folders this command makes on its way to the run's own
+
+
+def discard_new_folders(out_dir: str) -> None:
+    """After a refused run: its folder (if empty) and the empty folders above it that the command
+    made (a fresh clone's first refused command leaves no outputs/runs/ behind)."""
+    discard_empty(out_dir)
+    for folder in _NEW_FOLDERS:
+        discard_empty(folder)
+
+
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
-    problem = precheck(sys.argv[1:])
+    problem = precheck(sys.argv[1:]) or _launcher_problem(sys.argv[1:])
+    if not problem and not any(a in ("--help", "-h") for a in sys.argv[1:]):
+        place = _output_place(sys.argv[1:])
+        problem = _place_problem(*place)
+        _NEW_FOLDERS[:] = _new_folders(place[2])
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)
         sys.exit(2)
@@ -188,6 +241,25 @@ def main() -> None:
     except KeyboardInterrupt as stop:  # before training (the round loop says where it stopped itself)
         print("fedrun: interrupted; nothing was trained yet, rerun the same command to start", file=sys.stderr)
         sys.exit(exit_status(stop))
+
+
+def _launcher_problem(argv: list[str]) -> str | None:
+    """A launcher Hydra does not have, or a batched launcher's `max_group` below 1, in one line
+    (Hydra's own errors are 16 and 5 lines); None when the command line sets neither."""
+    for a in argv:
+        key, _, value = a.lstrip("+").partition("=")
+        if key == "hydra/launcher":
+            from hydra import initialize_config_dir
+            from hydra.core.global_hydra import GlobalHydra
+
+            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+                allowed = sorted(GlobalHydra.instance().config_loader().get_group_options("hydra/launcher"))
+            if value not in allowed:
+                return f"hydra/launcher={value} is not a launcher; allowed: {', '.join(allowed)}"
+        elif key == "hydra.launcher.max_group" and value != "null":
+            if not value.isdigit() or int(value) < 1:
+                return f"hydra.launcher.max_group={value} must be an integer >= 1 or null (null: all seeds together)"
+    return None
 
 
 @contextlib.contextmanager

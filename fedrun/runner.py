@@ -67,6 +67,7 @@ def hydra_record(cfg: DictConfig) -> dict[str, str] | None:
 
 
 RECORD_DIR = ".hydra"
+WRITABLE = "free space, or give the run a writable folder: hydra.run.dir=..., or hydra.sweep.dir=... for -m"
 
 
 class Job:
@@ -86,6 +87,8 @@ class Job:
             self.lock = outputs.lock_folder(out_dir)
         except outputs.FolderBusy as e:
             raise ConfigError(str(e)) from None
+        except OSError as e:  # a read-only folder, a file where the folder goes
+            raise ConfigError(outputs.cannot_write(e, WRITABLE)) from None
         try:
             self._accept(data_cache)
         except BaseException:
@@ -126,13 +129,15 @@ class Job:
         check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
         self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
+        checkpoints = os.path.join(out_dir, "checkpoints")
+        if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
+            raise ConfigError(f"{checkpoints} is not a folder, and the run keeps its checkpoints there; "
+                              f"move it away, or {WRITABLE}")
         self.ck = find_resume_point(cfg, out_dir)
         self.done: dict | None = None  # the summary of a run that had already finished
-        summary_path = os.path.join(out_dir, "summary.json")
         ck = self.ck
-        if ck is not None and ck["round"] >= self.sched.rounds and os.path.exists(summary_path):
-            with open(summary_path) as f:
-                done = json.load(f)
+        if ck is not None and ck["round"] >= self.sched.rounds:
+            done = _read_summary(os.path.join(out_dir, "summary.json"))  # a torn one: the run finishes again
             if done.get("status") == "finished" and done.get("rounds") == ck["round"] == self.sched.rounds:
                 print(f"fedrun: already finished ({self.sched.rounds} rounds) in {out_dir}; resume=false starts over")
                 self.done = done
@@ -308,7 +313,11 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                 else:
                     part.append((i, job))
             if part:
-                for (i, _), res in zip(part, _run_together([job for _, job in part])):
+                try:
+                    ends = _run_together([job for _, job in part])
+                except USER_ERRORS as e:  # an output that cannot be written: every job of the group
+                    ends = [e] * len(part)
+                for (i, _), res in zip(part, ends):
                     results[i] = res
     return results
 
@@ -330,6 +339,8 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
     try:
         return _train(jobs)
+    except OSError as e:  # a read-only folder, a full disk: one line, not a traceback
+        raise ConfigError(outputs.cannot_write(e, WRITABLE, ", ".join(job.out_dir for job in jobs))) from None
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the last finished round kept, one line, no traceback
         # a second signal would cut the checkpoint short: the save is atomic, and quick, so it waits
         held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -428,6 +439,17 @@ def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
         out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
                    f"each minibatch repeats rows")
     return out
+
+
+def _read_summary(path: str) -> dict:
+    """A run's summary.json; {} when there is none, or it is not a whole JSON object (a kill
+    mid-write on a file system without atomic rename, another tool's file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _to_device(obj, device):

@@ -3,6 +3,7 @@ it was, one process writes a folder at a time, a crashed or killed run leaves no
 fedrun-report misreads.
 
 Runs are the CLI in this process (helpers.fedrun); the concurrency test starts a second process."""
+import json
 import os
 import signal
 import subprocess
@@ -390,3 +391,138 @@ def test_ctrl_c_inside_a_checkpoint_write_is_a_clean_interrupt(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     for path in checkpoint_paths(str(tmp_path)):
         assert torch.equal(read_checkpoint(path)["x"], x)
+
+
+# ------------------------------------------------------------------- places fedrun cannot write
+
+def _read_only(monkeypatch, folder):
+    """`folder` as a read-only mount shows it, for this process (root writes anywhere, and a test
+    cannot mount): os.access says no, and creating or opening anything in it for writing fails with
+    EROFS, as Linux's calls do."""
+    import builtins
+    import errno
+
+    folder = os.path.abspath(folder)
+    inside = lambda p: os.path.abspath(os.fspath(p)) == folder or os.path.abspath(os.fspath(p)).startswith(folder + os.sep)
+    refuse = lambda p: OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(p))
+    real_open, real_os_open, real_mkdir, real_access = builtins.open, os.open, os.mkdir, os.access
+
+    def open_(file, mode="r", *a, **k):
+        if isinstance(file, (str, os.PathLike)) and inside(file) and any(c in mode for c in "wax+"):
+            raise refuse(file)
+        return real_open(file, mode, *a, **k)
+
+    def os_open(path, flags, *a, **k):
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise refuse(path)
+        return real_os_open(path, flags, *a, **k)
+
+    def mkdir(path, *a, **k):
+        if inside(path):
+            raise refuse(path)
+        return real_mkdir(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if inside(p) and mode & os.W_OK
+                        else real_access(p, mode, *a, **k))
+
+
+def _one_line(r, *says):
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fedrun: error: "), r.stderr
+    assert all(s in lines[0] for s in says), lines[0]
+
+
+def test_every_unwritable_output_place_is_one_line(tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (tmp_path / "afile").write_text("x")
+    _read_only(monkeypatch, ro)
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={ro}"], tmp_path), f"hydra.run.dir={ro}", "read-only")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={ro / 'x'}"], tmp_path), "read-only")
+    _one_line(fedrun(["-m", *TINY, "rounds=1", "seed=0,1", f"hydra.sweep.dir={ro / 's'}"], tmp_path),
+              f"hydra.sweep.dir={ro / 's'}", "read-only")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'afile' / 'x'}"], tmp_path),
+              f"{tmp_path / 'afile'} is a file, not a folder")
+    assert os.listdir(ro) == []
+
+
+def test_a_full_disk_while_drawing_partition_png_is_one_line(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    def open_(file, *a, **k):
+        if os.path.basename(str(file)).startswith("partition.png"):  # (partition.png.tmp.png: written, then renamed)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    run_dir = tmp_path / "X"
+    _one_line(fedrun([*TINY, "rounds=1", "plot=true", f"hydra.run.dir={run_dir}"], tmp_path),
+              f"cannot write into {run_dir}: No space left on device")
+
+
+def test_console_scripts_out_folder_read_only_is_one_line(tmp_path, monkeypatch, capsys):
+    from fedrun.data.show import main as data_main
+    from fedrun.report import main as report_main
+
+    r = fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _read_only(monkeypatch, ro)
+    with pytest.raises(SystemExit) as e:
+        data_main(["--out", str(ro / "p"), "data.num_clients=6", "data.seed=9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"fedrun-data: error: --out {ro / 'p'}: "), err
+    assert report_main([str(tmp_path / "X"), "--out", str(ro), "--no-figure"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fedrun-report: error: --out {ro}: cannot write"), err
+
+
+def test_checkpoints_that_is_a_file_is_one_line(tmp_path):
+    run_dir = tmp_path / "X"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("not a folder")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path),
+              f"{run_dir / 'checkpoints'} is not a folder")
+
+
+@pytest.mark.parametrize("torn", ["", "[]", '{"status": "fini'])
+def test_a_torn_summary_json_on_rerun_is_written_again(torn, tmp_path):
+    run_dir = tmp_path / "X"
+    args = [*TINY, "rounds=2", f"hydra.run.dir={run_dir}"]
+    assert fedrun(args, tmp_path).returncode == 0
+    whole = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(torn)
+    r = fedrun(args, tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["status"] == "finished" and again["pers_acc_last_round"] == whole["pers_acc_last_round"]
+
+
+# ------------------------------------------------------------------- resume= a file that is not a checkpoint
+
+def test_resume_from_a_file_that_is_no_checkpoint_is_one_line_without_torchs_warnings(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("e\x01 some notes\n")  # torch.load's legacy reader: KeyError: 101 ('e')
+    proto4 = tmp_path / "p4.pt"
+    torch.save({"a": 1}, proto4, pickle_protocol=4)  # torch's 2-line warning about the protocol
+    for path, says in ((text, "it is not a file torch.save wrote"), (proto4, "(ValueError: ")):
+        r = fedrun([*TINY, "rounds=1", f"resume={path}", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)
+        _one_line(r, f"resume='{path}' is not a readable fedrun checkpoint", says)
+
+
+def test_a_refused_first_command_leaves_no_folder(tmp_path):
+    """A fresh clone's first command, refused after Hydra made its folder (outputs/runs/<time>_...):
+    neither it nor the outputs/runs/ above it stays."""
+    r = fedrun([*TINY, "rounds=1", "resume=true"], tmp_path)
+    _one_line(r, "resume=True but there is no checkpoint")
+    assert not (tmp_path / "outputs").exists()
+    os.makedirs(tmp_path / "outputs" / "runs")  # a user's own folders stay
+    _one_line(fedrun([*TINY, "rounds=1", "resume=true"], tmp_path), "no checkpoint")
+    assert os.listdir(tmp_path / "outputs" / "runs") == []

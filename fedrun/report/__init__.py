@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only or full disk, a file named as the folder
+        from ..outputs import cannot_write
+
+        out = args.out or args.dirs[0]
+        print(f"fedrun-report: error: --out {out}: {cannot_write(e, 'name a writable folder with --out')}", file=sys.stderr)
+        return 2
     n_ok = sum(j.ok for j in rep.jobs)
     more = f" (and jobs without a record: see 'missing' below)" if rep.missing else ""
     print(f"fedrun-report: {len(rep.jobs)} jobs, {n_ok} finished, {len(rep.groups)} configurations{more}")
