@@ -15,6 +15,7 @@ from . import openmp  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loa
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .algorithms.base import ConfigError
@@ -23,7 +24,7 @@ from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
-from .runner import discard_empty, exit_status, on_sigterm, run
+from .runner import discard_empty, exit_status, hydra_record, keep_failure, on_sigterm, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
 
@@ -34,15 +35,24 @@ __all__ = ["main", "run", "precheck", "validate", "schedule", "fingerprint", "fi
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
     out_dir = HydraConfig.get().runtime.output_dir
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    record = hydra_record(cfg)
     try:
         summary = run(cfg, out_dir)
     except (ConfigError, DataMissingError, Diverged) as e:
-        discard_new_folders(out_dir)
+        if in_sweep:  # the job's folder keeps why it failed, for fedrun-report
+            keep_failure(out_dir, e, record)
+        else:
+            discard_new_folders(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise
         for line in str(e).splitlines():
             print(f"fedrun: error: {line}", file=sys.stderr)
         sys.exit(3 if isinstance(e, Diverged) else 2)
+    except Exception as e:
+        if in_sweep:  # a crash: its kind and first line kept, the traceback printed as ever
+            keep_failure(out_dir, e, record)
+        raise
     if summary.get("status") == "finished":
         msg = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
         print(f"fedrun: done in {summary['seconds']:.1f}s: {msg}")
@@ -59,7 +69,6 @@ def _mode_from_command_line(argv: list[str]):
     configs alone the mode comes from the command line: `hydra.mode=RUN|MULTIRUN`, else None (Hydra
     then decides by -m). Returns False where a user's config (hydra.searchpath, --config-dir,
     --config-path, --config-name) could set it: then Hydra's own get_mode runs."""
-    from hydra.types import RunMode
 
     mode = None
     for a in argv:

@@ -11,6 +11,7 @@ configuration, so a group shares one dataset; `seed` never changes the data.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -155,6 +156,8 @@ class Job:
         """Opens the run's files and returns its replica for the round loop (params from `model`)."""
         cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
         os.makedirs(out_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # an earlier attempt's failure: this one starts
+            os.remove(os.path.join(out_dir, outputs.REASON_FILE))
         if self.record is not None:
             for name, text in self.record.items():
                 os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
@@ -401,11 +404,33 @@ def discard_empty(out_dir: str) -> None:
         pass
 
 
-def report(result: dict | Exception, out_dir: str) -> float | None:
-    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
-    accuracy; a failed job exits the process (2: bad options or data, 3: diverged)."""
-    if isinstance(result, Exception):
+def keep_failure(out_dir: str, error: BaseException, record: dict[str, str] | None) -> None:
+    """A sweep's job that failed keeps its folder with why: `outputs.REASON_FILE` (one line) and,
+    where the folder has none, the job's `.hydra/` record, so fedrun-report names the job and its
+    reason (a job that never started has no folder). A diverged job's summary.json says it already."""
+    if isinstance(error, Diverged):
+        return
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else type(error).__name__
+    if not isinstance(error, USER_ERRORS):  # a crash: its kind too
+        reason = f"{type(error).__name__}: {reason}"
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if record is not None and not os.path.exists(os.path.join(out_dir, RECORD_DIR, "config.yaml")):
+            os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
+            for name, text in record.items():
+                outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
+        outputs.write_atomic(os.path.join(out_dir, outputs.REASON_FILE), reason + "\n")
+    except OSError:  # the folder cannot be written (the reason itself, often): the console has the line
         discard_empty(out_dir)
+
+
+def report(result: dict | Exception, out_dir: str, record: dict[str, str] | None = None) -> float | None:
+    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
+    accuracy; a failed job exits the process (2: bad options or data, 3: diverged), its reason
+    kept in its folder (`keep_failure`, with its `record`)."""
+    if isinstance(result, Exception):
+        keep_failure(out_dir, result, record)
         if os.environ.get("FEDRUN_DEBUG"):
             raise result
         for line in str(result).splitlines():

@@ -151,7 +151,75 @@ def test_report_leaves_out_a_half_written_row_and_labels_a_failed_job_by_its_opt
     assert table["n_seeds"].tolist() == [1] and table["pers_acc_last_round_mean"].tolist() == [0.6]
     assert f"left out {tmp_path / 'b'}: metrics.csv ends in a half-written row (line 3" in out
     md = (tmp_path / "summary.md").read_text()
-    assert "algo.beta=100.0, seed 0: summary.json says status='diverged'" in md
+    assert "algo.beta=100.0, seed 0: diverged" in md
+
+
+def _damaged(folder, how):
+    if how == "summary []":
+        (folder / "summary.json").write_text("[]")
+    elif how == "summary not UTF-8":
+        (folder / "summary.json").write_bytes(b'{"status": "finished\xff"}')
+    elif how == "corrupt config.yaml":
+        (folder / ".hydra" / "config.yaml").write_text("seed: [0\n  : :\n")
+    elif how == "config.yaml not UTF-8":
+        (folder / ".hydra" / "config.yaml").write_bytes(b"seed: 0\nrounds: 2\nalgo: \xff\n")
+    elif how == "another tool's folder":
+        (folder / ".hydra" / "config.yaml").write_text("db:\n  driver: mysql\n")
+    elif how in ("NaN accuracy", "round abc", "metrics not UTF-8"):
+        lines = (folder / "metrics.csv").read_text().splitlines()
+        cells = lines[-1].split(",")
+        if how == "NaN accuracy":
+            cells[3] = "nan"
+        elif how == "round abc":
+            cells[0] = "abc"
+        lines[-1] = ",".join(cells)
+        text = "\n".join(lines) + "\n"
+        (folder / "metrics.csv").write_bytes(text.encode() + (b"\xff\n" if how == "metrics not UTF-8" else b""))
+
+
+BAD_JOBS = [("summary []", "summary.json holds a JSON list, not a fedrun summary"),
+            ("summary not UTF-8", "unreadable summary.json"),
+            ("corrupt config.yaml", "unreadable .hydra/config.yaml (ParserError at line 2)"),
+            ("config.yaml not UTF-8", "unreadable .hydra/config.yaml (UnicodeDecodeError)"),
+            ("another tool's folder", "not a fedrun run"),
+            ("NaN accuracy", "metrics.csv has non-finite accuracies on line 3 (pers_acc: nan"),
+            ("round abc", "metrics.csv has round 'abc' on line 3, not a round number"),
+            ("metrics not UTF-8", "metrics.csv is not UTF-8 text")]
+
+
+@pytest.mark.parametrize("how, says", BAD_JOBS, ids=[h for h, _ in BAD_JOBS])
+def test_report_leaves_a_bad_job_out_with_its_reason(how, says, tmp_path):
+    _job(tmp_path / "a", 0, [0.5, 0.6])
+    _job(tmp_path / "b", 1, [0.5, 0.8])
+    _damaged(tmp_path / "b", how)
+    code, out, err = _report([tmp_path, "--no-figure"])
+    assert code == 0, err
+    assert "2 jobs, 1 finished" in out
+    assert f"left out {tmp_path / 'b'}: {says}" in out, out
+    assert pd.read_csv(tmp_path / "summary.csv")["pers_acc_last_round_mean"].tolist() == [0.6]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "batched"])
+def test_report_tells_a_failed_job_from_one_that_never_started(launcher, tmp_path):
+    """A sweep whose jobs are refused in the job (resume=true, no checkpoint) stops: a failed job
+    keeps its folder with its one-line reason, which the report shows. The basic launcher stops at
+    the first (the second never started); the batched one had accepted or refused both."""
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *TINY, "rounds=2", "resume=true", "algo.beta=0.001,0.002", f"hydra/launcher={launcher}",
+                f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2 and "there is no checkpoint" in r.stderr
+    code, out, err = _report([sweep, "--no-figure"])
+    assert code == 0, err
+    failed = [line for line in out.splitlines() if line.startswith("fedrun-report: left out")]
+    assert all(": failed: resume=True but there is no checkpoint" in line for line in failed), out
+    missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
+    if launcher == "basic":
+        assert len(failed) == 1 and len(missing) == 1 and "job 1 (algo.beta=0.002) never started" in missing[0], out
+    else:
+        assert len(failed) == 2 and not missing, out
+    r = fedrun(["-m", *TINY, "rounds=2", "algo.beta=0.001,0.002", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2 jobs, 2 finished" in _report([sweep, "--no-figure"])[1]  # the rerun's job: its reason gone
 
 
 def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
@@ -164,7 +232,7 @@ def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     code, out, err = _report([sweep, "--no-figure"])
     assert code == 0, err
     assert "2 jobs, 1 finished" in out
-    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and "no metrics.csv" in line
+    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and ": diverged: round 1" in line
                for line in out.splitlines()), out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
     assert len(missing) == 1 and "job 2 (algo.beta=0.002" in missing[0], out

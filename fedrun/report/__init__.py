@@ -16,8 +16,10 @@ the runs (or into --out):
 - `jobs.csv`: every job found, its configuration, seed and status.
 
 All numbers come from each job's `metrics.csv`. A job is left out, and listed with its reason,
-when it has no `summary.json` (failed, killed or still running), when its summary says it did not
-finish, or when its `metrics.csv` has fewer rows than its `rounds` and `eval_every` promise.
+when it failed (its `error.txt`), has no `summary.json` (killed or still running), its summary says
+it did not finish (`diverged`), its `metrics.csv` has fewer rows than its `rounds` and `eval_every`
+promise, a round that is not a number or a non-finite accuracy, or a file of it cannot be read
+(not UTF-8, corrupt YAML, another application's folder). Jobs that never started are listed too.
 Std is the sample standard deviation (ddof=1); it is empty for a configuration with one seed.
 """
 from __future__ import annotations
