@@ -216,6 +216,7 @@ def _new_folders(fixed: str) -> list[str]:
     return out
 
 
+NO_RUN_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--version")
 _NEW_FOLDERS: list[str] = []  # the output folders this command makes on its way to the run's own
 
 
@@ -231,7 +232,7 @@ def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
     problem = precheck(sys.argv[1:]) or _launcher_problem(sys.argv[1:])
-    if not problem and not any(a in ("--help", "-h") for a in sys.argv[1:]):
+    if not problem and not any(a.split("=")[0] in NO_RUN_FLAGS for a in sys.argv[1:]):  # a run: where it writes
         place = _output_place(sys.argv[1:])
         problem = _place_problem(*place)
         _NEW_FOLDERS[:] = _new_folders(place[2])

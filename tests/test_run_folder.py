@@ -515,6 +515,8 @@ def test_every_unwritable_output_place_is_one_line(tmp_path, monkeypatch):
     _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'afile' / 'x'}"], tmp_path),
               f"{tmp_path / 'afile'} is a file, not a folder")
     assert os.listdir(ro) == []
+    r = fedrun(["--cfg", "job", f"hydra.run.dir={ro}"], tmp_path)  # writes nothing: not refused
+    assert r.returncode == 0 and "fedrun: error" not in r.stderr, r.stderr
 
 
 def test_a_full_disk_while_drawing_partition_png_is_one_line(tmp_path, monkeypatch):
