@@ -176,6 +176,8 @@ def main(argv=None) -> None:
         torch.device(args.device)
     except RuntimeError:
         ap.refuse("--device", args.device, "allowed: cpu, cuda, cuda:N")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        ap.refuse("--device", args.device, "this machine has no CUDA GPU torch can use; allowed here: cpu")
     for name, low in (("rounds", 1), ("loop_rounds", 0), ("warmup", 0), ("tau", 1), ("personalize_batch", 1),
                       ("threads", 0), ("clients", 1), ("train_per_client", 1), ("test_per_client", 1),
                       ("clients_per_round", 1), ("batch", 1), ("eval_every", 1), ("authors_rounds", 1)):

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 
 from . import openmp  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads (fedrun/openmp.py)
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .algorithms.base import ConfigError
@@ -21,7 +24,7 @@ from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
-from .runner import discard_empty, run
+from .runner import discard_empty, exit_status, hydra_record, keep_failure, on_sigterm, run
 from .simulate import Diverged
 from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
 
@@ -32,15 +35,24 @@ __all__ = ["main", "run", "precheck", "validate", "schedule", "fingerprint", "fi
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
     out_dir = HydraConfig.get().runtime.output_dir
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    record = hydra_record(cfg)
     try:
         summary = run(cfg, out_dir)
     except (ConfigError, DataMissingError, Diverged) as e:
-        discard_empty(out_dir)
+        if in_sweep:  # the job's folder keeps why it failed, for fedrun-report
+            keep_failure(out_dir, e, record)
+        else:
+            discard_new_folders(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise
         for line in str(e).splitlines():
             print(f"fedrun: error: {line}", file=sys.stderr)
         sys.exit(3 if isinstance(e, Diverged) else 2)
+    except Exception as e:
+        if in_sweep:  # a crash: its kind and first line kept, the traceback printed as ever
+            keep_failure(out_dir, e, record)
+        raise
     if summary.get("status") == "finished":
         msg = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.endswith(("acc_last_round", "acc_best_round")) and "client" not in k)
         print(f"fedrun: done in {summary['seconds']:.1f}s: {msg}")
@@ -57,7 +69,6 @@ def _mode_from_command_line(argv: list[str]):
     configs alone the mode comes from the command line: `hydra.mode=RUN|MULTIRUN`, else None (Hydra
     then decides by -m). Returns False where a user's config (hydra.searchpath, --config-dir,
     --config-path, --config-name) could set it: then Hydra's own get_mode runs."""
-    from hydra.types import RunMode
 
     mode = None
     for a in argv:
@@ -167,10 +178,64 @@ def _jobs_checked_before_the_sweep():
         ConfigLoaderImpl.load_sweep_config, Plugins.instantiate_sweeper = compose, make_sweeper
 
 
+def _output_place(argv: list[str]) -> tuple[str, str, str]:
+    """Where this command's runs go: the option (hydra.run.dir, or hydra.sweep.dir for a sweep), its
+    value (the command line's, else conf/config.yaml's) and its fixed part, the folders before the
+    first ${...} (e.g. outputs/runs)."""
+    sweep = any(a in ("-m", "--multirun") for a in argv) or "hydra.mode=MULTIRUN" in argv
+    option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    value = next((a.split("=", 1)[1] for a in reversed(argv) if a.lstrip("+").startswith(option + "=")), None)
+    if value is None:
+        from .config import read_yaml
+
+        value = str(read_yaml(os.path.join(CONF_DIR, "config.yaml"))["hydra"]["sweep" if sweep else "run"]["dir"])
+    fixed = value.split("${", 1)[0]
+    fixed = fixed if "${" not in value else os.path.dirname(fixed)
+    return option, value, fixed or "."
+
+
+def _place_problem(option: str, value: str, fixed: str) -> str | None:
+    """Why the runs cannot be written where `option` puts them (checked before Hydra makes the folder:
+    its own error is a traceback), or None."""
+    place = os.path.abspath(fixed)
+    while not os.path.lexists(place):
+        place = os.path.dirname(place)
+    if not os.path.isdir(place):
+        return f"{option}={value}: {place} is a file, not a folder; name a folder for the run's files"
+    if not os.access(place, os.W_OK | os.X_OK) or os.statvfs(place).f_flag & os.ST_RDONLY:
+        return f"{option}={value}: {place} is read-only; name a folder fedrun may write ({option}=...)"
+    return None
+
+
+def _new_folders(fixed: str) -> list[str]:
+    """The folders of `fixed` that do not exist yet, deepest first (what a refused command removes)."""
+    out, place = [], os.path.abspath(fixed)
+    while not os.path.lexists(place):
+        out.append(place)
+        place = os.path.dirname(place)
+    return out
+
+
+NO_RUN_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--version")
+_NEW_FOLDERS: list[str] = []  # the output folders this command makes on its way to the run's own
+
+
+def discard_new_folders(out_dir: str) -> None:
+    """After a refused run: its folder (if empty) and the empty folders above it that the command
+    made (a fresh clone's first refused command leaves no outputs/runs/ behind)."""
+    discard_empty(out_dir)
+    for folder in _NEW_FOLDERS:
+        discard_empty(folder)
+
+
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
-    problem = precheck(sys.argv[1:])
+    problem = precheck(sys.argv[1:]) or _launcher_problem(sys.argv[1:])
+    if not problem and not any(a.split("=")[0] in NO_RUN_FLAGS for a in sys.argv[1:]):  # a run: where it writes
+        place = _output_place(sys.argv[1:])
+        problem = _place_problem(*place)
+        _NEW_FOLDERS[:] = _new_folders(place[2])
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)
         sys.exit(2)
@@ -180,11 +245,45 @@ def main() -> None:
         sys.stdout.write(help_text(sys.argv[1:]))
         return
     try:
-        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs(), _jobs_checked_before_the_sweep():
+        with _mode_without_composition(sys.argv[1:]), _libyaml_for_configs(), _jobs_checked_before_the_sweep(), \
+                _sigterm_as_interrupt():
             _hydra_main()
-    except KeyboardInterrupt:  # before training (the round loop says where it stopped itself)
+    except KeyboardInterrupt as stop:  # before training (the round loop says where it stopped itself)
         print("fedrun: interrupted; nothing was trained yet, rerun the same command to start", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(exit_status(stop))
+
+
+def _launcher_problem(argv: list[str]) -> str | None:
+    """A launcher Hydra does not have, or a batched launcher's `max_group` below 1, in one line
+    (Hydra's own errors are 16 and 5 lines); None when the command line sets neither."""
+    for a in argv:
+        key, _, value = a.lstrip("+").partition("=")
+        if key == "hydra/launcher":
+            from hydra import initialize_config_dir
+            from hydra.core.global_hydra import GlobalHydra
+
+            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+                allowed = sorted(GlobalHydra.instance().config_loader().get_group_options("hydra/launcher"))
+            if value not in allowed:
+                return f"hydra/launcher={value} is not a launcher; allowed: {', '.join(allowed)}"
+        elif key == "hydra.launcher.max_group" and value != "null":
+            if not value.isdigit() or int(value) < 1:
+                return f"hydra.launcher.max_group={value} must be an integer >= 1 or null (null: all seeds together)"
+    return None
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler's stop, `kill`) ends a run as Ctrl-C does: the last finished round
+    checkpointed, one line, exit 143 (fedrun.runner.Terminated); the previous handler restored."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

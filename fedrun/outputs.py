@@ -7,6 +7,8 @@ import fcntl
 import json
 import os
 import pickle
+import warnings
+import zipfile
 
 
 class CsvLog:
@@ -60,9 +62,18 @@ def write_json(path: str, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def cannot_write(e: OSError, fix: str, folder: str | None = None) -> str:
+    """One line for an output that could not be written (a read-only or full disk, a file where a
+    folder goes): the path (else `folder`), the system's reason and `fix`, e.g. the option that
+    names another place."""
+    where = e.filename if e.filename is not None else f"into {folder}" if folder else "an output file"
+    return f"cannot write {where}: {e.strerror or e} ({fix})"
+
+
 # ---------------------------------------------------------------------------- the run folder
 
 LOCK_NAME = ".lock"
+REASON_FILE = "error.txt"  # why a sweep's job failed, in one line (fedrun.runner.keep_failure; fedrun-report shows it)
 
 
 class FolderBusy(RuntimeError):
@@ -174,8 +185,12 @@ def read_checkpoint(path: str) -> dict:
     fedrun checkpoint of this version."""
     import torch
 
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip: anything else (a text file) is refused
+        raise ValueError("it is not a file torch.save wrote")  # before torch's own errors (KeyError: 101)
     try:  # tensors and plain containers only: a checkpoint never runs code when it is read
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's 2-line warnings about the pickle inside: the error says it
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "global" in str(e).lower():  # torch names the class or function the pickle would have loaded
             raise ValueError("it holds objects other than tensors and plain containers; refused "

@@ -11,9 +11,11 @@ configuration, so a group shares one dataset; `seed` never changes the data.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import signal
 import sys
 import time
 
@@ -67,6 +69,7 @@ def hydra_record(cfg: DictConfig) -> dict[str, str] | None:
 
 
 RECORD_DIR = ".hydra"
+WRITABLE = "free space, or give the run a writable folder: hydra.run.dir=..., or hydra.sweep.dir=... for -m"
 
 
 class Job:
@@ -86,6 +89,8 @@ class Job:
             self.lock = outputs.lock_folder(out_dir)
         except outputs.FolderBusy as e:
             raise ConfigError(str(e)) from None
+        except OSError as e:  # a read-only folder, a file where the folder goes
+            raise ConfigError(outputs.cannot_write(e, WRITABLE)) from None
         try:
             self._accept(data_cache)
         except BaseException:
@@ -126,13 +131,15 @@ class Job:
         check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
         self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
+        checkpoints = os.path.join(out_dir, "checkpoints")
+        if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
+            raise ConfigError(f"{checkpoints} is not a folder, and the run keeps its checkpoints there; "
+                              f"move it away, or {WRITABLE}")
         self.ck = find_resume_point(cfg, out_dir)
         self.done: dict | None = None  # the summary of a run that had already finished
-        summary_path = os.path.join(out_dir, "summary.json")
         ck = self.ck
-        if ck is not None and ck["round"] >= self.sched.rounds and os.path.exists(summary_path):
-            with open(summary_path) as f:
-                done = json.load(f)
+        if ck is not None and ck["round"] >= self.sched.rounds:
+            done = _read_summary(os.path.join(out_dir, "summary.json"))  # a torn one: the run finishes again
             if done.get("status") == "finished" and done.get("rounds") == ck["round"] == self.sched.rounds:
                 print(f"fedrun: already finished ({self.sched.rounds} rounds) in {out_dir}; resume=false starts over")
                 self.done = done
@@ -150,6 +157,8 @@ class Job:
         """Opens the run's files and returns its replica for the round loop (params from `model`)."""
         cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
         os.makedirs(out_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # an earlier attempt's failure: this one starts
+            os.remove(os.path.join(out_dir, outputs.REASON_FILE))
         if self.record is not None:
             for name, text in self.record.items():
                 os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
@@ -199,18 +208,28 @@ class Job:
         self.saved_round, self.saved_at = (ck["round"] if ck is not None else None), time.time()
 
         def on_checkpoint(at: Progress) -> None:
-            self.saved_round, self.saved_at = at.round, time.time()
             outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
                 "config": fp,
                 "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
                 "transmitted": at.transmitted,
-                "history": self.history,
+                # (an interrupt's checkpoint of the last finished round: a row the next round logged is not its)
+                "history": [row for row in self.history if row["round"] <= at.round],
                 "torch_rng": torch.get_rng_state(),
             })
+            self.saved_round, self.saved_at = at.round, time.time()
 
         minutes = cfg.get("checkpoint_minutes") or 0
         due = (lambda: time.time() - self.saved_at >= 60 * minutes) if minutes else None
-        return Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
+        self.run = Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
+        return self.run
+
+    def checkpoint_interrupted(self) -> int | None:
+        """After an interrupt: checkpoints the last round the run finished, if no checkpoint holds it
+        yet. Returns the round the run can resume from (None: none)."""
+        run = getattr(self, "run", None)
+        if run is not None and run.error is None and run.done is not None and run.done.round > (self.saved_round or 0):
+            run.on_checkpoint(run.done)
+        return getattr(self, "saved_round", None)
 
     def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
         """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
@@ -298,23 +317,52 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                 else:
                     part.append((i, job))
             if part:
-                for (i, _), res in zip(part, _run_together([job for _, job in part])):
+                try:
+                    ends = _run_together([job for _, job in part])
+                except USER_ERRORS as e:  # an output that cannot be written: every job of the group
+                    ends = [e] * len(part)
+                for (i, _), res in zip(part, ends):
                     results[i] = res
     return results
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the process is (`on_sigterm`): handled as Ctrl-C, exit status 143."""
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's status for a process its signal ended: 128 + SIGINT (2) or SIGTERM (15)."""
+    return 143 if isinstance(interrupt, Terminated) else 130
 
 
 def _run_together(jobs: list[Job]) -> list[dict | Exception]:
     """One round loop for jobs that are one configuration with different seeds."""
     try:
         return _train(jobs)
-    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, not a traceback
-        for job in jobs:
-            done = job.history[-1]["round"] if job.history else 0
-            go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
-                     else "start it again (no checkpoint yet)")
-            print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
-                  file=sys.stderr)
-        sys.exit(130)
+    except OSError as e:  # a read-only folder, a full disk: one line, not a traceback
+        raise ConfigError(outputs.cannot_write(e, WRITABLE, ", ".join(job.out_dir for job in jobs))) from None
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the last finished round kept, one line, no traceback
+        # a second signal would cut the checkpoint short: the save is atomic, and quick, so it waits
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for job in jobs:
+                try:
+                    saved = job.checkpoint_interrupted()
+                    go_on = f"resume from round {saved}" if saved else "start it again (no round finished)"
+                except OSError as e:  # a full disk, a read-only folder: the previous checkpoint stays
+                    go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
+                             else "start it again") + f" (no checkpoint written: {e.strerror or e})"
+                done = job.run.done.round if getattr(job, "run", None) is not None else 0
+                print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
+                      file=sys.stderr)
+        finally:
+            for s, handler in held.items():
+                signal.signal(s, handler)
+        sys.exit(exit_status(stop))
     finally:
         for job in jobs:
             job.close()
@@ -358,11 +406,33 @@ def discard_empty(out_dir: str) -> None:
         pass
 
 
-def report(result: dict | Exception, out_dir: str) -> float | None:
-    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
-    accuracy; a failed job exits the process (2: bad options or data, 3: diverged)."""
-    if isinstance(result, Exception):
+def keep_failure(out_dir: str, error: BaseException, record: dict[str, str] | None) -> None:
+    """A sweep's job that failed keeps its folder with why: `outputs.REASON_FILE` (one line) and,
+    where the folder has none, the job's `.hydra/` record, so fedrun-report names the job and its
+    reason (a job that never started has no folder). A diverged job's summary.json says it already."""
+    if isinstance(error, Diverged):
+        return
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else type(error).__name__
+    if not isinstance(error, USER_ERRORS):  # a crash: its kind too
+        reason = f"{type(error).__name__}: {reason}"
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if record is not None and not os.path.exists(os.path.join(out_dir, RECORD_DIR, "config.yaml")):
+            os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
+            for name, text in record.items():
+                outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
+        outputs.write_atomic(os.path.join(out_dir, outputs.REASON_FILE), reason + "\n")
+    except OSError:  # the folder cannot be written (the reason itself, often): the console has the line
         discard_empty(out_dir)
+
+
+def report(result: dict | Exception, out_dir: str, record: dict[str, str] | None = None) -> float | None:
+    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
+    accuracy; a failed job exits the process (2: bad options or data, 3: diverged), its reason
+    kept in its folder (`keep_failure`, with its `record`)."""
+    if isinstance(result, Exception):
+        keep_failure(out_dir, result, record)
         if os.environ.get("FEDRUN_DEBUG"):
             raise result
         for line in str(result).splitlines():
@@ -396,6 +466,17 @@ def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
         out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
                    f"each minibatch repeats rows")
     return out
+
+
+def _read_summary(path: str) -> dict:
+    """A run's summary.json; {} when there is none, or it is not a whole JSON object (a kill
+    mid-write on a file system without atomic rename, another tool's file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _to_device(obj, device):

@@ -165,7 +165,9 @@ class Progress:
 class Replica:
     """One run of a group that `simulate_group` trains as one computation with the others: the same
     algorithm, data and schedule, its own seed (initial params, sampled clients, minibatches,
-    evaluation draws), state and callbacks. `at`, `last` and `error` are filled in as it runs."""
+    evaluation draws), state and callbacks. `at`, `done`, `last` and `error` are filled in as it runs:
+    `done` is `at` once the round's evaluation and callbacks have all finished (what an interrupt
+    may checkpoint: `at` moves on before its round is evaluated)."""
 
     seed: int
     params: Params
@@ -174,6 +176,7 @@ class Replica:
     on_checkpoint: Callable[[Progress], None] | None = None
     checkpoint_due: Callable[[], bool] | None = None  # also checkpoint after a round when this says so (e.g. by time)
     at: Progress | None = None
+    done: Progress | None = None
     last: Evaluation | None = None
     error: Diverged | None = None
 
@@ -233,7 +236,7 @@ def simulate_group(
     After the first rounds, one line on stderr estimates the time left (fedrun.clock).
     """
     for r in runs:
-        r.at = r.start or Progress(algo.init(r.params, data.num_clients))
+        r.at = r.done = r.start or Progress(algo.init(r.params, data.num_clients))
     train = ChunkedTraining(client_chunk, steps or local_training)
     bar = None
     first = min(r.at.round for r in runs)
@@ -315,6 +318,7 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
     if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds
                             or (r.checkpoint_due is not None and r.checkpoint_due())):
         r.on_checkpoint(r.at)
+    r.done = r.at
     return eval_s
 
 

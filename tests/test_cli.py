@@ -93,6 +93,16 @@ def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
     assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
+@pytest.mark.parametrize("args, expected", [  # Hydra's own errors: 16 and 5 lines
+    (["hydra/launcher=bogus"], "hydra/launcher=bogus is not a launcher; allowed: basic, batched"),
+    (["hydra/launcher=batched", "hydra.launcher.max_group=0"], "hydra.launcher.max_group=0 must be an integer >= 1 or null"),
+])
+def test_a_bad_launcher_is_one_line(tmp_path, args, expected):
+    check_one_line_error(fedrun(["-m", *SMALL, "seed=0,1", *args, f"hydra.sweep.dir={tmp_path / 'bad'}"], tmp_path),
+                         expected)
+    assert not (tmp_path / "bad").exists()
+
+
 def check_one_line_error(r, expected):
     assert r.returncode == 2
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]

@@ -111,6 +111,7 @@ CONSOLE = [  # (console script, its arguments, the option its line must name)
     ("fedrun-bench", ["--setting", "nope"], "--setting"),
     ("fedrun-bench", ["--bogus"], "--bogus"),
     ("fedrun-bench", ["--repeats", "2", "--seeds", "1,2"], "--repeats"),
+    ("fedrun-bench", ["--device", "cuda"], "--device"),               # no GPU (the test hides any there is)
     ("fedrun-data", ["--clients", "abc"], "--clients"),
     ("fedrun-data", ["--clients", "-1"], "--clients"),
     ("fedrun-data", ["--bogus"], "--bogus"),
@@ -134,7 +135,10 @@ def _console_main(script: str):
 
 
 @pytest.mark.parametrize("script, args, option", CONSOLE, ids=[f"{s} {' '.join(a)}" for s, a, _ in CONSOLE])
-def test_console_script_errors_are_one_line_naming_the_option(script, args, option, tmp_path, capsys):
+def test_console_script_errors_are_one_line_naming_the_option(script, args, option, tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU
     args = [a.format(tmp=tmp_path) for a in args]
     try:
         code = _console_main(script)(args)

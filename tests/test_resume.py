@@ -190,6 +190,8 @@ def test_divergence_stops_or_is_recorded(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["algo.beta=-0.1"], ["algo.beta=-0.1 must be a number > 0"]),
     (["algo.alpha=abc"], ["algo.alpha='abc' must be a number >= 0"]),
+    (["algo.beta=inf"], ["algo.beta=inf must be a finite number > 0"]),  # passed the check, then diverged
+    (["algo.alpha=nan"], ["algo.alpha=nan must be a finite number >= 0"]),
     (["data.num_clients=0"], ["data.num_clients=0 must be an integer >= 1"]),
     (["data.train_frac=1.5"], ["data.train_frac=1.5 must be a fraction in (0, 1)"]),
     (["checkpoint_every=-1"], ["checkpoint_every=-1 must be an integer >= 0"]),

@@ -3,6 +3,7 @@ it was, one process writes a folder at a time, a crashed or killed run leaves no
 fedrun-report misreads.
 
 Runs are the CLI in this process (helpers.fedrun); the concurrency test starts a second process."""
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 import torch
 
 from helpers import fedrun
@@ -149,7 +151,75 @@ def test_report_leaves_out_a_half_written_row_and_labels_a_failed_job_by_its_opt
     assert table["n_seeds"].tolist() == [1] and table["pers_acc_last_round_mean"].tolist() == [0.6]
     assert f"left out {tmp_path / 'b'}: metrics.csv ends in a half-written row (line 3" in out
     md = (tmp_path / "summary.md").read_text()
-    assert "algo.beta=100.0, seed 0: summary.json says status='diverged'" in md
+    assert "algo.beta=100.0, seed 0: diverged" in md
+
+
+def _damaged(folder, how):
+    if how == "summary []":
+        (folder / "summary.json").write_text("[]")
+    elif how == "summary not UTF-8":
+        (folder / "summary.json").write_bytes(b'{"status": "finished\xff"}')
+    elif how == "corrupt config.yaml":
+        (folder / ".hydra" / "config.yaml").write_text("seed: [0\n  : :\n")
+    elif how == "config.yaml not UTF-8":
+        (folder / ".hydra" / "config.yaml").write_bytes(b"seed: 0\nrounds: 2\nalgo: \xff\n")
+    elif how == "another tool's folder":
+        (folder / ".hydra" / "config.yaml").write_text("db:\n  driver: mysql\n")
+    elif how in ("NaN accuracy", "round abc", "metrics not UTF-8"):
+        lines = (folder / "metrics.csv").read_text().splitlines()
+        cells = lines[-1].split(",")
+        if how == "NaN accuracy":
+            cells[3] = "nan"
+        elif how == "round abc":
+            cells[0] = "abc"
+        lines[-1] = ",".join(cells)
+        text = "\n".join(lines) + "\n"
+        (folder / "metrics.csv").write_bytes(text.encode() + (b"\xff\n" if how == "metrics not UTF-8" else b""))
+
+
+BAD_JOBS = [("summary []", "summary.json holds a JSON list, not a fedrun summary"),
+            ("summary not UTF-8", "unreadable summary.json"),
+            ("corrupt config.yaml", "unreadable .hydra/config.yaml (ParserError at line 2)"),
+            ("config.yaml not UTF-8", "unreadable .hydra/config.yaml (UnicodeDecodeError)"),
+            ("another tool's folder", "not a fedrun run"),
+            ("NaN accuracy", "metrics.csv has non-finite accuracies on line 3 (pers_acc: nan"),
+            ("round abc", "metrics.csv has round 'abc' on line 3, not a round number"),
+            ("metrics not UTF-8", "metrics.csv is not UTF-8 text")]
+
+
+@pytest.mark.parametrize("how, says", BAD_JOBS, ids=[h for h, _ in BAD_JOBS])
+def test_report_leaves_a_bad_job_out_with_its_reason(how, says, tmp_path):
+    _job(tmp_path / "a", 0, [0.5, 0.6])
+    _job(tmp_path / "b", 1, [0.5, 0.8])
+    _damaged(tmp_path / "b", how)
+    code, out, err = _report([tmp_path, "--no-figure"])
+    assert code == 0, err
+    assert "2 jobs, 1 finished" in out
+    assert f"left out {tmp_path / 'b'}: {says}" in out, out
+    assert pd.read_csv(tmp_path / "summary.csv")["pers_acc_last_round_mean"].tolist() == [0.6]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "batched"])
+def test_report_tells_a_failed_job_from_one_that_never_started(launcher, tmp_path):
+    """A sweep whose jobs are refused in the job (resume=true, no checkpoint) stops: a failed job
+    keeps its folder with its one-line reason, which the report shows. The basic launcher stops at
+    the first (the second never started); the batched one had accepted or refused both."""
+    sweep = tmp_path / "sweep"
+    r = fedrun(["-m", *TINY, "rounds=2", "resume=true", "algo.beta=0.001,0.002", f"hydra/launcher={launcher}",
+                f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2 and "there is no checkpoint" in r.stderr
+    code, out, err = _report([sweep, "--no-figure"])
+    assert code == 0, err
+    failed = [line for line in out.splitlines() if line.startswith("fedrun-report: left out")]
+    assert all(": failed: resume=True but there is no checkpoint" in line for line in failed), out
+    missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
+    if launcher == "basic":
+        assert len(failed) == 1 and len(missing) == 1 and "job 1 (algo.beta=0.002) never started" in missing[0], out
+    else:
+        assert len(failed) == 2 and not missing, out
+    r = fedrun(["-m", *TINY, "rounds=2", "algo.beta=0.001,0.002", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2 jobs, 2 finished" in _report([sweep, "--no-figure"])[1]  # the rerun's job: its reason gone
 
 
 def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
@@ -162,7 +232,7 @@ def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     code, out, err = _report([sweep, "--no-figure"])
     assert code == 0, err
     assert "2 jobs, 1 finished" in out
-    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and "no metrics.csv" in line
+    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and ": diverged: round 1" in line
                for line in out.splitlines()), out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
     assert len(missing) == 1 and "job 2 (algo.beta=0.002" in missing[0], out
@@ -206,10 +276,14 @@ def test_checkpoints_by_time_as_well_as_by_rounds(tmp_path):
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["round_0000002.pt", "round_0000003.pt"]
 
 
-def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_before_the_first_checkpoint_keeps_the_last_round(sig, status, tmp_path):
+    """Ctrl-C or SIGTERM long before the first checkpoint (checkpoint_every=100000): the last
+    finished round is checkpointed, one line says where it stopped, the exit status is the shell's
+    for that signal, and the rerun goes on to the numbers of an uninterrupted run."""
     run_dir = tmp_path / "X"
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=2",
+    p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=100000",
                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          # a shell's background job starts with SIGINT ignored, and its children
@@ -217,21 +291,29 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_go_on(tmp_path):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
-        while not (run_dir / "checkpoints").is_dir() or not os.listdir(run_dir / "checkpoints"):
+        while not (run_dir / "metrics.csv").is_file() or len((run_dir / "metrics.csv").read_text().splitlines()) < 4:
             assert p.poll() is None, p.stderr.read()
             assert time.time() < deadline
-            time.sleep(0.2)
-        p.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130, err
+    assert p.returncode == status, err
     # the cost estimate printed after the first rounds (fedrun.clock) is the only other line
     # (and, on a loaded machine, its hint that the run takes hours)
     lines = [line for line in err.strip().splitlines() if not line.startswith(("fedrun: estimated time", "fedrun: hint:"))]
     assert len(lines) == 1 and "interrupted after round" in lines[0], err
-    assert "rerun the same command to resume from round" in lines[0]
+    (saved,) = os.listdir(run_dir / "checkpoints")
+    rnd = int(saved[len("round_"):-len(".pt")])
+    assert rnd >= 3 and f"interrupted after round {rnd} " in lines[0]
+    assert lines[0].endswith(f"rerun the same command to resume from round {rnd}")
+    r = fedrun([*TINY, f"rounds={rnd + 2}", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / saved}" in r.stderr, r.stderr
+    r = fedrun([*TINY, f"rounds={rnd + 2}", f"hydra.run.dir={tmp_path / 'Y'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (run_dir / "metrics.csv").read_bytes() == (tmp_path / "Y" / "metrics.csv").read_bytes()
 
 
 # ------------------------------------------------------------------- records that say what they are
@@ -377,3 +459,140 @@ def test_ctrl_c_inside_a_checkpoint_write_is_a_clean_interrupt(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     for path in checkpoint_paths(str(tmp_path)):
         assert torch.equal(read_checkpoint(path)["x"], x)
+
+
+# ------------------------------------------------------------------- places fedrun cannot write
+
+def _read_only(monkeypatch, folder):
+    """`folder` as a read-only mount shows it, for this process (root writes anywhere, and a test
+    cannot mount): os.access says no, and creating or opening anything in it for writing fails with
+    EROFS, as Linux's calls do."""
+    import builtins
+    import errno
+
+    folder = os.path.abspath(folder)
+    inside = lambda p: os.path.abspath(os.fspath(p)) == folder or os.path.abspath(os.fspath(p)).startswith(folder + os.sep)
+    refuse = lambda p: OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(p))
+    real_open, real_os_open, real_mkdir, real_access = builtins.open, os.open, os.mkdir, os.access
+
+    def open_(file, mode="r", *a, **k):
+        if isinstance(file, (str, os.PathLike)) and inside(file) and any(c in mode for c in "wax+"):
+            raise refuse(file)
+        return real_open(file, mode, *a, **k)
+
+    def os_open(path, flags, *a, **k):
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise refuse(path)
+        return real_os_open(path, flags, *a, **k)
+
+    def mkdir(path, *a, **k):
+        if inside(path):
+            raise refuse(path)
+        return real_mkdir(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if inside(p) and mode & os.W_OK
+                        else real_access(p, mode, *a, **k))
+
+
+def _one_line(r, *says):
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fedrun: error: "), r.stderr
+    assert all(s in lines[0] for s in says), lines[0]
+
+
+def test_every_unwritable_output_place_is_one_line(tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (tmp_path / "afile").write_text("x")
+    _read_only(monkeypatch, ro)
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={ro}"], tmp_path), f"hydra.run.dir={ro}", "read-only")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={ro / 'x'}"], tmp_path), "read-only")
+    _one_line(fedrun(["-m", *TINY, "rounds=1", "seed=0,1", f"hydra.sweep.dir={ro / 's'}"], tmp_path),
+              f"hydra.sweep.dir={ro / 's'}", "read-only")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'afile' / 'x'}"], tmp_path),
+              f"{tmp_path / 'afile'} is a file, not a folder")
+    assert os.listdir(ro) == []
+    r = fedrun(["--cfg", "job", f"hydra.run.dir={ro}"], tmp_path)  # writes nothing: not refused
+    assert r.returncode == 0 and "fedrun: error" not in r.stderr, r.stderr
+
+
+def test_a_full_disk_while_drawing_partition_png_is_one_line(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    def open_(file, *a, **k):
+        if os.path.basename(str(file)).startswith("partition.png"):  # (partition.png.tmp.png: written, then renamed)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    run_dir = tmp_path / "X"
+    _one_line(fedrun([*TINY, "rounds=1", "plot=true", f"hydra.run.dir={run_dir}"], tmp_path),
+              f"cannot write into {run_dir}: No space left on device")
+
+
+def test_console_scripts_out_folder_read_only_is_one_line(tmp_path, monkeypatch, capsys):
+    from fedrun.data.show import main as data_main
+    from fedrun.report import main as report_main
+
+    r = fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _read_only(monkeypatch, ro)
+    with pytest.raises(SystemExit) as e:
+        data_main(["--out", str(ro / "p"), "data.num_clients=6", "data.seed=9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"fedrun-data: error: --out {ro / 'p'}: "), err
+    assert report_main([str(tmp_path / "X"), "--out", str(ro), "--no-figure"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fedrun-report: error: --out {ro}: cannot write"), err
+
+
+def test_checkpoints_that_is_a_file_is_one_line(tmp_path):
+    run_dir = tmp_path / "X"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("not a folder")
+    _one_line(fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path),
+              f"{run_dir / 'checkpoints'} is not a folder")
+
+
+@pytest.mark.parametrize("torn", ["", "[]", '{"status": "fini'])
+def test_a_torn_summary_json_on_rerun_is_written_again(torn, tmp_path):
+    run_dir = tmp_path / "X"
+    args = [*TINY, "rounds=2", f"hydra.run.dir={run_dir}"]
+    assert fedrun(args, tmp_path).returncode == 0
+    whole = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(torn)
+    r = fedrun(args, tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["status"] == "finished" and again["pers_acc_last_round"] == whole["pers_acc_last_round"]
+
+
+# ------------------------------------------------------------------- resume= a file that is not a checkpoint
+
+def test_resume_from_a_file_that_is_no_checkpoint_is_one_line_without_torchs_warnings(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("e\x01 some notes\n")  # torch.load's legacy reader: KeyError: 101 ('e')
+    proto4 = tmp_path / "p4.pt"
+    torch.save({"a": 1}, proto4, pickle_protocol=4)  # torch's 2-line warning about the protocol
+    for path, says in ((text, "it is not a file torch.save wrote"), (proto4, "(ValueError: ")):
+        r = fedrun([*TINY, "rounds=1", f"resume={path}", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)
+        _one_line(r, f"resume='{path}' is not a readable fedrun checkpoint", says)
+
+
+def test_a_refused_first_command_leaves_no_folder(tmp_path):
+    """A fresh clone's first command, refused after Hydra made its folder (outputs/runs/<time>_...):
+    neither it nor the outputs/runs/ above it stays."""
+    r = fedrun([*TINY, "rounds=1", "resume=true"], tmp_path)
+    _one_line(r, "resume=True but there is no checkpoint")
+    assert not (tmp_path / "outputs").exists()
+    os.makedirs(tmp_path / "outputs" / "runs")  # a user's own folders stay
+    _one_line(fedrun([*TINY, "rounds=1", "resume=true"], tmp_path), "no checkpoint")
+    assert os.listdir(tmp_path / "outputs" / "runs") == []

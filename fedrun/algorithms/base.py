@@ -21,6 +21,7 @@ models the server aggregates, and `weights` their aggregation weights (None: uni
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -41,9 +42,11 @@ def check_choice(option: str, value, allowed) -> None:
 def check_positive(option: str, value, allow_zero: bool = False, allow_null: bool = False) -> None:
     if allow_null and value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        words = f"a number {'>= 0' if allow_zero else '> 0'}" + (" or null" if allow_null else "")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value >= 0 if allow_zero else value > 0)
+    if not ok:  # inf and nan too: a run with them diverges, or trains nothing, without a word
+        finite = "finite " if isinstance(value, float) and not math.isfinite(value) else ""
+        words = f"a {finite}number {'>= 0' if allow_zero else '> 0'}" + (" or null" if allow_null else "")
         raise ConfigError(f"{option}={value!r} must be {words}")
 
 

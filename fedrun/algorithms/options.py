@@ -10,6 +10,7 @@ they catch the value, since they also say the allowed range.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import types
 import typing
@@ -57,8 +58,11 @@ def _type_ok(value, hint) -> tuple[bool, str]:
             ok = ok or value is None
         elif t in _WORDS:
             words.append(_WORDS[t])
-            if t is float:
-                ok = ok or (isinstance(value, (int, float)) and not isinstance(value, bool))
+            if t is float:  # finite: inf and nan pass no option's meaning
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = ok or (number and math.isfinite(value))
+                if number and not math.isfinite(value):
+                    words[-1] = "a finite number"
             elif t is int:
                 ok = ok or (isinstance(value, int) and not isinstance(value, bool))
             else:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..algorithms.base import ConfigError
     from ..args import ArgumentParser
     from ..config import CONF_DIR, with_composed_data, with_env_searchpath
-    from ..outputs import write_partition
+    from ..outputs import cannot_write, write_partition
     from ..plots import plot_partition
     from ..validation import instantiate_checked, job_problems, precheck
     from . import DataMissingError
@@ -77,9 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     counts = data.train.label_counts(data.num_classes).numpy()
     test_sizes = data.test.sizes.numpy()
     held = int(data.num_holdout)
-    os.makedirs(args.out, exist_ok=True)
-    write_partition(data, os.path.join(args.out, "partition.csv"))
-    plot_partition(counts, held, os.path.join(args.out, "partition.png"))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        write_partition(data, os.path.join(args.out, "partition.csv"))
+        plot_partition(counts, held, os.path.join(args.out, "partition.png"))
+    except OSError as e:  # a read-only or full disk, a file named as the folder
+        print(f"fedrun-data: error: --out {args.out}: {cannot_write(e, 'name a writable folder')}", file=sys.stderr)
+        sys.exit(2)
     shown = stats_table(counts, test_sizes, held)
     if args.clients and len(counts) > args.clients:
         shown = shown[: args.clients + 1] + [f"... {len(counts) - args.clients} more in partition.csv"]

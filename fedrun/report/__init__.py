@@ -16,8 +16,10 @@ the runs (or into --out):
 - `jobs.csv`: every job found, its configuration, seed and status.
 
 All numbers come from each job's `metrics.csv`. A job is left out, and listed with its reason,
-when it has no `summary.json` (failed, killed or still running), when its summary says it did not
-finish, or when its `metrics.csv` has fewer rows than its `rounds` and `eval_every` promise.
+when it failed (its `error.txt`), has no `summary.json` (killed or still running), its summary says
+it did not finish (`diverged`), its `metrics.csv` has fewer rows than its `rounds` and `eval_every`
+promise, a round that is not a number or a non-finite accuracy, or a file of it cannot be read
+(not UTF-8, corrupt YAML, another application's folder). Jobs that never started are listed too.
 Std is the sample standard deviation (ddof=1); it is empty for a configuration with one seed.
 """
 from __future__ import annotations
@@ -77,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure, baseline=args.baseline)
     except (ValueError, FileNotFoundError) as e:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full disk, a file named as the folder
+        from ..outputs import cannot_write
+
+        out = args.out or args.dirs[0]
+        print(f"fedrun-report: error: --out {out}: {cannot_write(e, 'name a writable folder with --out')}", file=sys.stderr)
         return 2
     n_ok = sum(j.ok for j in rep.jobs)
     more = f" (and jobs without a record: see 'missing' below)" if rep.missing else ""

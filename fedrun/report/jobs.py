@@ -10,6 +10,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..config import group_file, load_conf, neutral_options, read_yaml
+from ..outputs import REASON_FILE
 from ..resume import ADDED_OPTIONS
 
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
@@ -71,14 +72,33 @@ def find_job_dirs(roots: list[str]) -> list[str]:
     return sorted(set(out))
 
 
+# What a fedrun job's .hydra/config.yaml always holds (another Hydra application's does not)
+FEDRUN_OPTIONS = ("algo", "rounds")
+
+
 def load_job(path: str) -> Job:
+    """The job in `path`; one that cannot be read (a corrupt or non-UTF-8 .hydra/ file, another
+    application's folder) comes back with its status saying why, to be left out."""
     job = Job(path=path)
     hydra_dir = os.path.join(path, ".hydra")
-    cfg = read_yaml(os.path.join(hydra_dir, "config.yaml")) or {}
-    choices = {}
     hydra_yaml = os.path.join(hydra_dir, "hydra.yaml")
-    if os.path.isfile(hydra_yaml):
-        hy = (read_yaml(hydra_yaml) or {}).get("hydra") or {}
+    cfg = hy = None
+    for name in ("config.yaml", "hydra.yaml"):
+        if name == "hydra.yaml" and not os.path.isfile(hydra_yaml):
+            break
+        try:
+            got = read_yaml(os.path.join(hydra_dir, name)) or {}
+        except Exception as e:  # noqa: BLE001 - YAML, UTF-8 or I/O errors: the job is left out, saying which
+            where = getattr(e, "problem_mark", None)
+            job.status = f"unreadable .hydra/{name} ({type(e).__name__}{f' at line {where.line + 1}' if where else ''})"
+            return job
+        cfg, hy = (got, hy) if name == "config.yaml" else (cfg, got)
+    if not isinstance(cfg, dict) or not all(k in cfg for k in FEDRUN_OPTIONS):
+        job.status = f"not a fedrun run (its .hydra/config.yaml has no {' or '.join(FEDRUN_OPTIONS)}: another application's?)"
+        return job
+    choices = {}
+    if isinstance(hy, dict):
+        hy = hy.get("hydra") or {}
         picked = (hy.get("runtime") or {}).get("choices") or {}
         choices = {g: picked[g] for g in GROUPS if picked.get(g) is not None}
         num = (hy.get("job") or {}).get("num")
@@ -121,11 +141,27 @@ def _group_default(group: str, choice: str, name: str):
 
 def _status(job: Job, path: str, cfg: dict) -> str:
     summary_path, metrics_path = os.path.join(path, "summary.json"), os.path.join(path, "metrics.csv")
+    reason = _reason(path)
+    if reason is not None:  # a failed sweep job: its own words
+        return f"failed: {reason}"
+    summary = None
+    if os.path.isfile(summary_path):
+        try:
+            with open(summary_path, encoding="utf-8") as f:
+                summary = json.load(f)
+        except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+            return "unreadable summary.json (torn, or not UTF-8 JSON)"
+        if not isinstance(summary, dict):
+            return f"summary.json holds a JSON {type(summary).__name__}, not a fedrun summary"
+        if summary.get("status", "finished") != "finished":
+            err = str(summary.get("error", "")).splitlines()[0][:160] if summary.get("error") else ""
+            said = "diverged" if summary.get("status") == "diverged" else f"summary.json says status={summary.get('status')!r}"
+            return said + (f": {err}" if err else "")
     if not os.path.isfile(metrics_path):
-        return "no metrics.csv (failed before the first evaluation, or never started)"
+        return "no metrics.csv: it started, then stopped before its first evaluation (killed, or still running)"
     torn = torn_row(metrics_path)
     if torn:
-        return f"metrics.csv {torn} (a kill mid-write?); rerun the job's command to redo it"
+        return f"metrics.csv {torn}"
     try:
         job.metrics = pd.read_csv(metrics_path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
@@ -133,35 +169,46 @@ def _status(job: Job, path: str, cfg: dict) -> str:
     rounds, every = cfg.get("rounds"), cfg.get("eval_every", 1)
     want = expected_rows(rounds, every) if isinstance(rounds, int) and isinstance(every, int) and every > 0 else None
     have = len(job.metrics)
-    if not os.path.isfile(summary_path):
+    if summary is None:
         return f"no summary.json (failed, killed or still running; metrics.csv has {have} of {want} rows)"
-    try:
-        with open(summary_path) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return "unreadable summary.json"
     job.seconds = summary.get("seconds")
-    if summary.get("status", "finished") != "finished":
-        err = str(summary.get("error", "")).splitlines()[0][:160] if summary.get("error") else ""
-        return f"summary.json says status={summary.get('status')!r}" + (f": {err}" if err else "")
     if want is not None and (have < want or int(job.metrics["round"].iloc[-1]) != rounds):
         return f"incomplete: metrics.csv has {have} of {want} rows (last round {job.metrics['round'].iloc[-1] if have else None} of {rounds})"
     return "ok"
 
 
+def _reason(path: str) -> str | None:
+    """The one-line reason a failed sweep job left in its folder (None: none)."""
+    try:
+        with open(os.path.join(path, REASON_FILE), encoding="utf-8", errors="replace") as f:
+            return (f.readline().strip() or "no reason given")[:300]
+    except OSError:
+        return None
+
+
 def torn_row(path: str) -> str | None:
-    """Why `path` (a metrics.csv) has a half-written row, or None: every row ends in a newline and
-    has the header's number of fields (pandas would read a cut row's missing fields as NaN)."""
+    """Why `path` (a metrics.csv) cannot be read as a run's rows, or None: every row ends in a
+    newline and has the header's number of fields (pandas would read a cut row's missing fields as
+    NaN), the text is UTF-8, every round is a whole number, every accuracy a finite one."""
     import csv
 
-    with open(path, newline="") as f:
-        text = f.read()
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
     if text and not text.endswith("\n"):
-        return f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end)"
+        return f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end); rerun the job's command to redo it"
     rows = list(csv.reader(text.splitlines()))
+    accuracies = [i for i, name in enumerate(rows[0] if rows else []) if name.endswith(("_acc", "_acc_min", "_acc_max"))]
     for i, row in enumerate(rows[1:], start=2):
         if len(row) != len(rows[0]) or any(v == "" for v in row[:1]):
-            return f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields)"
+            return f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields); rerun the job's command to redo it"
+        if not row[0].isdigit():
+            return f"has round {row[0]!r} on line {i}, not a round number"
+        bad = [rows[0][j] for j in accuracies if row[j].strip().lower() in ("nan", "inf", "-inf", "+inf")]
+        if bad:
+            return f"has non-finite accuracies on line {i} ({', '.join(bad)}: {row[rows[0].index(bad[0])]}; a diverged run?)"
     return None
 
 
@@ -254,8 +301,8 @@ def sweep_jobs(sweep_dir: str) -> list[list[str]] | None:
 
 
 def missing_jobs(jobs: list[Job], roots: list[str]) -> list[str]:
-    """One line per job of a sweep under `roots` that has no record: refused before it started, or
-    never started (a job before it stopped the sweep). Sweep folders without multirun.yaml: the gaps
+    """One line per job of a sweep under `roots` that never started (a job before it stopped the
+    sweep; a failed job keeps its folder and reason, `REASON_FILE`). Sweep folders without multirun.yaml: the gaps
     in the job numbers found (`missing_job_numbers`)."""
     found: dict[str, set[int]] = {}
     for j in jobs:
@@ -270,8 +317,8 @@ def missing_jobs(jobs: list[Job], roots: list[str]) -> list[str]:
             continue
         for num, overrides in enumerate(planned):
             if num not in found.get(sweep, set()):
-                out.append(f"{sweep}: job {num} ({' '.join(overrides)}) has no record: refused before it "
-                           f"started, or never started (a job before it stopped the sweep)")
+                out.append(f"{sweep}: job {num} ({' '.join(overrides)}) never started (no folder: "
+                           f"the sweep stopped before it)")
     return out + missing_job_numbers(rest)
 
 

@@ -67,7 +67,7 @@ class BatchedLauncher(Launcher):
         return kept if kept is not None else self._compose(self.config, list(overrides))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from fedrun.runner import hydra_record, report, run_jobs
+        from fedrun.runner import hydra_record, keep_failure, report, run_jobs
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -104,7 +104,10 @@ class BatchedLauncher(Launcher):
                 me = f"{type(self).__module__}.{type(self).__qualname__}"  # threads=auto: one per job
                 for i, res in zip(mine, run_jobs([jobs[i] for i in mine], self.max_group, me)):
                     results[i] = res
-        for ret, (_, out_dir, _), result in zip(rets, jobs, results):
-            ret.return_value = report(result, out_dir)  # exits on a failed job, as a single run does
+        for (_, out_dir, record), result in zip(jobs, results):  # every failed job keeps why, before the exit
+            if isinstance(result, Exception):
+                keep_failure(out_dir, result, record)
+        for ret, (_, out_dir, record), result in zip(rets, jobs, results):
+            ret.return_value = report(result, out_dir, record)  # exits on a failed job, as a single run does
             ret.status = JobStatus.COMPLETED
         return rets
