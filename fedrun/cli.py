@@ -170,11 +170,12 @@ def _jobs_checked_before_the_sweep():
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
-    problem = precheck(sys.argv[1:])
+    wants_help = any(a in ("--help", "-h") for a in sys.argv[1:])
+    problem = precheck(sys.argv[1:], complete=not wants_help)  # `partition=dirichlet --help` alone explains it
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    if any(a in ("--help", "-h") for a in sys.argv[1:]):  # the options explained (Hydra's own: --hydra-help)
+    if wants_help:  # the options explained (Hydra's own: --hydra-help)
         from .help import help_text
 
         sys.stdout.write(help_text(sys.argv[1:]))

@@ -223,10 +223,11 @@ def instantiate_checked(node: DictConfig, **kwargs):
         raise
 
 
-def precheck(argv: list[str]) -> str | None:
+def precheck(argv: list[str], complete: bool = True) -> str | None:
     """One-line message for an unknown config group option or key in `argv`, else None.
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
+    `complete=False` (for --help) accepts a dataset= without partition= and the other way round.
     """
     roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
@@ -258,7 +259,7 @@ def precheck(argv: list[str]) -> str | None:
     if (choices["dataset"] or choices["partition"]) and choices["data"] not in (None, "composed"):
         return (f"dataset=/partition= compose their own data and cannot go with data={choices['data']}; drop data= "
                 f"(the old data= settings stay as they are)")
-    if choices["data"] == "composed" or choices["dataset"] or choices["partition"]:
+    if complete and (choices["data"] == "composed" or choices["dataset"] or choices["partition"]):
         for g in ("dataset", "partition"):
             if not choices[g]:
                 return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"

@@ -122,7 +122,7 @@ def test_missing_mnist_offline_is_one_clear_line(tmp_path):
 def _help_meaning(stdout: str, name: str) -> str:
     """The meaning `fedrun --help` prints beside `name` (on its line, or the next when the name is long)."""
     lines = stdout.splitlines()
-    i = next((i for i, line in enumerate(lines) if line.strip().split(" ")[0] == name), None)
+    i = next((i for i, line in enumerate(lines) if f"{line.strip()} ".startswith(f"{name} ")), None)
     assert i is not None, f"{name} is not in the help"
     rest = lines[i].strip()[len(name):].strip()
     return rest or lines[i + 1].strip()
@@ -176,6 +176,73 @@ def test_algo_help_explains_each_of_its_options(algo, tmp_path):
         assert comment, f"conf/algo/{algo}.yaml: {key} has no comment to explain it"
         meaning = _help_meaning(r.stdout, f"algo.{key}={default}")
         assert meaning.startswith(" ".join(comment.split()[:4])), (key, meaning)
+
+
+def _yaml_options(path) -> dict:
+    """Every option of a yaml file -> (default as written, its inline comment), read here with a plain
+    regex: dotted below a key that holds others (logger/mlflow.yaml: `mlflow.tracking_uri`); without
+    `defaults`, `hydra`, `_target_` and a `name:` that is the file's own name (a partition's, a dataset's)."""
+    import os
+    import re
+
+    out, parents, stem, skip = {}, [], os.path.basename(path)[:-len(".yaml")], None
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^(\s*)([A-Za-z_]\w*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line.rstrip())
+        if not m:
+            continue
+        indent, key, value, comment = len(m.group(1)), m.group(2), m.group(3), (m.group(4) or "").strip()
+        if skip is not None and indent > skip:
+            continue
+        skip = None
+        parents = [(i, k) for i, k in parents if i < indent]
+        if key in ("defaults", "hydra", "_target_") or (key == "name" and not parents and value == stem):
+            skip = indent
+            continue
+        dotted = ".".join([*(k for _, k in parents), key])
+        if parents and ".".join(k for _, k in parents) in out and not out[".".join(k for _, k in parents)][0]:
+            del out[".".join(k for _, k in parents)]  # a key that holds others is no option itself
+        out[dotted] = (value, comment)
+        parents.append((indent, key))
+    return out
+
+
+def _group_yamls() -> list[tuple[str, str, str]]:
+    """(group, choice, path) of every yaml of conf/ but config.yaml: groups, hydra/launcher, presets."""
+    import glob
+    import os
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True)):
+        group = os.path.relpath(os.path.dirname(path), CONF_DIR).replace(os.sep, "/")
+        if group != ".":
+            out.append((group, os.path.basename(path)[:-len(".yaml")], path))
+    return out
+
+
+def test_every_option_in_conf_has_a_comment_that_explains_it():
+    """Each option of every yaml in conf/ says what it means on its line (`fedrun GROUP=CHOICE --help`
+    prints it): the paper presets only set options explained where they are defined, so they are left out."""
+    missing = [f"{group}/{name}.yaml: {key}" for group, name, path in _group_yamls() if group != "experiment"
+               for key, (_, comment) in _yaml_options(path).items() if not comment]
+    assert not missing, "options without a comment: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("group, name", [(g, n) for g, n, _ in _group_yamls() if g != "algo"],
+                         ids=[f"{g}={n}" for g, n, _ in _group_yamls() if g != "algo"])
+def test_every_group_choice_explains_its_options_alone(group, name, tmp_path):
+    """`fedrun GROUP=CHOICE --help` with nothing else (`partition=dirichlet` needs no dataset= to be
+    explained): exit 0, each option of the yaml with its default and the start of its comment; no
+    run starts. (algo=X: test_algo_help_explains_each_of_its_options.)"""
+    import os
+
+    r = fedrun([f"{group}={name}", "--help"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"{group}={name} ({group}/{name}.yaml):" in r.stdout
+    prefix = "" if group == "experiment" else group.replace("/", ".") + "."
+    for key, (default, comment) in _yaml_options(os.path.join(CONF_DIR, group, f"{name}.yaml")).items():
+        meaning = _help_meaning(r.stdout, f"{prefix}{key}={default}")  # (a preset's settings may have no comment)
+        assert not comment or " ".join(comment.split()).startswith(meaning), (key, meaning)
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
