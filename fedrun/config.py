@@ -66,6 +66,47 @@ def with_composed_data(argv: list[str]) -> list[str]:
     return [*argv[:last + 1], *extra, *argv[last + 1:]]
 
 
+def import_problem(target: str, key: str = "") -> str | None:
+    """One line saying why the `_target_` `target` (module.name) cannot be imported, else None: the
+    module not on Python's search path (which folders that is, and the fix), a module it needs
+    missing, its import failing, or the name not in it. `key` names the option (e.g. `algo`)."""
+    import importlib
+    import sys
+
+    module, _, name = str(target).rpartition(".")
+    where = f"{key}._target_={target!r}" if key else f"_target_={target!r}"
+    if not module:
+        return f"{where} must be module.name (a class or function of an importable module)"
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+            folders = [os.path.abspath(p or ".") for p in sys.path
+                       if os.path.isdir(p or ".") and not any(p.startswith(x) for x in prefixes if p)]
+            return (f"{where}: no module {module!r} in Python's search path (besides installed packages: "
+                    f"{', '.join(folders) or 'no folder'}); add the folder that holds {module.replace('.', '/')}.py "
+                    f"to PYTHONPATH (e.g. `PYTHONPATH=. fedrun ...` from that folder) or pip install it")
+        return f"{where}: module {module!r} imports {e.name!r}, which is not installed (pip install it)"
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while it is imported
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return f"{where}: importing module {module!r} ({found_file(module)}) raised {type(e).__name__}: {first}"
+    if not hasattr(found, name):
+        return f"{where}: module {module!r} ({getattr(found, '__file__', None) or module}) has no {name!r}"
+    return None
+
+
+def found_file(module: str) -> str:
+    """Where `module` is found (its file), or its name when it is not."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import
+        spec = None
+    return (spec.origin if spec and spec.origin else module)
+
+
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     """The options of a config group (the yaml files of `group/` in every root), sorted."""
     names = set()

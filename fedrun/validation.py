@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import trackers
 from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, load_conf, search_roots
+from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, import_problem, load_conf, search_roots
 from .data import DataMissingError
 from .device import cpu_threads, resolve_device
 from .functional import ENGINES, params_of
@@ -216,6 +216,10 @@ def instantiate_checked(node: DictConfig, **kwargs):
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as e:
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        problem = import_problem(target, node._get_full_key(None) or "") if target else None
+        if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
+            raise ConfigError(problem) from e
         cause = e.__cause__ or e
         if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
             # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)

@@ -296,3 +296,36 @@ def test_a_sweep_job_folder_name_fits_the_file_system(tmp_path):
     assert re.fullmatch(r"0_clients_per_round=3,.*,model\.hidden=\[3,3,[3,]*~[0-9a-f]{12}", job.name), job.name
     assert len(job.name.encode()) == 2 + 200 and (job / "metrics.csv").exists()
     assert folder_name("a" * 300) != folder_name("a" * 299 + "b") and folder_name("a=1") == "a=1"
+
+
+@pytest.mark.parametrize("source, expected", [
+    (None, "no module 'user_algo_{i}' in Python's search path (besides installed packages: "),
+    ("import not_installed_anywhere\n", "module 'user_algo_{i}' imports 'not_installed_anywhere', which is not installed"),
+    ("raise RuntimeError('broken at import')\n", "importing module 'user_algo_{i}' ({path}/user_algo_{i}.py) raised "
+                                                 "RuntimeError: broken at import"),
+    ("x = 1\n", "module 'user_algo_{i}' ({path}/user_algo_{i}.py) has no 'Mine'"),
+], ids=["not-on-the-path", "needs-a-missing-package", "raises", "lacks-the-name"])
+def test_a_user_target_that_does_not_import_is_one_line_and_leaves_no_folder(source, expected, tmp_path, monkeypatch,
+                                                                             request):
+    """A user's algo yaml whose `_target_` module is missing, broken or lacks the class: one line naming the
+    target, the module, where Python looked and the fix (Hydra says "Error locating target ..." in four);
+    the run folder Hydra made is removed."""
+    import sys
+
+    i = request.node.callspec.id.replace("-", "_")
+    code = tmp_path / "code"
+    code.mkdir()
+    if source is not None:
+        (code / f"user_algo_{i}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(code))
+    (tmp_path / "my_conf" / "algo").mkdir(parents=True)
+    (tmp_path / "my_conf" / "algo" / "mine.yaml").write_text(f"_target_: user_algo_{i}.Mine\nlr: 0.1\n")
+    sys.modules.pop(f"user_algo_{i}", None)
+    r = fedrun([*SMALL, "algo=mine", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedrun: error: algo._target_='user_algo_{i}.Mine': "), r.stderr
+    assert expected.format(i=i, path=code) in lines[0], lines[0]
+    assert source is not None or f"add the folder that holds user_algo_{i}.py to PYTHONPATH" in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
