@@ -18,6 +18,7 @@ def _conf_dir() -> str:
 
 
 CONF_DIR = _conf_dir()
+FIGURE_FORMATS = ("png", "pdf", "svg")  # `plot_format`: the file type of every figure fedrun draws
 GROUPS = ("algo", "data", "dataset", "partition", "model")
 PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
 
@@ -147,7 +148,7 @@ def _tracker_options() -> tuple[str, ...]:
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every",
+    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "plot_format", "checkpoint_every",
     "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
     "data.chunk_len", "logger", *_tracker_options(),
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies

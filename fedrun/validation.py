@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import trackers
 from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, import_problem, load_conf, search_roots
+from .config import CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, import_problem, load_conf, search_roots
 from .data import DataMissingError
 from .device import cpu_threads, resolve_device
 from .functional import ENGINES, params_of
@@ -130,6 +130,7 @@ def validate(cfg: DictConfig) -> list[str]:
         check(check_choice, "sampling", cfg.sampling, list(SAMPLING))
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    check(check_choice, "plot_format", cfg.get("plot_format", "png"), list(FIGURE_FORMATS))
     for key in bool_options():
         if key in cfg and not isinstance(cfg[key], bool):
             problems.append(f"{key}={cfg[key]!r} must be true or false")

@@ -36,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _paper  # noqa: E402
+from fedrun.config import FIGURE_FORMATS  # noqa: E402
 
 NAME = "baselines"
 LR = 0.05  # one local lr for every entry (no per-method tuning: see docs/baselines.md)
@@ -114,7 +115,7 @@ def _mean(v: list[float]) -> float:
     return sum(v) / len(v) if v else math.nan
 
 
-def table(out: str) -> list[dict]:
+def table(out: str, plot_format: str = "png") -> list[dict]:
     import pandas as pd
 
     from fedrun.outputs import write_atomic, write_csv
@@ -154,21 +155,12 @@ def table(out: str) -> list[dict]:
     text = "\n".join(lines) + "\n"
     write_atomic(os.path.join(out, "baselines.md"), text)
     print(text)
-    if curves:
-        import matplotlib
+    if curves:  # fedrun's palette (no two methods share colour and marker), the y-axis fitted to the curves
+        from fedrun.plots import plot_curve_panels
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for e, c in curves.items():
-            ax.plot(c.index, 100 * c.values, label=e)
-        ax.set_xlabel("round")
-        ax.set_ylabel("personalized test accuracy % (mean over seeds)")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "baselines.png"), dpi=120)
-        plt.close(fig)
+        panel = {e: pd.DataFrame({"round": c.index, "mean": 100 * c.values, "std": math.nan}) for e, c in curves.items()}
+        plot_curve_panels([("personalized test accuracy", panel)], os.path.join(out, f"baselines.{plot_format}"),
+                          ylabel="personalized test accuracy % (mean over seeds)", fit_y=True, legend_title="method")
     return rows
 
 
@@ -180,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--setting", default="synthetic", metavar="NAME", help=f"one of {', '.join(SETTINGS)} (default: synthetic)")
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, from {', '.join(ENTRIES)}")
     ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")
+    ap.add_argument("--plot-format", default="png", choices=FIGURE_FORMATS, help="the figure's file type (default: png)")
     args = ap.parse_args(argv)
     if args.setting not in SETTINGS:
         print(f"error: --setting {args.setting!r} is not a setting; choose one of {', '.join(SETTINGS)}", file=sys.stderr)
@@ -196,8 +189,8 @@ def main(argv=None) -> int:
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
         train(args, out, entries, seeds)
-    table(out)
-    print(f"outputs: {out} (baselines.md, baselines.csv, baselines.png); {time.time() - t0:.0f}s")
+    table(out, args.plot_format)
+    print(f"outputs: {out} (baselines.md, baselines.csv, baselines.{args.plot_format}); {time.time() - t0:.0f}s")
     return 0
 
 

@@ -329,3 +329,14 @@ def test_a_user_target_that_does_not_import_is_one_line_and_leaves_no_folder(sou
     assert expected.format(i=i, path=code) in lines[0], lines[0]
     assert source is not None or f"add the folder that holds user_algo_{i}.py to PYTHONPATH" in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_plot_format_sets_the_file_type_of_a_runs_figures(tmp_path):
+    r = fedrun([*SMALL, "plot_format=svg", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name in ("metrics", "partition"):
+        assert "<svg" in (tmp_path / "run" / f"{name}.svg").read_text()[:1000]
+        assert not (tmp_path / "run" / f"{name}.png").exists()
+    r = fedrun([*SMALL, "plot_format=jpg", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    check_one_line_error(r, "plot_format='jpg' is not allowed; choose one of: png, pdf, svg")
+    assert not (tmp_path / "bad").exists()
