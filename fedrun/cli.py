@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .algorithms.base import ConfigError
-from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_searchpath  # noqa: F401 - re-exported
+from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_dataset_root, with_env_searchpath  # noqa: F401 - re-exported
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
@@ -169,6 +169,7 @@ def _jobs_checked_before_the_sweep():
 
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
+    sys.argv[1:] = with_dataset_root(sys.argv[1:])  # dataset.root=DIR for a data= preset: its data.root
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
     wants_help = any(a in ("--help", "-h") for a in sys.argv[1:])
     problem = precheck(sys.argv[1:], complete=not wants_help)  # `partition=dirichlet --help` alone explains it

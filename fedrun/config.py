@@ -53,6 +53,36 @@ def with_env_searchpath(argv: list[str], env: dict | None = None) -> list[str]:
     return [*argv, f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in dirs)}]"]
 
 
+def with_dataset_root(argv: list[str]) -> list[str]:
+    """`argv` with `dataset.root=DIR` given as `data.root=DIR` when the data comes from a `data=` preset
+    (the papers' splits: no `dataset=` or `partition=`), so that `dataset.root` (default $FEDRUN_DATA,
+    else ./data) says where data is on every route; `data.root` stays as the presets' own name.
+    Unchanged when a `dataset=`/`partition=` is chosen (composed data reads dataset.root itself) or
+    when a data preset of the command reads no files (data=synthetic: precheck says what is wrong)."""
+    def key(arg: str) -> str:
+        return arg.partition("=")[0].lstrip("+~") if "=" in arg and not arg.startswith("-") else ""
+
+    keys = [key(a) for a in argv]
+    if "dataset.root" not in keys or any(k.split(".")[0] in ("dataset", "partition") and k != "dataset.root"
+                                         for k in keys):
+        return list(argv)
+    roots = search_roots(argv)
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
+    chosen = next((str(d["data"]) for d in top.defaults if not isinstance(d, str) and "data" in d), None)
+    for arg, k in zip(argv, keys):
+        if k == PRESETS and arg.partition("=")[2]:
+            for d in load_conf(group_file(PRESETS, arg.partition("=")[2].split(",")[0], roots)).get("defaults", []):
+                for g, v in (d.items() if not isinstance(d, str) else []):
+                    chosen = str(v) if g.replace("override", "").strip(" /") == "data" else chosen
+    choices = next((a.partition("=")[2].split(",") for a, k in zip(argv, keys) if k == "data"), [chosen])
+    try:
+        if not all(c != "composed" and "root" in load_conf(group_file("data", c, roots)) for c in choices):
+            return list(argv)
+    except FileNotFoundError:  # an unknown data= choice: precheck names it
+        return list(argv)
+    return ["data.root=" + a.partition("=")[2] if k == "dataset.root" else a for a, k in zip(argv, keys)]
+
+
 def with_composed_data(argv: list[str]) -> list[str]:
     """`argv` plus `data=composed` when it chooses a `dataset=` or a `partition=` (or sets one of their
     options) and no `data=`; plus `partition=iid` when it names a dataset but no partition."""

@@ -16,11 +16,11 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   cifar10_acid     paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN
   synthetic        pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (--quick's)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
-client's rows split 75 / 25 train / test); --data-root is the folder holding MNIST/raw or
+client's rows split 75 / 25 train / test); --dataset.root is the folder holding MNIST/raw or
 cifar-10-batches-py. --data-overrides adds fedrun data options (e.g. "partition.num_clients=50").
 
-    python scripts/baselines.py --setting mnist_dir01 --data-root /work/shared/data --eval-every 5
-    python scripts/baselines.py --setting mnist_shards2 --data-root /work/shared/data --seeds 0,1,2
+    python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --eval-every 5
+    python scripts/baselines.py --setting mnist_shards2 --dataset.root /work/shared/data --seeds 0,1,2
     python scripts/baselines.py --quick              # 2 rounds of 2 steps, 6 small synthetic clients, seed 0
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
 
@@ -61,7 +61,8 @@ MNIST_MLP = ["dataset=mnist", "model=dnn", "model.hidden=[100]"]  # 784-100-10 R
 CIFAR_CNN = ["dataset=cifar10", "model=cnn"]
 DIR01 = ["partition=dirichlet", "partition.alpha=0.1", "partition.num_clients=20"]
 SHARDS2 = ["partition=shards", "partition.shards_per_client=2", "partition.num_clients=20"]
-# name -> data options, rounds, run options, the data option naming the folder of the files (None: generated)
+# name -> data options, rounds, run options, the group whose `.download` it sets (None: generated data, no files);
+# where the files are is dataset.root on every route (for a data= preset fedrun gives it as data.root)
 SETTINGS = {
     "mnist_dir01": dict(data=MNIST_MLP + DIR01, rounds=100, run=["tau=10", "batch_size=20", "clients_per_round=20"],
                         root="dataset"),
@@ -85,7 +86,7 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
     s = SETTINGS[args.setting]
     data = list(s["data"])
     if s["root"]:
-        data += [f"{s['root']}.root={os.path.abspath(args.data_root)}",
+        data += [f"dataset.root={os.path.abspath(args.data_root)}",  # (a data= preset's data.root: fedrun maps it)
                  f"{s['root']}.download={'false' if args.no_download else 'true'}"]
     if args.quick and args.setting == "synthetic":
         data += QUICK["data"]

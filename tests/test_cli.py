@@ -340,3 +340,27 @@ def test_plot_format_sets_the_file_type_of_a_runs_figures(tmp_path):
     r = fedrun([*SMALL, "plot_format=jpg", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
     check_one_line_error(r, "plot_format='jpg' is not allowed; choose one of: png, pdf, svg")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("route", [["data=mnist_perfedavg", "data.download=false"],
+                                   ["experiment=pfedme_mnist_dnn_pfedme", "data.download=false"],
+                                   ["dataset=mnist", "dataset.download=false"]],
+                         ids=["data-preset", "paper-preset", "dataset"])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_dataset_root_or_fedrun_data_says_where_the_files_are_on_every_route(route, how, tmp_path):
+    """One option for where data is: `dataset.root` (default $FEDRUN_DATA, else ./data) for the data=
+    presets (whose own name, data.root, still works), the paper presets and dataset=; the missing files'
+    message names the folder given and the option."""
+    where = tmp_path / f"nowhere {how}"
+    given = [f"dataset.root={where}"] if how == "option" else []
+    r = fedrun([*route, *given, "rounds=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+               env={"FEDRUN_DATA": str(where if how == "env" else tmp_path / "not this one")})
+    check_one_line_error(r, f"{where}/MNIST/raw")
+    assert "dataset.root (or $FEDRUN_DATA)" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_old_data_root_of_a_data_preset_still_works(tmp_path):
+    r = fedrun(["data=mnist_perfedavg", f"data.root={tmp_path / 'old'}", "data.download=false", "rounds=1",
+                f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    check_one_line_error(r, f"{tmp_path / 'old'}/MNIST/raw")

@@ -43,7 +43,7 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
             raise DataMissingError(
                 f"MNIST not found: expected {', '.join(MNIST_FILES)} in "
                 f"{os.path.abspath(os.path.join(root, 'MNIST', 'raw'))} ({why}); copy them there "
-                f"or point data.root at the folder that holds MNIST/raw"
+                f"or point dataset.root (or $FEDRUN_DATA) at the folder that holds MNIST/raw"
             )
     for name in MNIST_FILES:
         _check_idx(os.path.join(root, "MNIST", "raw", name))
@@ -195,7 +195,7 @@ def load_cifar(root: str, num_classes: int = 10, download: bool = True
         if not _all_present(base, names):
             raise DataMissingError(
                 f"CIFAR-{num_classes} not found: expected {', '.join(names)} in {os.path.abspath(base)} "
-                f"({why}); copy them there or point data.root at the folder that holds {folder}"
+                f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds {folder}"
             )
     trx, try_ = _read_cifar([os.path.join(base, f) for f in train_files], label_key)
     tex, tey = _read_cifar([os.path.join(base, f) for f in test_files], label_key)
