@@ -73,7 +73,8 @@ def with_dataset_root(argv: list[str]) -> list[str]:
         if k == PRESETS and arg.partition("=")[2]:
             for d in load_conf(group_file(PRESETS, arg.partition("=")[2].split(",")[0], roots)).get("defaults", []):
                 for g, v in (d.items() if not isinstance(d, str) else []):
-                    chosen = str(v) if g.replace("override", "").strip(" /") == "data" else chosen
+                    if g.replace("override", "").strip(" /") == "data":  # the preset's data= (before the command's)
+                        chosen = str(v)
     choices = next((a.partition("=")[2].split(",") for a, k in zip(argv, keys) if k == "data"), [chosen])
     try:
         if not all(c != "composed" and "root" in load_conf(group_file("data", c, roots)) for c in choices):
@@ -121,13 +122,13 @@ def import_problem(target: str, key: str = "") -> str | None:
         return f"{where}: module {module!r} imports {e.name!r}, which is not installed (pip install it)"
     except Exception as e:  # noqa: BLE001 - whatever the user's module raises while it is imported
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        return f"{where}: importing module {module!r} ({found_file(module)}) raised {type(e).__name__}: {first}"
+        return f"{where}: importing module {module!r} ({_found_file(module)}) raised {type(e).__name__}: {first}"
     if not hasattr(found, name):
         return f"{where}: module {module!r} ({getattr(found, '__file__', None) or module}) has no {name!r}"
     return None
 
 
-def found_file(module: str) -> str:
+def _found_file(module: str) -> str:
     """Where `module` is found (its file), or its name when it is not."""
     import importlib.util
 
@@ -135,7 +136,7 @@ def found_file(module: str) -> str:
         spec = importlib.util.find_spec(module)
     except Exception:  # noqa: BLE001 - a parent package that fails to import
         spec = None
-    return (spec.origin if spec and spec.origin else module)
+    return spec.origin if spec and spec.origin else module
 
 
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:

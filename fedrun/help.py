@@ -77,8 +77,8 @@ def read_yaml_doc(path: str) -> tuple[list[str], list[tuple[str, str, str]]]:
             parents.append((indent, key))
         elif last is not None and line[:1].isspace() and stripped.startswith("#"):
             last[2] = f"{last[2]} {stripped.lstrip('#').strip()}".strip()
-        elif stripped.startswith("- ") or not stripped:
-            continue  # an item of a block list (its value is read below), or a blank line
+        elif stripped.startswith("- "):
+            continue  # an item of a block list (its value is read below)
         else:
             last = None
     if any(not value for _, value, _ in options):  # a block value (a list over several lines): as yaml, compact
