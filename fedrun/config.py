@@ -81,7 +81,17 @@ def with_dataset_root(argv: list[str]) -> list[str]:
             return list(argv)
     except FileNotFoundError:  # an unknown data= choice: precheck names it
         return list(argv)
-    return ["data.root=" + a.partition("=")[2] if k == "dataset.root" else a for a, k in zip(argv, keys)]
+    out = []
+    for a, k in zip(argv, keys):
+        if k == "dataset.root":
+            a = "data.root=" + a.partition("=")[2]
+        elif k == "hydra.job.config.override_dirname.exclude_keys":
+            # job folder names that leave dataset.root out leave out the data.root it became too
+            names = [n.strip() for n in a.partition("=")[2].strip().strip("[]").split(",")]
+            if "dataset.root" in names and "data.root" not in names:
+                a = f"{a.partition('=')[0]}=[{','.join([*names, 'data.root'])}]"
+        out.append(a)
+    return out
 
 
 def with_composed_data(argv: list[str]) -> list[str]:

@@ -364,3 +364,15 @@ def test_old_data_root_of_a_data_preset_still_works(tmp_path):
     r = fedrun(["data=mnist_perfedavg", f"data.root={tmp_path / 'old'}", "data.download=false", "rounds=1",
                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     check_one_line_error(r, f"{tmp_path / 'old'}/MNIST/raw")
+
+
+def test_dataset_root_of_a_data_preset_is_its_data_root_in_job_folder_names_too():
+    """The paper scripts hide every option they pass from job folder names (exclude_keys): dataset.root
+    given as a preset's data.root is hidden as well; dataset= and data=synthetic are left as they are."""
+    from fedrun.config import with_dataset_root
+
+    hide = "hydra.job.config.override_dirname.exclude_keys"
+    assert with_dataset_root(["-m", "data=cifar10_acid", "dataset.root=/x", f"{hide}=[seed,dataset.root]"]) == \
+        ["-m", "data=cifar10_acid", "data.root=/x", f"{hide}=[seed,dataset.root,data.root]"]
+    for argv in (["dataset=mnist", "dataset.root=/x"], ["data=synthetic", "dataset.root=/x"], ["data=mnist_pfedme", "x=1"]):
+        assert with_dataset_root(argv) == argv
