@@ -212,10 +212,10 @@ def test_a_run_with_each_tracker_opens_no_network_connection(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_ENV}
     env.update(FEDRUN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", WANDB_SILENT="true")
-    r = subprocess.run([sys.executable, "-c", NO_NETWORK, *TINY, "rounds=2", "logger=[tensorboard,mlflow,wandb]",
+    r = subprocess.run([sys.executable, "-c", NO_NETWORK, *TINY, "rounds=2", "logger=[mlflow,wandb]",
                         "hydra.run.dir=run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert set(json.loads((tmp_path / "run" / "trackers.json").read_text())) == {"tensorboard", "mlflow", "wandb"}
+    assert set(json.loads((tmp_path / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
     assert json.loads((tmp_path / "network.json").read_text()) == []
 
 
