@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .algorithms.base import ConfigError
-from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_env_searchpath  # noqa: F401 - re-exported
+from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_dataset_root, with_env_searchpath  # noqa: F401 - re-exported
 from .data import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
@@ -230,8 +230,11 @@ def discard_new_folders(out_dir: str) -> None:
 
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
+    sys.argv[1:] = with_dataset_root(sys.argv[1:])  # dataset.root=DIR for a data= preset: its data.root
     sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
-    problem = precheck(sys.argv[1:]) or _launcher_problem(sys.argv[1:])
+    wants_help = any(a in ("--help", "-h") for a in sys.argv[1:])
+    # (`partition=dirichlet --help` alone explains it: not a complete run's options)
+    problem = precheck(sys.argv[1:], complete=not wants_help) or _launcher_problem(sys.argv[1:])
     if not problem and not any(a.split("=")[0] in NO_RUN_FLAGS for a in sys.argv[1:]):  # a run: where it writes
         place = _output_place(sys.argv[1:])
         problem = _place_problem(*place)
@@ -239,7 +242,7 @@ def main() -> None:
     if problem:
         print(f"fedrun: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    if any(a in ("--help", "-h") for a in sys.argv[1:]):  # the options explained (Hydra's own: --hydra-help)
+    if wants_help:  # the options explained (Hydra's own: --hydra-help)
         from .help import help_text
 
         sys.stdout.write(help_text(sys.argv[1:]))

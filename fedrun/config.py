@@ -18,6 +18,7 @@ def _conf_dir() -> str:
 
 
 CONF_DIR = _conf_dir()
+FIGURE_FORMATS = ("png", "pdf", "svg")  # `plot_format`: the file type of every figure fedrun draws
 GROUPS = ("algo", "data", "dataset", "partition", "model")
 PRESETS = "experiment"  # conf/experiment: paper presets that override groups and top-level options
 
@@ -52,6 +53,47 @@ def with_env_searchpath(argv: list[str], env: dict | None = None) -> list[str]:
     return [*argv, f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in dirs)}]"]
 
 
+def with_dataset_root(argv: list[str]) -> list[str]:
+    """`argv` with `dataset.root=DIR` given as `data.root=DIR` when the data comes from a `data=` preset
+    (the papers' splits: no `dataset=` or `partition=`), so that `dataset.root` (default $FEDRUN_DATA,
+    else ./data) says where data is on every route; `data.root` stays as the presets' own name.
+    Unchanged when a `dataset=`/`partition=` is chosen (composed data reads dataset.root itself) or
+    when a data preset of the command reads no files (data=synthetic: precheck says what is wrong)."""
+    def key(arg: str) -> str:
+        return arg.partition("=")[0].lstrip("+~") if "=" in arg and not arg.startswith("-") else ""
+
+    keys = [key(a) for a in argv]
+    if "dataset.root" not in keys or any(k.split(".")[0] in ("dataset", "partition") and k != "dataset.root"
+                                         for k in keys):
+        return list(argv)
+    roots = search_roots(argv)
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
+    chosen = next((str(d["data"]) for d in top.defaults if not isinstance(d, str) and "data" in d), None)
+    for arg, k in zip(argv, keys):
+        if k == PRESETS and arg.partition("=")[2]:
+            for d in load_conf(group_file(PRESETS, arg.partition("=")[2].split(",")[0], roots)).get("defaults", []):
+                for g, v in (d.items() if not isinstance(d, str) else []):
+                    if g.replace("override", "").strip(" /") == "data":  # the preset's data= (before the command's)
+                        chosen = str(v)
+    choices = next((a.partition("=")[2].split(",") for a, k in zip(argv, keys) if k == "data"), [chosen])
+    try:
+        if not all(c != "composed" and "root" in load_conf(group_file("data", c, roots)) for c in choices):
+            return list(argv)
+    except FileNotFoundError:  # an unknown data= choice: precheck names it
+        return list(argv)
+    out = []
+    for a, k in zip(argv, keys):
+        if k == "dataset.root":
+            a = "data.root=" + a.partition("=")[2]
+        elif k == "hydra.job.config.override_dirname.exclude_keys":
+            # job folder names that leave dataset.root out leave out the data.root it became too
+            names = [n.strip() for n in a.partition("=")[2].strip().strip("[]").split(",")]
+            if "dataset.root" in names and "data.root" not in names:
+                a = f"{a.partition('=')[0]}=[{','.join([*names, 'data.root'])}]"
+        out.append(a)
+    return out
+
+
 def with_composed_data(argv: list[str]) -> list[str]:
     """`argv` plus `data=composed` when it chooses a `dataset=` or a `partition=` (or sets one of their
     options) and no `data=`; plus `partition=iid` when it names a dataset but no partition."""
@@ -64,6 +106,47 @@ def with_composed_data(argv: list[str]) -> list[str]:
     # parser (`fedrun dataset=mnist partition=iid --cfg job`: appended, it would follow --cfg's value)
     last = max(i for i, a in enumerate(argv) if "=" in a and not a.startswith("-"))
     return [*argv[:last + 1], *extra, *argv[last + 1:]]
+
+
+def import_problem(target: str, key: str = "") -> str | None:
+    """One line saying why the `_target_` `target` (module.name) cannot be imported, else None: the
+    module not on Python's search path (which folders that is, and the fix), a module it needs
+    missing, its import failing, or the name not in it. `key` names the option (e.g. `algo`)."""
+    import importlib
+    import sys
+
+    module, _, name = str(target).rpartition(".")
+    where = f"{key}._target_={target!r}" if key else f"_target_={target!r}"
+    if not module:
+        return f"{where} must be module.name (a class or function of an importable module)"
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+            folders = [os.path.abspath(p or ".") for p in sys.path
+                       if os.path.isdir(p or ".") and not any(p.startswith(x) for x in prefixes if p)]
+            return (f"{where}: no module {module!r} in Python's search path (besides installed packages: "
+                    f"{', '.join(folders) or 'no folder'}); add the folder that holds {module.replace('.', '/')}.py "
+                    f"to PYTHONPATH (e.g. `PYTHONPATH=. fedrun ...` from that folder) or pip install it")
+        return f"{where}: module {module!r} imports {e.name!r}, which is not installed (pip install it)"
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while it is imported
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return f"{where}: importing module {module!r} ({_found_file(module)}) raised {type(e).__name__}: {first}"
+    if not hasattr(found, name):
+        return f"{where}: module {module!r} ({getattr(found, '__file__', None) or module}) has no {name!r}"
+    return None
+
+
+def _found_file(module: str) -> str:
+    """Where `module` is found (its file), or its name when it is not."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import
+        spec = None
+    return spec.origin if spec and spec.origin else module
 
 
 def group_options(group: str, roots: list[str] | None = None) -> list[str]:
@@ -106,7 +189,7 @@ def _tracker_options() -> tuple[str, ...]:
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "checkpoint_every",
+    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "plot_format", "checkpoint_every",
     "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
     "data.chunk_len", "logger", *_tracker_options(),
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from .config import CONF_DIR, group_file, group_options, search_roots
 
-_KEY = re.compile(r"^([A-Za-z_][\w-]*):(.*)$")  # a top-level `key: value  # comment` line
+_KEY = re.compile(r"^(\s*)([A-Za-z_][\w-]*):(.*)$")  # a `key: value  # comment` line, at any indentation
 _SKIP = ("defaults", "hydra", "_target_")
 
 
@@ -31,15 +31,20 @@ def _split_comment(rest: str) -> tuple[str, str]:
 
 
 def read_yaml_doc(path: str) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """The header comment of a yaml file and its top-level options.
+    """The header comment of a yaml file and its options.
 
     Returns:
-        (header lines, [(key, default as written, comment)]). A comment continued on the following
-        indented `#` lines is joined into one; `defaults`, `hydra` and `_target_` are left out.
+        (header lines, [(key, default as written, comment)]). A key that holds other keys (a mapping,
+        e.g. logger/mlflow.yaml's `mlflow:`) is no option itself: its keys are, dotted (`mlflow.tracking_uri`).
+        A `name:` equal to the file's own name is no option either (conf/partition, conf/dataset). A
+        comment continued on the following indented `#` lines is joined into one; `defaults`, `hydra`
+        and `_target_` are left out, with what they hold.
     """
     header: list[str] = []
     options: list[list[str]] = []
     in_header, last = True, None
+    parents: list[tuple[int, str]] = []  # (indentation, key) of the mappings the current line is inside
+    skip_below: int | None = None  # inside a left-out key: its indentation
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for line in lines:
@@ -52,22 +57,37 @@ def read_yaml_doc(path: str) -> tuple[list[str], list[tuple[str, str, str]]]:
         in_header = False
         m = _KEY.match(line)
         if m:
-            key, rest = m.groups()
+            indent, key, rest = len(m.group(1)), m.group(2), m.group(3)
+            if skip_below is not None and indent > skip_below:
+                continue
+            skip_below = None
+            while parents and parents[-1][0] >= indent:
+                parents.pop()
+            if options and last is options[-1] and not last[1] and parents and indent > 0 \
+                    and last[0] == ".".join(k for _, k in parents):
+                options.pop()  # the previous key holds this one: a mapping, not an option
             if key in _SKIP:
-                last = None
+                last, skip_below = None, indent
                 continue
             value, comment = _split_comment(rest)
-            options.append([key, value, comment])
+            if key == "name" and indent == 0 and value == os.path.basename(path)[:-len(".yaml")]:
+                continue  # a dataset's or partition's own name (what the code dispatches on), not a setting
+            options.append([".".join([*(k for _, k in parents), key]), value, comment])
             last = options[-1]
+            parents.append((indent, key))
         elif last is not None and line[:1].isspace() and stripped.startswith("#"):
             last[2] = f"{last[2]} {stripped.lstrip('#').strip()}".strip()
+        elif stripped.startswith("- "):
+            continue  # an item of a block list (its value is read below)
         else:
             last = None
     if any(not value for _, value, _ in options):  # a block value (a list over several lines): as yaml, compact
         cfg = OmegaConf.load(path)
         for opt in options:
-            if not opt[1] and opt[0] in cfg:
-                opt[1] = str(OmegaConf.to_container(cfg, resolve=False)[opt[0]]).replace("'", "")
+            node = OmegaConf.select(cfg, opt[0], default=None) if not opt[1] else None
+            if node is not None:
+                opt[1] = str(OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node)
+                opt[1] = opt[1].replace("'", "")
     return header, [tuple(o) for o in options]
 
 
@@ -84,7 +104,7 @@ def _rows(pairs: list[tuple[str, str]], indent: int = 2, col: int = 30) -> list[
         if len(head) + 2 > col:
             out.append(head)
             head = ""
-        wrapped = textwrap.wrap(meaning, width - col) or [""]
+        wrapped = textwrap.wrap(meaning, width - col, break_long_words=False, break_on_hyphens=False) or [""]
         out.append(head.ljust(col) + wrapped[0])
         out += [" " * col + w for w in wrapped[1:]]
     return out
@@ -102,7 +122,8 @@ def _defaults(top) -> dict[str, str | None]:
     for d in top.get("defaults", []):
         if not isinstance(d, str):
             (k, v), = d.items()
-            out[str(k)] = v
+            if not str(k).startswith("override "):  # `override hydra/job_logging: ...` is Hydra's, no choice
+                out[str(k)] = v
     return out
 
 
@@ -153,13 +174,15 @@ def help_text(argv: list[str]) -> str:
     lines.append("  hydra/launcher:   (with -m)")
     lines += _rows([(("*" if n == "basic" else " ") + n, d) for n, d in _launchers(roots)], indent=4)
 
-    for group, name in _chosen(argv, list(groups)):
+    for group, name in _chosen(argv, [*groups, "hydra/launcher"]):
+        if name not in group_options(group, roots):  # hydra/launcher=basic|batched|joblib: no yaml of fedrun's
+            continue
         path = group_file(group, name, roots)
         header, opts = read_yaml_doc(path)
-        lines += ["", f"{group}={name} ({os.path.relpath(path, os.path.dirname(os.path.dirname(path)))}):"]
+        lines += ["", f"{group}={name} ({group}/{name}.yaml):"]
         lines += ["  " + h for h in header]
         if opts:
-            prefix = "" if group == "experiment" else f"{group}."
+            prefix = "" if group == "experiment" else f"{group.replace('/', '.')}."
             lines.append(f"  options ({prefix}key=value; default, then meaning):" if prefix else "  sets:")
             lines += _rows([(f"{prefix}{k}={v}", c) for k, v, c in opts], indent=4)
 

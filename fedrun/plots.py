@@ -10,15 +10,51 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def save_figure(fig, out_png: str, title: str = "") -> None:
-    """Titles, lays out and writes `fig` atomically (temp file + rename), then closes it."""
+COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442", "#882255",
+          "#999933")  # Okabe-Ito's colour-blind-safe eight, then two of Tol's: ten hues
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+DASHES = ("-", "--", ":", "-.")
+
+
+def line_style(i: int) -> dict:
+    """Matplotlib keywords of the i-th line of a figure: no two of the first 100 lines share their
+    colour and their marker (line i: colour i mod 10, marker (i + i div 10) mod 10), and each block
+    of ten lines has its own dash; so 20+ configurations stay apart, in grey print too."""
+    return {"color": COLORS[i % 10], "marker": MARKERS[(i + i // 10) % 10], "linestyle": DASHES[(i // 10) % 4]}
+
+
+def fit_ylim(ax, values, head: float = 0.2, pad: float = 0.05) -> None:
+    """The y-axis fitted to the curves: from the lowest value any of them takes after its first
+    `head` of the points (the climb from the initial model, which would squeeze the rest into a
+    sliver, is cut) to the highest value of all, plus `pad` of that range on each side. `values`:
+    one sequence per curve."""
+    import numpy as np
+
+    lows, highs = [], []
+    for v in values:
+        v = np.asarray(pd.to_numeric(pd.Series(v), errors="coerce"), dtype=float)
+        v = v[np.isfinite(v)]
+        if len(v):
+            lows.append(v[int(len(v) * head):].min() if len(v) > 1 else v.min())
+            highs.append(v.max())
+    if not lows:
+        return
+    lo, hi = min(lows), max(highs)
+    span = (hi - lo) or max(abs(hi), 1e-3) * 0.1
+    ax.set_ylim(lo - pad * span, hi + pad * span)
+
+
+def save_figure(fig, out_path: str, title: str = "") -> None:
+    """Titles, lays out and writes `fig` atomically (temp file + rename), then closes it; the file
+    type is `out_path`'s extension (png, pdf or svg)."""
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = out_png + ".tmp.png"
+    ext = os.path.splitext(out_path)[1]
+    tmp = out_path + ".tmp" + ext
     fig.savefig(tmp, dpi=110, bbox_inches="tight")  # "tight": a legend placed below the panels is kept
     plt.close(fig)
-    os.replace(tmp, out_png)
+    os.replace(tmp, out_path)
 
 
 def plot_run(metrics_csv: str, out_png: str, title: str = "", personalized: str = "personalized models") -> None:
@@ -65,29 +101,44 @@ def plot_run(metrics_csv: str, out_png: str, title: str = "", personalized: str 
 
 def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str = "test accuracy",
                       suptitle: str = "", styles: dict | None = None, ncols: int | None = None, x: str = "round",
-                      hlines: dict | None = None, sharey: bool = True) -> None:
+                      hlines: dict | None = None, sharey: bool = True, fit_y: bool = False,
+                      legend_title: str | None = None) -> None:
     """One panel per (title, {label: curve}); a curve is a DataFrame with columns `x` (default round),
     mean, std.
 
-    Each curve is drawn as its mean with a +- std band (no band where std is NaN, e.g. one seed).
-    `styles` maps a label to extra matplotlib keyword arguments (color, linestyle, ...); `hlines`
-    maps a panel title to (y, label) of a dashed horizontal line (e.g. a target accuracy).
+    Each curve is drawn as its mean with a +- std band (no band where std is NaN, e.g. one seed);
+    a curve without a number, and a panel without a curve, is left out. A label keeps its colour,
+    marker and dash (`line_style`) in every panel. `styles` maps a label to the matplotlib keyword
+    arguments it is drawn with instead (color, linestyle, ...); `hlines` maps a panel title to (y, label)
+    of a dashed horizontal line (e.g. a target accuracy); `fit_y`: each panel's y-axis fitted to its
+    curves (`fit_ylim`); `legend_title` heads the legend (e.g. the swept options, when the labels
+    are their values).
     """
+    panels = [(title, {k: c for k, c in curves.items() if pd.to_numeric(c["mean"], errors="coerce").notna().any()})
+              for title, curves in panels]
+    panels = [(title, curves) for title, curves in panels if curves]
+    order = list(dict.fromkeys(label for _, curves in panels for label in curves))
     n = max(1, len(panels))
-    ncols = ncols or min(n, 3)
+    ncols = ncols or (n if n <= 3 else 2 if n == 4 else 3)
     nrows = (n + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False, sharey=sharey)
     for ax, (title, curves) in zip(axes.flat, panels):
         for label, c in curves.items():
-            kw = dict((styles or {}).get(label, {}))
+            if styles and label in styles:
+                kw = dict(styles[label])
+            else:  # markers at about 8 points of each curve, offset per line so that they do not pile up
+                step = max(1, len(c[x]) // 8)
+                kw = {**line_style(order.index(label)), "markevery": (order.index(label) % step, step), "markersize": 4}
             line, = ax.plot(c[x], c["mean"], label=label, linewidth=1.3, **kw)
             std = pd.to_numeric(c["std"], errors="coerce")
             if std.notna().any():
-                ax.fill_between(c[x], c["mean"] - std, c["mean"] + std, color=line.get_color(), alpha=0.18,
-                                linewidth=0)
+                ax.fill_between(c[x], c["mean"] - std, c["mean"] + std, color=line.get_color(),
+                                alpha=0.18 if len(curves) <= 6 else 0.06, linewidth=0)  # many lines: fainter bands
         if hlines and title in hlines:
             y, name = hlines[title]
             ax.axhline(y, color="gray", linestyle=":", linewidth=1, label=name)
+        if fit_y:
+            fit_ylim(ax, [c["mean"] for c in curves.values()])
         ax.set(title=title, xlabel=xlabel)
         if x == "round":
             from matplotlib.ticker import MaxNLocator
@@ -106,7 +157,8 @@ def plot_curve_panels(panels, out_png: str, xlabel: str = "round", ylabel: str =
     fig.tight_layout()
     if legend:
         fig.legend(legend.values(), legend.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), fontsize=8,
-                   ncol=min(len(legend), 3), frameon=False)
+                   ncol=min(len(legend), 4 if len(legend) > 9 else 3), frameon=False, title=legend_title,
+                   title_fontsize=8)
     save_figure(fig, out_png, suptitle)
 
 

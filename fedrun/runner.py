@@ -168,7 +168,7 @@ class Job:
             from .plots import plot_partition
 
             plot_partition(data.train.label_counts(data.num_classes).cpu().numpy(), data.num_holdout,
-                           os.path.join(out_dir, "partition.png"))
+                           self.figure("partition"))
         self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
         start = None
         if ck is not None:
@@ -257,6 +257,10 @@ class Job:
         self.plot()
         return summary
 
+    def figure(self, name: str) -> str:
+        """<run dir>/<name>.<plot_format>: where a figure of this run goes."""
+        return os.path.join(self.out_dir, f"{name}.{self.cfg.get('plot_format', 'png')}")
+
     def plot(self) -> None:
         """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
         between summary.json and the figure)."""
@@ -265,7 +269,7 @@ class Job:
         from .plots import plot_run
 
         who = self.identity()
-        plot_run(os.path.join(self.out_dir, "metrics.csv"), os.path.join(self.out_dir, "metrics.png"),
+        plot_run(os.path.join(self.out_dir, "metrics.csv"), self.figure("metrics"),
                  title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
                  personalized=f"personalized ({who['algo']}'s own personalization)")
 
@@ -309,7 +313,7 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                     continue
                 if job.done is not None:
                     try:
-                        if not os.path.exists(os.path.join(job.out_dir, "metrics.png")):
+                        if not os.path.exists(job.figure("metrics")):
                             job.plot()
                     finally:
                         job.close()

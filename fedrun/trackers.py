@@ -1,7 +1,9 @@
 """Experiment trackers besides the CSVs (`logger=tensorboard|mlflow|wandb`, several as
 `logger=[tensorboard,mlflow]`; conf/logger): every evaluated round's metrics.csv row, at step =
 round, and the resolved config, all offline by default (TensorBoard event files, MLflow's local
-file store, W&B's offline mode).
+file store, W&B's offline mode), with the packages' own telemetry turned off (`Tracker.telemetry_off`):
+a run opens no network connection unless a tracking server is named, and a named one that does not
+answer within REACH_TIMEOUT seconds refuses the run before any work.
 
 Each tracker is an optional extra (`pip install -e ".[tensorboard]"`); `check` names a missing
 package before any work. A resumed run continues its tracker run: the ids are kept in
@@ -11,11 +13,15 @@ in one process, log to runs of their own.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
 import shutil
+import socket
+import threading
 import time
+import urllib.parse
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
@@ -27,10 +33,17 @@ STATE_FILE = "trackers.json"  # per run dir: what a resumed run needs to continu
 
 
 class Tracker:
-    """One tracker of one run. `package`: the module it needs; `extra`: fedrun's pip extra for it."""
+    """One tracker of one run. `package`: the module it needs; `extra`: fedrun's pip extra for it;
+    `telemetry_off`: the package's own settings that stop what it sends home by itself (usage
+    telemetry, error reports: not the run's data), set before it is imported unless the user set them."""
 
     package = ""
     extra = ""
+    telemetry_off: dict[str, str] = {}
+
+    def problem(self) -> str | None:
+        """Why this tracker cannot start here (checked before any work), else None."""
+        return None
 
     def open(self, out_dir: str, name: str, config: dict, start: int, state: dict) -> dict:
         """Starts (start = 0) or continues (start = the checkpoint's round) the run; `state` is what
@@ -93,20 +106,64 @@ class TensorBoard(Tracker):
             self.writer = None
 
 
+REACH_TIMEOUT = 5.0  # seconds a tracking server gets to accept a connection before the run is refused
+
+
+@functools.lru_cache(maxsize=None)
+def unreachable(uri: str, timeout: float = REACH_TIMEOUT) -> str | None:
+    """Why the http(s) server of `uri` accepts no TCP connection within `timeout` seconds (the name
+    lookup included), else None; None for other schemes (a local file store needs no server). Once
+    per process and address: a sweep's jobs share the answer."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        return str(e)
+    result: dict[str, object] = {}
+
+    def connect():
+        try:
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            result["ok"] = True
+        except OSError as e:
+            result["error"] = e.strerror or str(e) or type(e).__name__
+
+    thread = threading.Thread(target=connect, daemon=True)  # a name lookup ignores socket timeouts
+    thread.start()
+    thread.join(timeout)
+    if result.get("ok"):
+        return None
+    return str(result.get("error") or f"no answer in {timeout:g} s")
+
+
 class MLflow(Tracker):
     package, extra = "mlflow", "mlflow"
+    telemetry_off = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "fedrun"):
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.client = self.run_id = None
+
+    def uri(self) -> str:
+        return self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath("mlruns")
+
+    def problem(self):
+        why = unreachable(self.uri())
+        if why is None:
+            return None
+        where = (f"logger.mlflow.tracking_uri={self.tracking_uri!r}" if self.tracking_uri
+                 else f"MLFLOW_TRACKING_URI={self.uri()!r}")
+        return (f"{where} cannot be reached ({why}; waited up to {REACH_TIMEOUT:g} s): start the MLflow server or fix "
+                f"the address; logger.mlflow.tracking_uri=null (and no MLFLOW_TRACKING_URI) logs to ./mlruns offline")
 
     def open(self, out_dir, name, config, start, state):
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        uri = (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-               or "file:" + os.path.abspath("mlruns"))
+        uri = self.uri()
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store (no database needed: offline, as it is) behind this opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -143,6 +200,8 @@ class MLflow(Tracker):
 
 class WandB(Tracker):
     package, extra = "wandb", "wandb"
+    # error reporting also gates W&B's OpenTelemetry analytics, which look its server up at exit even offline
+    telemetry_off = {"WANDB_ERROR_REPORTING": "false"}
 
     def __init__(self, project: str = "fedrun", entity: str | None = None, mode: str = "offline"):
         if mode not in ("offline", "online", "disabled"):
@@ -183,10 +242,20 @@ def check(cfg: DictConfig) -> list[str]:
         from .validation import instantiate_checked
 
         try:
-            instantiate_checked(node)  # its options (no package is imported before open)
+            tracker = instantiate_checked(node)  # its options (no package is imported before open)
         except ConfigError as e:
             problems.append(str(e))
+            continue
+        why = tracker.problem() if isinstance(tracker, Tracker) else None
+        if why:
+            problems.append(why)
     return problems
+
+
+def quiet(tracker: Tracker) -> None:
+    """Sets `tracker.telemetry_off` in the environment, keeping what the user set."""
+    for key, value in getattr(tracker, "telemetry_off", {}).items():
+        os.environ.setdefault(key, value)
 
 
 class Trackers:
@@ -205,6 +274,7 @@ class Trackers:
         config = OmegaConf.to_container(cfg, resolve=True)
         state = {}
         for k, t in self.items:
+            quiet(t)
             try:
                 state[k] = t.open(out_dir, name, config, start, saved.get(k, {}))
             except Exception as e:  # noqa: BLE001 - e.g. a tracking URI it cannot reach: one line, exit 2

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
 from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, GROUPS, PRESETS, group_file, group_options, load_conf, search_roots
+from .config import CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, import_problem, load_conf, search_roots
 from .data import DataMissingError
 from .device import cpu_threads, resolve_device
 from .functional import ENGINES, params_of
@@ -130,6 +130,7 @@ def validate(cfg: DictConfig) -> list[str]:
         check(check_choice, "sampling", cfg.sampling, list(SAMPLING))
     check(check_choice, "engine", cfg.engine, sorted(ENGINES))
     check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    check(check_choice, "plot_format", cfg.get("plot_format", "png"), list(FIGURE_FORMATS))
     for key in bool_options():
         if key in cfg and not isinstance(cfg[key], bool):
             problems.append(f"{key}={cfg[key]!r} must be true or false")
@@ -222,6 +223,10 @@ def instantiate_checked(node: DictConfig, **kwargs):
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as e:
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        problem = import_problem(target, node._get_full_key(None) or "") if target else None
+        if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
+            raise ConfigError(problem) from e
         cause = e.__cause__ or e
         if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
             # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
@@ -229,10 +234,11 @@ def instantiate_checked(node: DictConfig, **kwargs):
         raise
 
 
-def precheck(argv: list[str]) -> str | None:
+def precheck(argv: list[str], complete: bool = True) -> str | None:
     """One-line message for an unknown config group option or key in `argv`, else None.
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
+    `complete=False` (for --help) accepts a dataset= without partition= and the other way round.
     """
     roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
@@ -264,7 +270,7 @@ def precheck(argv: list[str]) -> str | None:
     if (choices["dataset"] or choices["partition"]) and choices["data"] not in (None, "composed"):
         return (f"dataset=/partition= compose their own data and cannot go with data={choices['data']}; drop data= "
                 f"(the old data= settings stay as they are)")
-    if choices["data"] == "composed" or choices["dataset"] or choices["partition"]:
+    if complete and (choices["data"] == "composed" or choices["dataset"] or choices["partition"]):
         for g in ("dataset", "partition"):
             if not choices[g]:
                 return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"

@@ -18,15 +18,16 @@ HIDDEN_IN_NAMES = neutral_options("seed") + ["algo", "data", "model", "data.n", 
 
 
 def common_options(ap: argparse.ArgumentParser, name: str, holds: str = "MNIST/raw", data: str = "MNIST") -> None:
-    """The options every paper script has; `holds` is what --data-root holds, `data` what --no-download
-    refuses to fetch (the script's dataset)."""
+    """The options every paper script has; `holds` is what --dataset.root holds, `data` what --no-download
+    refuses to fetch (the script's dataset). --dataset.root is passed on as fedrun's `dataset.root`
+    (the one option for where data is; --data-root is its old name, still accepted)."""
     ap.add_argument("--quick", action="store_true", help="a few rounds only (smoke test); default: the paper's rounds")
     ap.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
     ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default: 0)")
-    ap.add_argument("--data-root", default=os.environ.get("FEDRUN_DATA", "data"),
-                    help=f"folder holding {holds} (default: $FEDRUN_DATA or ./data)")
+    ap.add_argument("--dataset.root", "--data-root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
+                    metavar="DIR", help=f"folder holding {holds}, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
     ap.add_argument("--no-download", action="store_true",
-                    help=f"fail instead of downloading {data} (via torchvision) when it is not in --data-root")
+                    help=f"fail instead of downloading {data} (via torchvision) when it is not in --dataset.root")
     ap.add_argument("--device", default="auto", help="fedrun device= (auto, cpu, cuda, cuda:N)")
     ap.add_argument("--eval-every", type=int, default=None, metavar="N",
                     help="evaluate every N rounds and after the last (default: every round); the best round is then "

@@ -16,11 +16,11 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   cifar10_acid     paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN
   synthetic        pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (--quick's)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
-client's rows split 75 / 25 train / test); --data-root is the folder holding MNIST/raw or
+client's rows split 75 / 25 train / test); --dataset.root is the folder holding MNIST/raw or
 cifar-10-batches-py. --data-overrides adds fedrun data options (e.g. "partition.num_clients=50").
 
-    python scripts/baselines.py --setting mnist_dir01 --data-root /work/shared/data --eval-every 5
-    python scripts/baselines.py --setting mnist_shards2 --data-root /work/shared/data --seeds 0,1,2
+    python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --eval-every 5
+    python scripts/baselines.py --setting mnist_shards2 --dataset.root /work/shared/data --seeds 0,1,2
     python scripts/baselines.py --quick              # 2 rounds of 2 steps, 6 small synthetic clients, seed 0
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
 
@@ -36,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _paper  # noqa: E402
+from fedrun.config import FIGURE_FORMATS  # noqa: E402
 
 NAME = "baselines"
 LR = 0.05  # one local lr for every entry (no per-method tuning: see docs/baselines.md)
@@ -60,7 +61,8 @@ MNIST_MLP = ["dataset=mnist", "model=dnn", "model.hidden=[100]"]  # 784-100-10 R
 CIFAR_CNN = ["dataset=cifar10", "model=cnn"]
 DIR01 = ["partition=dirichlet", "partition.alpha=0.1", "partition.num_clients=20"]
 SHARDS2 = ["partition=shards", "partition.shards_per_client=2", "partition.num_clients=20"]
-# name -> data options, rounds, run options, the data option naming the folder of the files (None: generated)
+# name -> data options, rounds, run options, the group whose `.download` it sets (None: generated data, no files);
+# where the files are is dataset.root on every route (for a data= preset fedrun gives it as data.root)
 SETTINGS = {
     "mnist_dir01": dict(data=MNIST_MLP + DIR01, rounds=100, run=["tau=10", "batch_size=20", "clients_per_round=20"],
                         root="dataset"),
@@ -84,7 +86,7 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
     s = SETTINGS[args.setting]
     data = list(s["data"])
     if s["root"]:
-        data += [f"{s['root']}.root={os.path.abspath(args.data_root)}",
+        data += [f"dataset.root={os.path.abspath(args.data_root)}",  # (a data= preset's data.root: fedrun maps it)
                  f"{s['root']}.download={'false' if args.no_download else 'true'}"]
     if args.quick and args.setting == "synthetic":
         data += QUICK["data"]
@@ -114,7 +116,7 @@ def _mean(v: list[float]) -> float:
     return sum(v) / len(v) if v else math.nan
 
 
-def table(out: str) -> list[dict]:
+def table(out: str, plot_format: str = "png") -> list[dict]:
     import pandas as pd
 
     from fedrun.outputs import write_atomic, write_csv
@@ -154,21 +156,12 @@ def table(out: str) -> list[dict]:
     text = "\n".join(lines) + "\n"
     write_atomic(os.path.join(out, "baselines.md"), text)
     print(text)
-    if curves:
-        import matplotlib
+    if curves:  # fedrun's palette (no two methods share colour and marker), the y-axis fitted to the curves
+        from fedrun.plots import plot_curve_panels
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for e, c in curves.items():
-            ax.plot(c.index, 100 * c.values, label=e)
-        ax.set_xlabel("round")
-        ax.set_ylabel("personalized test accuracy % (mean over seeds)")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "baselines.png"), dpi=120)
-        plt.close(fig)
+        panel = {e: pd.DataFrame({"round": c.index, "mean": 100 * c.values, "std": math.nan}) for e, c in curves.items()}
+        plot_curve_panels([("personalized test accuracy", panel)], os.path.join(out, f"baselines.{plot_format}"),
+                          ylabel="personalized test accuracy % (mean over seeds)", fit_y=True, legend_title="method")
     return rows
 
 
@@ -180,6 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--setting", default="synthetic", metavar="NAME", help=f"one of {', '.join(SETTINGS)} (default: synthetic)")
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, from {', '.join(ENTRIES)}")
     ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")
+    ap.add_argument("--plot-format", default="png", choices=FIGURE_FORMATS, help="the figure's file type (default: png)")
     args = ap.parse_args(argv)
     if args.setting not in SETTINGS:
         print(f"error: --setting {args.setting!r} is not a setting; choose one of {', '.join(SETTINGS)}", file=sys.stderr)
@@ -196,8 +190,8 @@ def main(argv=None) -> int:
         print(f"outputs: {out}")
         seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
         train(args, out, entries, seeds)
-    table(out)
-    print(f"outputs: {out} (baselines.md, baselines.csv, baselines.png); {time.time() - t0:.0f}s")
+    table(out, args.plot_format)
+    print(f"outputs: {out} (baselines.md, baselines.csv, baselines.{args.plot_format}); {time.time() - t0:.0f}s")
     return 0
 
 

@@ -8,8 +8,8 @@ alpha=0.01, beta=0.001, batch D=D'=50, K=1000 rounds, one panel per (tau, r): ta
 r*n users per round. The paper does not state `a` for this figure; fedrun's data default is used
 (conf/data/mnist_perfedavg.yaml), lowered if the MNIST at hand is too small.
 
-    python scripts/perfedavg_figure1.py --data-root /path/to/data          # full: 1000 rounds
-    python scripts/perfedavg_figure1.py --quick --data-root ...            # 3 rounds (smoke test)
+    python scripts/perfedavg_figure1.py --dataset.root /path/to/data          # full: 1000 rounds
+    python scripts/perfedavg_figure1.py --quick --dataset.root ...            # 3 rounds (smoke test)
     python scripts/perfedavg_figure1.py --replot outputs/papers/perfedavg_figure1/<run>   # redraw only
 
 Runs `fedrun -m` once per (tau, r) (both algorithms x the seeds), then draws everything from the
@@ -71,7 +71,7 @@ def train(args, out: str, pairs, seeds, rounds: int) -> None:
     for tau, r in pairs:
         total += _paper.run_sweep(args, pair_dir(os.path.join(out, "runs"), tau, r), [
             "algo=fedavg,perfedavg", "data=mnist_perfedavg", "model=mlp",
-            f"data.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}", f"data.a={a}",
+            f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}", f"data.a={a}",
             f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
             f"algo.alpha={PAPER['alpha']}", f"algo.beta={PAPER['beta']}",
             f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",

@@ -8,8 +8,8 @@ of lr alpha on each user's own training data, pooled over all users' test data) 
 the report's numbers, at the last round and at the best round. With an MNIST too small for a=196
 (e.g. a cut training set), the largest `a` that fits is used and said so.
 
-    python scripts/perfedavg_table003.py --data-root /path/to/data          # full: 1000 rounds
-    python scripts/perfedavg_table003.py --quick --data-root ...            # 3 rounds (smoke test)
+    python scripts/perfedavg_table003.py --dataset.root /path/to/data          # full: 1000 rounds
+    python scripts/perfedavg_table003.py --quick --dataset.root ...            # 3 rounds (smoke test)
     python scripts/perfedavg_table003.py --replot outputs/papers/perfedavg_table003/<run>  # redraw only
 
 Runs one `fedrun -m` sweep (variant x tau x alpha x seeds), then reads the runs' metrics.csv:
@@ -42,7 +42,7 @@ def train(args, out: str, seeds, rounds: int) -> int:
     print(f"settings: Per-FedAvg fo/hf, n={PAPER['n']}, a={a}, r={PAPER['frac']}, batch {PAPER['batch_size']}, "
           f"beta={PAPER['beta']}, {rounds} rounds, tau in (4, 10), alpha in (0.001, 0.01), seeds {seeds}")
     secs = _paper.run_sweep(args, os.path.join(out, "runs"), [
-        "algo=perfedavg", "data=mnist_perfedavg", "model=mlp", f"data.root={os.path.abspath(args.data_root)}",
+        "algo=perfedavg", "data=mnist_perfedavg", "model=mlp", f"dataset.root={os.path.abspath(args.data_root)}",
         "data.download=false",
         f"data.n={PAPER['n']}", f"data.a={a}", f"frac={PAPER['frac']}", f"batch_size={PAPER['batch_size']}",
         f"algo.beta={PAPER['beta']}", f"rounds={rounds}",

@@ -14,7 +14,7 @@ Figures 3-4, lambda 15 (MNIST) / 20 (Synthetic), Per-FedAvg alpha=0.005, beta=0.
 0.005. Everything else (model sizes, R=tau=20, |D|=20, S, T) comes from the presets
 conf/experiment/pfedme_<data>_<model>_<algo>.yaml.
 
-    python scripts/pfedme_figures.py --data-root /path/to/data                 # all four, paper rounds
+    python scripts/pfedme_figures.py --dataset.root /path/to/data                 # all four, paper rounds
     python scripts/pfedme_figures.py --figures 4 --rounds 100                  # Synthetic only, 100 rounds
     python scripts/pfedme_figures.py --models mlr ...                          # the MLR panels only
     python scripts/pfedme_figures.py --protocol official ...                   # the authors' code's choices
@@ -137,7 +137,7 @@ def train(args, out: str, figures: list[int], models: list[str], seeds: list[int
     for s in settings:
         extra = [f"rounds={args.rounds or (2 if args.quick else ROUNDS[s.data])}"]
         if s.data == "mnist":
-            extra += [f"data={args.mnist_data}", f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra += [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false"]
         elif args.quick:
             extra += QUICK_SYNTHETIC
         ov = s.overrides() + extra + [f"protocol={args.protocol}", f"seed={','.join(map(str, seeds))}",

@@ -18,7 +18,7 @@ when the paper's numbers were made (June 2020: only Per-FedAvg differs, so only 
 again; see fedrun.protocol). Accuracy is pooled over all clients' test rows, mean ± std over seeds.
 
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
-    python scripts/pfedme_table1.py --datasets mnist --data-root /path/to/data
+    python scripts/pfedme_table1.py --datasets mnist --dataset.root /path/to/data
     python scripts/pfedme_table1.py --datasets mnist --mnist-data mnist_pfedme_authors --protocols official ...
     python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0 (smoke test)
     python scripts/pfedme_table1.py --replot outputs/papers/pfedme_table1/<run>   # table only
@@ -70,7 +70,7 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
                 print("data: the authors' split shares images between clients: most test rows are also "
                       "training rows of another client (fedrun.data.mnist_pfedme_authors)")
             # data= as well: Hydra composes the non-swept overrides onto the base config first
-            extra = [f"data={args.mnist_data}", f"data.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra = [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false"]
         # official_2020 differs from official only for Per-FedAvg: its other rows are official's runs
         sweeps = [(os.path.join(out, "runs", d), presets, [p for p in protocols if p != "official_2020"])]
         if "official_2020" in protocols and "perfedavg" in algos:

@@ -8,8 +8,8 @@ paper) and the no-personalization FedDyn and SCAFFOLD, each run through its expe
 paper's Appendix A.1 as the authors' code alpemreacar/PFL runs them); --dataset / --split / --classes
 change only the data. 100 devices, 10 active per round, 1000 rounds by default.
 
-    python scripts/pfl_cifar.py --data-root /path/to/data                  # CIFAR-10 ACID, 5 classes
-    python scripts/pfl_cifar.py --split alid --classes 3 --seeds 0,1,2 --data-root ...
+    python scripts/pfl_cifar.py --dataset.root /path/to/data                  # CIFAR-10 ACID, 5 classes
+    python scripts/pfl_cifar.py --split alid --classes 3 --seeds 0,1,2 --dataset.root ...
     python scripts/pfl_cifar.py --quick                                      # tiny generated CIFAR, 3 rounds
     python scripts/pfl_cifar.py --replot outputs/papers/pfl_cifar/<run>      # redraw only
 
@@ -165,7 +165,7 @@ def train(args, out: str, settings: dict) -> None:
                                                              for o in METHODS[m].overrides):
         print(f"note: hyperparameters are the presets' (CIFAR-10 ACID 5 classes, the authors' settings); "
               f"only the data changes to {dataset} {split.upper()} with {k} classes per device")
-    common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"data.root={root}",
+    common = [f"data={dataset}_{split}", f"data.classes_per_client={k}", "model=cnn", f"dataset.root={root}",
               f"rounds={rounds}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
               f"protocol={settings['protocol']}", f"data.pad_fill={settings['pad_fill']}"]
     common += ["data.download=false"] if args.quick or args.no_download else []

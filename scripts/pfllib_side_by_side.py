@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """fedrun beside PFLlib (github.com/TsingZ0/PFLlib): the same partition, model and local work, both columns.
 
-    python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --data-root /work/shared/data --out DIR
+    python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --dataset.root /work/shared/data --out DIR
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
 
 1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
@@ -64,7 +64,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pfllib", default="/work/ref/PFLlib", help="PFLlib checkout (its system/ folder is imported)")
     ap.add_argument("--pfllib-python", default="/work/ref-venv/bin/python", help="a Python with PFLlib's needs (h5py, scikit-learn)")
-    ap.add_argument("--data-root", default=os.environ.get("FEDRUN_DATA", "data"), help="folder holding MNIST/raw")
+    ap.add_argument("--dataset.root", "--dataset.root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
+                    metavar="DIR", help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
     ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)

@@ -132,7 +132,7 @@ def test_missing_mnist_offline_is_one_clear_line(tmp_path):
 def _help_meaning(stdout: str, name: str) -> str:
     """The meaning `fedrun --help` prints beside `name` (on its line, or the next when the name is long)."""
     lines = stdout.splitlines()
-    i = next((i for i, line in enumerate(lines) if line.strip().split(" ")[0] == name), None)
+    i = next((i for i, line in enumerate(lines) if f"{line.strip()} ".startswith(f"{name} ")), None)
     assert i is not None, f"{name} is not in the help"
     rest = lines[i].strip()[len(name):].strip()
     return rest or lines[i + 1].strip()
@@ -188,6 +188,73 @@ def test_algo_help_explains_each_of_its_options(algo, tmp_path):
         assert meaning.startswith(" ".join(comment.split()[:4])), (key, meaning)
 
 
+def _yaml_options(path) -> dict:
+    """Every option of a yaml file -> (default as written, its inline comment), read here with a plain
+    regex: dotted below a key that holds others (logger/mlflow.yaml: `mlflow.tracking_uri`); without
+    `defaults`, `hydra`, `_target_` and a `name:` that is the file's own name (a partition's, a dataset's)."""
+    import os
+    import re
+
+    out, parents, stem, skip = {}, [], os.path.basename(path)[:-len(".yaml")], None
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^(\s*)([A-Za-z_]\w*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line.rstrip())
+        if not m:
+            continue
+        indent, key, value, comment = len(m.group(1)), m.group(2), m.group(3), (m.group(4) or "").strip()
+        if skip is not None and indent > skip:
+            continue
+        skip = None
+        parents = [(i, k) for i, k in parents if i < indent]
+        if key in ("defaults", "hydra", "_target_") or (key == "name" and not parents and value == stem):
+            skip = indent
+            continue
+        dotted = ".".join([*(k for _, k in parents), key])
+        if parents and ".".join(k for _, k in parents) in out and not out[".".join(k for _, k in parents)][0]:
+            del out[".".join(k for _, k in parents)]  # a key that holds others is no option itself
+        out[dotted] = (value, comment)
+        parents.append((indent, key))
+    return out
+
+
+def _group_yamls() -> list[tuple[str, str, str]]:
+    """(group, choice, path) of every yaml of conf/ but config.yaml: groups, hydra/launcher, presets."""
+    import glob
+    import os
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True)):
+        group = os.path.relpath(os.path.dirname(path), CONF_DIR).replace(os.sep, "/")
+        if group != ".":
+            out.append((group, os.path.basename(path)[:-len(".yaml")], path))
+    return out
+
+
+def test_every_option_in_conf_has_a_comment_that_explains_it():
+    """Each option of every yaml in conf/ says what it means on its line (`fedrun GROUP=CHOICE --help`
+    prints it): the paper presets only set options explained where they are defined, so they are left out."""
+    missing = [f"{group}/{name}.yaml: {key}" for group, name, path in _group_yamls() if group != "experiment"
+               for key, (_, comment) in _yaml_options(path).items() if not comment]
+    assert not missing, "options without a comment: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("group, name", [(g, n) for g, n, _ in _group_yamls() if g != "algo"],
+                         ids=[f"{g}={n}" for g, n, _ in _group_yamls() if g != "algo"])
+def test_every_group_choice_explains_its_options_alone(group, name, tmp_path):
+    """`fedrun GROUP=CHOICE --help` with nothing else (`partition=dirichlet` needs no dataset= to be
+    explained): exit 0, each option of the yaml with its default and the start of its comment; no
+    run starts. (algo=X: test_algo_help_explains_each_of_its_options.)"""
+    import os
+
+    r = fedrun([f"{group}={name}", "--help"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"{group}={name} ({group}/{name}.yaml):" in r.stdout
+    prefix = "" if group == "experiment" else group.replace("/", ".") + "."
+    for key, (default, comment) in _yaml_options(os.path.join(CONF_DIR, group, f"{name}.yaml")).items():
+        meaning = _help_meaning(r.stdout, f"{prefix}{key}={default}")  # (a preset's settings may have no comment)
+        assert not comment or " ".join(comment.split()).startswith(meaning), (key, meaning)
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
     """fedrun.cli answers Hydra's get_mode from the command line (saving a whole composition per run);
     that is right only while no file in conf/ sets hydra.mode. A file that starts to set it fails here."""
@@ -239,3 +306,83 @@ def test_a_sweep_job_folder_name_fits_the_file_system(tmp_path):
     assert re.fullmatch(r"0_clients_per_round=3,.*,model\.hidden=\[3,3,[3,]*~[0-9a-f]{12}", job.name), job.name
     assert len(job.name.encode()) == 2 + 200 and (job / "metrics.csv").exists()
     assert folder_name("a" * 300) != folder_name("a" * 299 + "b") and folder_name("a=1") == "a=1"
+
+
+@pytest.mark.parametrize("source, expected", [
+    (None, "no module 'user_algo_{i}' in Python's search path (besides installed packages: "),
+    ("import not_installed_anywhere\n", "module 'user_algo_{i}' imports 'not_installed_anywhere', which is not installed"),
+    ("raise RuntimeError('broken at import')\n", "importing module 'user_algo_{i}' ({path}/user_algo_{i}.py) raised "
+                                                 "RuntimeError: broken at import"),
+    ("x = 1\n", "module 'user_algo_{i}' ({path}/user_algo_{i}.py) has no 'Mine'"),
+], ids=["not-on-the-path", "needs-a-missing-package", "raises", "lacks-the-name"])
+def test_a_user_target_that_does_not_import_is_one_line_and_leaves_no_folder(source, expected, tmp_path, monkeypatch,
+                                                                             request):
+    """A user's algo yaml whose `_target_` module is missing, broken or lacks the class: one line naming the
+    target, the module, where Python looked and the fix (Hydra says "Error locating target ..." in four);
+    the run folder Hydra made is removed."""
+    import sys
+
+    i = request.node.callspec.id.replace("-", "_")
+    code = tmp_path / "code"
+    code.mkdir()
+    if source is not None:
+        (code / f"user_algo_{i}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(code))
+    (tmp_path / "my_conf" / "algo").mkdir(parents=True)
+    (tmp_path / "my_conf" / "algo" / "mine.yaml").write_text(f"_target_: user_algo_{i}.Mine\nlr: 0.1\n")
+    sys.modules.pop(f"user_algo_{i}", None)
+    r = fedrun([*SMALL, "algo=mine", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedrun: error: algo._target_='user_algo_{i}.Mine': "), r.stderr
+    assert expected.format(i=i, path=code) in lines[0], lines[0]
+    assert source is not None or f"add the folder that holds user_algo_{i}.py to PYTHONPATH" in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_plot_format_sets_the_file_type_of_a_runs_figures(tmp_path):
+    r = fedrun([*SMALL, "plot_format=svg", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name in ("metrics", "partition"):
+        assert "<svg" in (tmp_path / "run" / f"{name}.svg").read_text()[:1000]
+        assert not (tmp_path / "run" / f"{name}.png").exists()
+    r = fedrun([*SMALL, "plot_format=jpg", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    check_one_line_error(r, "plot_format='jpg' is not allowed; choose one of: png, pdf, svg")
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("route", [["data=mnist_perfedavg", "data.download=false"],
+                                   ["experiment=pfedme_mnist_dnn_pfedme", "data.download=false"],
+                                   ["dataset=mnist", "dataset.download=false"]],
+                         ids=["data-preset", "paper-preset", "dataset"])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_dataset_root_or_fedrun_data_says_where_the_files_are_on_every_route(route, how, tmp_path):
+    """One option for where data is: `dataset.root` (default $FEDRUN_DATA, else ./data) for the data=
+    presets (whose own name, data.root, still works), the paper presets and dataset=; the missing files'
+    message names the folder given and the option."""
+    where = tmp_path / f"nowhere {how}"
+    given = [f"dataset.root={where}"] if how == "option" else []
+    r = fedrun([*route, *given, "rounds=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+               env={"FEDRUN_DATA": str(where if how == "env" else tmp_path / "not this one")})
+    check_one_line_error(r, f"{where}/MNIST/raw")
+    assert "dataset.root (or $FEDRUN_DATA)" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_old_data_root_of_a_data_preset_still_works(tmp_path):
+    r = fedrun(["data=mnist_perfedavg", f"data.root={tmp_path / 'old'}", "data.download=false", "rounds=1",
+                f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    check_one_line_error(r, f"{tmp_path / 'old'}/MNIST/raw")
+
+
+def test_dataset_root_of_a_data_preset_is_its_data_root_in_job_folder_names_too():
+    """The paper scripts hide every option they pass from job folder names (exclude_keys): dataset.root
+    given as a preset's data.root is hidden as well; dataset= and data=synthetic are left as they are."""
+    from fedrun.config import with_dataset_root
+
+    hide = "hydra.job.config.override_dirname.exclude_keys"
+    assert with_dataset_root(["-m", "data=cifar10_acid", "dataset.root=/x", f"{hide}=[seed,dataset.root]"]) == \
+        ["-m", "data=cifar10_acid", "data.root=/x", f"{hide}=[seed,dataset.root,data.root]"]
+    for argv in (["dataset=mnist", "dataset.root=/x"], ["data=synthetic", "dataset.root=/x"], ["data=mnist_pfedme", "x=1"]):
+        assert with_dataset_root(argv) == argv

@@ -40,6 +40,7 @@ CASES = [  # (arguments, the option the error line names)
     (["on_diverge=ignore"], "on_diverge"),
     (["progress=no"], "progress"),                       # Hydra reads it as the string 'no'
     (["plot=no"], "plot"),
+    (["plot_format=jpg"], "plot_format"),
     (["resume=maybe"], "resume"),
     (["algo=fedavg,fedbn", "algo.alpha=null"], "algo.alpha"),  # a swept group: the option must exist in each
     (["resume={tmp}/no_such_run"], "resume"),
@@ -53,7 +54,8 @@ CASES = [  # (arguments, the option the error line names)
     (["data.num_clients=1000000"], "data.num_clients"),  # the generator would draw more than memory holds
     (["data.alpha=-1"], "data.alpha"),
     (["data.train_frac=2"], "data.train_frac"),
-    (["data=mnist_pfedme", "data.root={tmp}/none", "data.download=false"], "data.root"),
+    (["data=mnist_pfedme", "data.root={tmp}/none", "data.download=false"], "dataset.root"),  # the one name, in the message
+    (["data=mnist_pfedme", "dataset.root={tmp}/none", "data.download=false"], "dataset.root"),
     (["data=cifar10_alid", "+model.num_classes=3"], "model.num_classes"),  # would be recorded, never used
     (["model=nope"], "model"),
     (["model.hidden=[-5]"], "model.hidden"),

@@ -30,12 +30,15 @@ the row must read.
 from __future__ import annotations
 
 import collections
+import functools
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import fedrun.simulate
 from fedrun.algorithms import ConfigError, build, names
 from fedrun.data import synthetic
 from fedrun.functional import VmapEngine, params_of
@@ -45,13 +48,24 @@ from fedrun.simulate import Schedule, local_training, sample_round, simulate
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
             "equal", "allclose"}
 PYTHON_READS = ("tolist", "cpu", "numpy")
+# the folder fedrun's modules are imported from (fedrun is a namespace package: no __file__ of its own)
+PACKAGE = Path(fedrun.simulate.__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str) -> str | None:
+    """fedrun/x/y.py -> 'x.y'; None for a file outside the imported package. Relative to the package
+    itself, so a checkout in a folder named `fedrun` (or under one, or with spaces in its path)
+    counts the same as any other."""
+    path = Path(filename).resolve()
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts) if path.is_relative_to(PACKAGE) else None
 
 
 def _site() -> str:
-    """module:function of the innermost fedrun frame that asked (fedrun/x.py -> x)."""
+    """module:function of the innermost frame in fedrun's package that asked."""
     for f in reversed(traceback.extract_stack()[:-2]):
-        if "/fedrun/" in f.filename and not f.filename.endswith("test_host_syncs.py"):
-            return f"{f.filename.split('/fedrun/')[-1].removesuffix('.py').replace('/', '.')}.{f.name}"
+        if (module := _module(f.filename)) is not None:
+            return f"{module}.{f.name}"
     return "?"
 
 

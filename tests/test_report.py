@@ -437,3 +437,74 @@ def test_read_yaml_reads_as_omegaconf_does(tmp_path):
     (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
     with pytest.raises(Exception, match="duplicate key a"):
         read_yaml(str(tmp_path / "dup.yaml"))
+
+
+# ----------------------------------------------------------------------------------------------
+# the sweep's figure: fitted axes, short legends, no empty panel, 20+ lines apart, png | pdf | svg
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def wide_sweep(tmp_path):
+    """22 configurations (algo.lr x algo.K) x 2 seeds at 90-97% after a climb from 10%."""
+    root = tmp_path / "wide"
+    n = 0
+    for lr in (0.01, 0.02):
+        for k in range(11):
+            for seed in (0, 1):
+                top = 0.90 + 0.04 * (lr == 0.02) + 0.003 * k + 0.001 * seed
+                pers = [0.1, 0.5] + [top - 0.01, top] * 4  # 10 rounds: the y-axis leaves out the first two
+                _write_job(root / f"{n}_algo.lr={lr},algo.K={k}", n, "pfedme", seed, 10, pers, [0.5] * 10,
+                           extra={"lr": lr, "K": k})
+                n += 1
+    return root
+
+
+def _captured_figure(monkeypatch, root):
+    """write_report's summary figure, kept open (save_figure closes it) for its axes to be read."""
+    import fedrun.plots
+
+    seen = []
+    real = fedrun.plots.save_figure
+    monkeypatch.setattr(fedrun.plots, "save_figure", lambda fig, path, title="": (seen.append(fig), real(fig, path, title)))
+    from fedrun.report import write_report
+
+    write_report([str(root)])
+    fig, = seen
+    return fig
+
+
+def test_summary_figure_fits_its_axes_labels_lines_by_the_swept_values_and_keeps_22_apart(wide_sweep, monkeypatch):
+    fig = _captured_figure(monkeypatch, wide_sweep)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["global model accuracy", "personalized accuracy"]
+    pers = panels[1]
+    low, high = pers.get_ylim()
+    assert 0.88 < low < 0.89 and 0.971 < high < 0.98, (low, high)  # 0.89 (the lowest after the climb) to 0.971, padded
+    legend, = fig.legends
+    assert legend.get_title().get_text() == "algo.K, algo.lr"
+    assert [t.get_text() for t in legend.get_texts()][:3] == ["0, 0.01", "0, 0.02", "1, 0.01"]
+    styles = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in pers.get_lines()}
+    assert len(pers.get_lines()) == 22 and len({(c, m) for c, m, _ in styles}) == 22
+
+
+@pytest.mark.parametrize("fmt, magic", [("pdf", b"%PDF"), ("svg", b"<?xml")])
+def test_report_figure_in_the_file_type_asked_for(hand_sweep, tmp_path, fmt, magic):
+    r = report([str(hand_sweep), "--out", str(tmp_path / "out"), "--format", fmt], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / f"summary.{fmt}").read_bytes().startswith(magic)
+    assert not (tmp_path / "out" / "summary.png").exists()
+
+
+def test_a_panel_whose_curves_hold_no_number_is_left_out(tmp_path, monkeypatch):
+    """e.g. unseen clients' accuracy in jobs that kept none: no empty panel, no blank grid cell."""
+    import fedrun.plots
+
+    seen = []
+    monkeypatch.setattr(fedrun.plots, "save_figure", lambda fig, path, title="": seen.append(fig))
+    curve = pd.DataFrame({"round": [1, 2], "mean": [0.5, 0.6], "std": [0.01, 0.02]})
+    empty = pd.DataFrame({"round": [1, 2], "mean": [math.nan, math.nan], "std": [math.nan, math.nan]})
+    fedrun.plots.plot_curve_panels([("a", {"x": curve}), ("b", {"x": empty}), ("c", {"x": curve, "y": empty}),
+                                    ("d", {"x": curve})], str(tmp_path / "f.png"))
+    fig, = seen
+    assert [ax.get_title() for ax in fig.axes] == ["a", "c", "d"]
+    assert [len(ax.get_lines()) for ax in fig.axes] == [1, 1, 1]

@@ -397,8 +397,9 @@ def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
         assert f"| {row['entry']} | {row['algo']} |" in text
     before = (out / "baselines.md").read_text()
     (out / "baselines.md").unlink()
-    script("baselines.py", ["--replot", str(out)], tmp_path, monkeypatch)
+    script("baselines.py", ["--replot", str(out), "--plot-format", "svg"], tmp_path, monkeypatch)
     assert (out / "baselines.md").read_text() == before
+    assert "<svg" in (out / "baselines.svg").read_text()[:1000]  # the figure in the file type asked for
 
 
 def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):

@@ -175,3 +175,63 @@ def test_a_tracker_that_cannot_start_is_one_line_and_exit_2(tmp_path):
     errors = [line for line in r.stderr.splitlines() if line.startswith("fedrun: error:")]
     assert len(errors) == 1 and errors[0].startswith("fedrun: error: logger=mlflow could not start: "), r.stderr
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+# A run in a new process with every network lookup and non-local connection refused and recorded:
+# the trackers' own telemetry would be the only callers (MLflow's usage telemetry looks up its host
+# during the run; W&B's OpenTelemetry analytics, gated by its error reporting, at exit, even offline).
+NO_NETWORK = """
+import atexit, json, socket, sys
+seen = []
+atexit.register(lambda: open("network.json", "w").write(json.dumps(seen)))  # first in: runs last
+def lookup(host, *args, **kwargs):
+    seen.append(f"lookup {host}")
+    raise socket.gaierror(socket.EAI_NONAME, "the test allows no network")
+real_connect = socket.socket.connect
+def connect(self, address):
+    if self.family != socket.AF_UNIX:  # (W&B talks to its own service process on a Unix socket)
+        seen.append(f"connect {address}")
+        raise OSError("the test allows no network")
+    return real_connect(self, address)
+socket.getaddrinfo, socket.socket.connect = lookup, connect
+from fedrun.cli import main
+sys.argv = ["fedrun", *sys.argv[1:]]
+main()
+"""
+# the environment variables that would turn the telemetry off without fedrun: CI detection included
+# (MLflow turns its telemetry off by itself under pytest or with CI set)
+TELEMETRY_ENV = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "WANDB_ERROR_REPORTING", "PYTEST_CURRENT_TEST", "CI",
+                 "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "TRAVIS", "CIRCLECI", "BUILDKITE", "TF_BUILD",
+                 "TEAMCITY_VERSION", "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "MLFLOW_TRACKING_URI")
+
+
+def test_a_run_with_each_tracker_opens_no_network_connection(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_ENV}
+    env.update(FEDRUN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", WANDB_SILENT="true")
+    r = subprocess.run([sys.executable, "-c", NO_NETWORK, *TINY, "rounds=2", "logger=[mlflow,wandb]",
+                        "hydra.run.dir=run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads((tmp_path / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
+    assert json.loads((tmp_path / "network.json").read_text()) == []
+
+
+def test_an_unreachable_mlflow_server_is_one_line_before_any_work_and_leaves_no_folder(tmp_path):
+    """Checked with one connection and a short timeout before the run: without the check MLflow retries
+    for minutes (here its retries are cut to none, so that the run would start and leave its folder)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = fedrun([*TINY, "rounds=2", "logger=mlflow", f"logger.mlflow.tracking_uri=http://127.0.0.1:{port}",
+                "hydra.run.dir=run"], tmp_path, env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"fedrun: error: logger.mlflow.tracking_uri='http://127.0.0.1:{port}' cannot be reached (Connection refused; "
+        "waited up to 5 s): start the MLflow server or fix the address; logger.mlflow.tracking_uri=null (and no "
+        "MLFLOW_TRACKING_URI) logs to ./mlruns offline"]
+    assert not (tmp_path / "run").exists()

@@ -68,7 +68,7 @@ def load_mnist(root: str, download: bool = True) -> tuple[np.ndarray, np.ndarray
             raise DataMissingError(
                 f"MNIST not found: expected {', '.join(MNIST_FILES)} in "
                 f"{os.path.abspath(os.path.join(root, 'MNIST', 'raw'))} ({why}); copy them there "
-                f"or point data.root at the folder that holds MNIST/raw"
+                f"or point dataset.root (or $FEDRUN_DATA) at the folder that holds MNIST/raw"
             )
     for name in MNIST_FILES:
         _check_idx(os.path.join(root, "MNIST", "raw", name))
@@ -199,7 +199,7 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "data.root"
+def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "dataset.root (or $FEDRUN_DATA)"
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
 

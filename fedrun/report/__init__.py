@@ -29,6 +29,7 @@ import os
 import sys
 
 from ..args import ArgumentParser
+from ..config import FIGURE_FORMATS
 from .jobs import (GROUPS, MODEL_NAMES, NEUTRAL_KEYS, PREFIXES, Group, Job, expected_rows, find_job_dirs,  # noqa: F401
                    group_jobs, load_job, missing_job_numbers, missing_jobs, sweep_jobs, torn_row)
 from .markdown import _not_reached, _pm, gain_cell, markdown  # noqa: F401
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                          "models transmitted to reach each --target / each configuration's (paper 004, Tables 1-2)")
     ap.add_argument("--out", default=None, help="folder for summary.csv/.md/.png and jobs.csv (default: the first DIR)")
     ap.add_argument("--no-figure", action="store_true", help="skip summary.png")
+    ap.add_argument("--format", default="png", choices=FIGURE_FORMATS, help="the summary figure's file type")
     args = ap.parse_args(argv)
     for d in args.dirs:
         if not os.path.isdir(d):
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         targets = parse_targets(args.target, hint=" (give the folders before --target)")
-        rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure, baseline=args.baseline)
+        rep = write_report(args.dirs, args.out, targets, figure=not args.no_figure, baseline=args.baseline,
+                           plot_format=args.format)
     except (ValueError, FileNotFoundError) as e:
         print(f"fedrun-report: error: {e}", file=sys.stderr)
         return 2

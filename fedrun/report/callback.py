@@ -25,7 +25,8 @@ class SweepReport(Callback):
 
         sweep_dir = config.hydra.sweep.dir
         try:
-            rep = write_report([sweep_dir], figure=self.figure and bool(config.get("plot", True)))
+            rep = write_report([sweep_dir], figure=self.figure and bool(config.get("plot", True)),
+                               plot_format=config.get("plot_format", "png"))
         except Exception as e:  # noqa: BLE001 - the sweep itself is done; its report is a courtesy
             print(f"fedrun: no sweep summary for {sweep_dir}: {e}", file=sys.stderr)
             return

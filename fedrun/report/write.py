@@ -35,7 +35,8 @@ def build(roots: list[str], targets: list[float] | None = None,
 
 
 def write_report(roots: list[str], out_dir: str | None = None, targets: list[float] | None = None,
-                 figure: bool = True, title: str | None = None, baseline: str | None = None) -> Report:
+                 figure: bool = True, title: str | None = None, baseline: str | None = None,
+                 plot_format: str = "png") -> Report:
     from .. import outputs
 
     targets = list(targets or [])
@@ -64,6 +65,6 @@ def write_report(roots: list[str], out_dir: str | None = None, targets: list[flo
     if figure and groups:
         from .figure import summary_figure
 
-        files["summary.png"] = os.path.join(out_dir, "summary.png")
-        summary_figure(groups, files["summary.png"])
+        files[f"summary.{plot_format}"] = os.path.join(out_dir, f"summary.{plot_format}")
+        summary_figure(groups, files[f"summary.{plot_format}"])
     return Report(jobs, groups, table, left_out, missing, files)
