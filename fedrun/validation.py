@@ -137,11 +137,11 @@ def validate(cfg: DictConfig) -> list[str]:
     problems += _cache_dir(cfg)
     check(resolve_device, str(cfg.device))
     try:
-        acceleration.check(cfg.get("compile", "none"), cfg.get("precision", "fp32"), resolve_device(str(cfg.device)))
-    except ConfigError as e:
-        problems.append(str(e))
+        device = resolve_device(str(cfg.device))
     except Exception:  # a bad device: said above
-        pass
+        device = None
+    if device is not None:
+        check(acceleration.check, cfg.get("compile", "none"), cfg.get("precision", "fp32"), device)
     check(cpu_threads, cfg.get("threads", "auto"))
     for key in DATA_INTS:
         v = cfg.data.get(key)

@@ -41,6 +41,8 @@ CASES = [  # (arguments, the option the error line names)
     (["progress=no"], "progress"),                       # Hydra reads it as the string 'no'
     (["plot=no"], "plot"),
     (["plot_format=jpg"], "plot_format"),
+    (["compile=fast"], "compile"),
+    (["precision=fp16"], "precision"),
     (["resume=maybe"], "resume"),
     (["algo=fedavg,fedbn", "algo.alpha=null"], "algo.alpha"),  # a swept group: the option must exist in each
     (["resume={tmp}/no_such_run"], "resume"),
