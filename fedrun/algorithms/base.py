@@ -245,6 +245,16 @@ def head_names(params: Params) -> list[str]:
     return [k for k in params if k.startswith(last)]
 
 
+def require_body(name: str, params: Params, what: str, also: str = "") -> None:
+    """One line when the model has no body (MLR is a head alone): an algorithm that splits the model
+    in two (FedPer, LG-FedAvg, FedRep, FedBABU) would train or share nothing, and Proto adaptation
+    has no hidden layer to embed with."""
+    head = head_names(params)
+    if not head or len(head) == len(params):
+        raise ConfigError(f"algo={name} {what}, but this model is one layer (a head without a body); use a model "
+                          f"with a hidden layer: model=mlp, dnn or cnn{also}")
+
+
 def gather(full: Params, ids: Tensor) -> Params:
     """The rows `ids` of per-client state stacked over all clients."""
     return {k: v[ids] for k, v in full.items()}

@@ -51,7 +51,8 @@ from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
 from .adaptation import make_adaptation
-from .base import Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client
+from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client,
+                   require_body)
 
 EVAL_MODELS = ("server", "clients_mean")
 
@@ -91,6 +92,12 @@ class MetaSGD(Algorithm):
         self.lr, self.lr_decay, self.weight_decay, self.clip = lr, lr_decay, weight_decay, clip or 0
         self.eval_model = eval_model or "server"
         self.batches_per_step = self.adapt.batches
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        if self.adaptation == "proto":
+            require_body(self.name, params, "with algo.adaptation=proto embeds with the model's last hidden layer",
+                         ", or algo.adaptation=maml or none")
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * self.lr_decay ** (rnd - 1)

@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
-                   scatter, sgd_step)
+from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
+                   require_body, scatter, sgd_step)
 from .perfedavg import FedAvg
 
 
@@ -48,13 +48,8 @@ class FedPer(Algorithm):
         return head if self.personal_part == "head" else [k for k in params if k not in head]
 
     def check_params(self, params: Params) -> None:
-        """One line when the model has no body (MLR is a head alone): nothing to split."""
         super().check_params(params)
-        mine = self.personal_names(params)
-        if not mine or len(mine) == len(params):
-            raise ConfigError(f"algo={self.name} keeps the model's {self.personal_part} per client and shares the rest, "
-                              f"but this model is one layer (a head without a body); use a model with a hidden "
-                              f"layer: model=mlp, dnn or cnn")
+        require_body(self.name, params, f"keeps the model's {self.personal_part} per client and shares the rest")
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         self.check_params(params)
@@ -117,6 +112,10 @@ class FedBABU(FedAvg):
 
     def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
         super().__init__(beta, alpha, finetune_steps, finetune_epochs)
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        require_body(self.name, params, "trains the model's body with its head frozen")
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
