@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
-                   require_body, scatter, sgd_step)
+from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_optional_int, check_positive, fit_part,
+                   gather, head_names, onboarding_batches, require_body, scatter, sgd_step)
 from .perfedavg import FedAvg
 
 
@@ -39,9 +39,11 @@ class FedPer(Algorithm):
     name = "fedper"
     personal_part = "head"  # which part each client keeps: head | body
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
-        self.lr = lr
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def personal_names(self, params: Params) -> list[str]:
         head = head_names(params)
@@ -75,6 +77,15 @@ class FedPer(Algorithm):
         C = next(iter(mine.values())).shape[0]
         return {k: mine[k] if k in mine else v.unsqueeze(0).expand(C, *v.shape) for k, v in state.params.items()}, None
 
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's personal part, fitted with the shared part frozen: new_client_steps
+        (null: tau) SGD steps of lr on minibatches of its training rows, from its (initial) part."""
+        part = state.clients["part"]
+        p = {**stack(state.params, len(new)), **gather(part, new)}
+        p = fit_part(engine, p, list(part), onboarding_batches(ctx, new, self.new_client_steps), self.lr)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})})
+
 
 class LGFedAvg(FedPer):
     name = "lgfedavg"
@@ -84,8 +95,8 @@ class LGFedAvg(FedPer):
 class FedRep(FedPer):
     name = "fedrep"
 
-    def __init__(self, lr: float, head_steps: int):
-        super().__init__(lr)
+    def __init__(self, lr: float, head_steps: int, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_int("algo.head_steps", head_steps, 0)
         self.head_steps = head_steps
 
@@ -110,8 +121,9 @@ class FedBABU(FedAvg):
     name = "fedbabu"
     batchnorm = False
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
-        super().__init__(beta, alpha, finetune_steps, finetune_epochs)
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
+                 finetune_epochs: int | None):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs)
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)
