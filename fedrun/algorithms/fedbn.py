@@ -28,7 +28,8 @@ class FedBN(Algorithm):
     name = "fedbn"
     batchnorm = True
 
-    def __init__(self, lr: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         if finetune_steps or finetune_epochs:

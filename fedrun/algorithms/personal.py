@@ -43,7 +43,8 @@ class LocalOnly(Algorithm):
     name = "local"
     models_per_round = 0  # nothing is transmitted
 
-    def __init__(self, lr: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_optional_int("algo.new_client_steps", new_client_steps)
         self.lr, self.new_client_steps = lr, new_client_steps
@@ -79,13 +80,14 @@ class Ditto(Algorithm):
     name = "ditto"
     batches_per_step = 2  # D for the global model's step, D' for the personal model's
 
-    def __init__(self, lr: float, personal_lr: float, lam: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+    def __init__(self, lr: float, personal_lr: float, lam: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.personal_lr", personal_lr)
         check_positive("algo.lam", lam, allow_zero=True)
         check_optional_int("algo.new_client_steps", new_client_steps)
         self.lr, self.personal_lr, self.lam, self.new_client_steps = lr, personal_lr, lam, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"personal": stack(params, num_clients)})
@@ -135,10 +137,10 @@ class APFL(Algorithm):
 
     def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         check_positive("algo.lr", lr)
         check_optional_int("algo.new_client_steps", new_client_steps)
         self.new_client_steps = new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         check_choice("algo.follow", follow or "paper", self.FOLLOW)
         self.follow = follow or "paper"
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:

@@ -34,7 +34,8 @@ class PFedMe(Algorithm):
     PERSONALIZED = ("theta", "local")
 
     def __init__(self, lr: float, lam: float, eta: float | None, personal_lr: float, K: int, beta: float,
-                 mu: float | None, personalized: str | None, train_all: bool | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+                 mu: float | None, personalized: str | None, train_all: bool | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.lam", lam)
         check_positive("algo.eta", eta, allow_null=True)

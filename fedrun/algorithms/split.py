@@ -39,7 +39,8 @@ class FedPer(Algorithm):
     name = "fedper"
     personal_part = "head"  # which part each client keeps: head | body
 
-    def __init__(self, lr: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_optional_int("algo.new_client_steps", new_client_steps)
         self.lr, self.new_client_steps = lr, new_client_steps
@@ -95,7 +96,8 @@ class LGFedAvg(FedPer):
 class FedRep(FedPer):
     name = "fedrep"
 
-    def __init__(self, lr: float, head_steps: int, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, head_steps: int, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_int("algo.head_steps", head_steps, 0)
         self.head_steps = head_steps
