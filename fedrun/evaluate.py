@@ -10,8 +10,9 @@ the server model; "pers": the per-client personalized models):
   train_loss          the global model's mean loss over all clients' training rows (pooled), or over
                       the personalization minibatches when `personalize_batch` is set
 With held-out clients (`FederatedData.num_holdout`, never trained) these are over the training
-clients, and `new_<m>_*` are the same summaries over the held-out clients: the global model, and
-the algorithm's personalization from their own training rows.
+clients, and `new_<m>_*` are the same summaries over the held-out clients (their lowest client and
+quantiles among themselves): the global model, and the algorithm's personalization from their own
+training rows (`Algorithm.onboard` first fits what the method keeps per client, docs/data.md).
 """
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ def _loss_sums(engine: Engine, params, split):
     return engine.loss_sums(params, split, True)
 
 
+def served(algo: Algorithm, engine: Engine, state: ServerState, ctx: EvalContext):
+    """`algo.personalize` of `state`, after `algo.onboard` has fitted the held-out clients' own
+    state (the run's state itself is not changed), then `algo.finetune_served`."""
+    data = ctx.data
+    if data.num_train_clients < data.num_clients:
+        new = torch.arange(data.num_train_clients, data.num_clients, device=data.train.x.device)
+        state = algo.onboard(engine, state, ctx, new)
+    return algo.finetune_served(engine, state, ctx, *algo.personalize(engine, state, ctx))
+
+
 def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, ctx: EvalContext) -> Evaluation:
     """Evaluates the global and personalized models on every client's test rows.
 
@@ -85,7 +96,7 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
         return out
 
     row = summaries("global", g_loss, g_correct)
-    pers, train_loss = algo.personalize(engine, state, ctx)
+    pers, train_loss = served(algo, engine, state, ctx)
     if train_loss is None:
         train_loss = _loss_sums(engine, shared, data.train) / n_train
     if pers is not None:

@@ -5,7 +5,9 @@ Runs each entry below through `fedrun -m` (seeds batched), then writes one table
 personalized test accuracy (pooled over all clients' test rows: total correct / total rows),
 mean ± sample std over seeds, at the LAST round and at the BEST round, and the lowest-decile
 client (the 10th percentile of the per-client accuracies at the last round, mean over seeds).
-Entries that serve no personalized model (FedAvg) are scored with their global model.
+Entries that serve no personalized model (FedAvg) are scored with their global model. With held-out
+clients (--data-overrides "partition.holdout=0.2") those columns are over the training clients, and
+`new_*` columns give the same over the held-out (unseen) clients, each decile among its own clients.
 
 Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   mnist_dir01      real MNIST, Dirichlet alpha=0.1 over 20 clients, all 20 per round, the MLP 784-100-10 (CPU)
@@ -40,20 +42,21 @@ from fedrun.config import FIGURE_FORMATS  # noqa: E402
 
 NAME = "baselines"
 LR = 0.05  # one local lr for every entry (no per-method tuning: see docs/baselines.md)
-# entry -> (algo, its options, metric prefix scored). Options use each algorithm's own lr name.
+# entry -> (algo, its options, metric prefix scored). algo.lr is every algorithm's local lr (FedAvg's
+# beta, pFedMe's eta, ...).
 ENTRIES = {
     "Local": ("local", [f"algo.lr={LR}"], "pers"),
-    "FedAvg": ("fedavg", [f"algo.beta={LR}", "algo.alpha=null"], "global"),
-    "FedAvg+FT": ("fedavg", [f"algo.beta={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
-    "FedProx+FT": ("fedprox", [f"algo.beta={LR}", "algo.mu=0.01", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
-    "Per-FedAvg": ("perfedavg", [f"algo.alpha={LR}", f"algo.beta={LR}"], "pers"),
-    "pFedMe": ("pfedme", ["algo.lam=15", f"algo.eta={LR}", f"algo.personal_lr={LR}"], "pers"),
+    "FedAvg": ("fedavg", [f"algo.lr={LR}", "algo.alpha=null"], "global"),
+    "FedAvg+FT": ("fedavg", [f"algo.lr={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    "FedProx+FT": ("fedprox", [f"algo.lr={LR}", "algo.mu=0.01", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    "Per-FedAvg": ("perfedavg", [f"algo.alpha={LR}", f"algo.lr={LR}"], "pers"),
+    "pFedMe": ("pfedme", ["algo.lam=15", f"algo.lr={LR}", f"algo.personal_lr={LR}"], "pers"),
     "Ditto": ("ditto", [f"algo.lr={LR}", f"algo.personal_lr={LR}", "algo.lam=0.1"], "pers"),
     "APFL": ("apfl", [f"algo.lr={LR}", f"algo.alpha_lr={LR}"], "pers"),
     "FedPer": ("fedper", [f"algo.lr={LR}"], "pers"),
     "LG-FedAvg": ("lgfedavg", [f"algo.lr={LR}"], "pers"),
     "FedRep": ("fedrep", [f"algo.lr={LR}", "algo.head_steps=5"], "pers"),
-    "FedBABU": ("fedbabu", [f"algo.beta={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    "FedBABU": ("fedbabu", [f"algo.lr={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
 }
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
 # cnn_bn), and these settings' models have none (fedrun refuses the pair in one line).
@@ -125,7 +128,7 @@ def table(out: str, plot_format: str = "png") -> list[dict]:
     for e, (algo, _, prefix) in ENTRIES.items():
         runs = _runs(os.path.join(out, "runs", _slug(e)))
         col = f"{prefix}_acc"
-        last, best, low, used = [], [], [], []
+        last, best, low, used, new_last, new_low = [], [], [], [], [], []
         for r in runs:
             if not os.path.exists(os.path.join(r, "clients.csv")):  # written at the end: the run did not finish
                 print(f"warning: left out {r}: unfinished (no clients.csv)")
@@ -137,22 +140,34 @@ def table(out: str, plot_format: str = "png") -> list[dict]:
             last.append(100 * float(m[col].iloc[-1]))
             best.append(100 * float(m[col].max()))
             clients = pd.read_csv(os.path.join(r, "clients.csv"))
-            low.append(100 * float(clients[col].quantile(0.1)))
+            held = clients["heldout"] == 1 if "heldout" in clients else pd.Series(False, index=clients.index)
+            low.append(100 * float(clients.loc[~held, col].quantile(0.1)))  # training clients only
+            if held.any() and f"new_{col}" in m:  # held-out clients, among themselves
+                new_last.append(100 * float(m[f"new_{col}"].iloc[-1]))
+                new_low.append(100 * float(clients.loc[held, col].quantile(0.1)))
             used.append(m[["round", col]])
         if not used:
             continue
         curves[e] = pd.concat(used).groupby("round")[col].mean()
         rows.append({"entry": e, "algo": algo, "scored": prefix, "seeds": len(used),
                      "rounds": int(used[0]["round"].iloc[-1]), "last": _mean(last), "last_std": _paper.sample_std(last),
-                     "best": _mean(best), "best_std": _paper.sample_std(best), "lowest_decile": _mean(low)})
+                     "best": _mean(best), "best_std": _paper.sample_std(best), "lowest_decile": _mean(low),
+                     "new_last": _mean(new_last), "new_last_std": _paper.sample_std(new_last),
+                     "new_lowest_decile": _mean(new_low)})
     write_csv(os.path.join(out, "baselines.csv"), rows)
+    new = any(not math.isnan(r["new_last"]) for r in rows)  # held-out clients in these runs
     lines = ["Personalized test accuracy % (pooled over all clients' test rows; mean ± std over seeds). "
-             "Lowest decile: the 10th percentile of the clients' accuracies at the last round (mean over seeds).", "",
-             "| method | fedrun algo | model scored | last round | best round | lowest decile | seeds | rounds |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Lowest decile: the 10th percentile of the clients' accuracies at the last round (mean over seeds)."
+             + (" Held-out (unseen) clients apart: *new* columns, their decile among themselves; the others over "
+                "the training clients." if new else ""), "",
+             "| method | fedrun algo | model scored | last round | best round | lowest decile | "
+             + ("new: last round | new: lowest decile | " if new else "") + "seeds | rounds |",
+             "|---|---|---|---|---|---|" + ("---|---|" if new else "") + "---|---|"]
     for r in rows:
+        cells = (f"{_paper.mean_pm_std(r['new_last'], r['new_last_std'])} | {r['new_lowest_decile']:.2f} | " if new else "")
         lines.append(f"| {r['entry']} | {r['algo']} | {r['scored']} | {_paper.mean_pm_std(r['last'], r['last_std'])} | "
-                     f"{_paper.mean_pm_std(r['best'], r['best_std'])} | {r['lowest_decile']:.2f} | {r['seeds']} | {r['rounds']} |")
+                     f"{_paper.mean_pm_std(r['best'], r['best_std'])} | {r['lowest_decile']:.2f} | {cells}"
+                     f"{r['seeds']} | {r['rounds']} |")
     text = "\n".join(lines) + "\n"
     write_atomic(os.path.join(out, "baselines.md"), text)
     print(text)

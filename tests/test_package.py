@@ -179,13 +179,14 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["algo.beta=abc"], "fedrun: error: algo.beta='abc' must be a number > 0"),  # the range check speaks first
+    (["algo.beta=abc"], "fedrun: error: algo.beta='abc' must be a number > 0 or null"),  # the range check speaks first
+    (["algo.lr=abc"], "fedrun: error: algo.lr='abc' must be a number > 0"),
     (["algo=pfedme", "algo.train_all=yes"], "fedrun: error: algo.train_all='yes' must be true or false or null"),
     (["algo=pavg", "algo.test_steps=2.5"], "fedrun: error: algo.test_steps=2.5 must be an integer >= 1"),
     (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
     (["sampling=shuffle"], "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
-                        "outer_step_from, test_time, variant"),
+                        "finetune_epochs, finetune_steps, lr, outer_step_from, test_time, variant"),
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
     from fedrun.cli import _hydra_main  # noqa: F401 - registers the resolvers the config uses

@@ -402,6 +402,24 @@ def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
     assert "<svg" in (out / "baselines.svg").read_text()[:1000]  # the figure in the file type asked for
 
 
+def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
+    """With a holdout, the lowest decile is over the training clients and the new_* columns over
+    the held-out ones (a mixed decile showed Ditto's untrained new clients as its lowest, 6.55)."""
+    import baselines  # noqa: E402
+
+    run = tmp_path / "runs" / baselines._slug("Ditto") / "0_seed=0"
+    run.mkdir(parents=True)
+    pd.DataFrame({"round": [1, 2], "pers_acc": [0.5, 0.9], "new_pers_acc": [0.3, 0.7]}).to_csv(run / "metrics.csv")
+    train, new = [0.80 + 0.01 * i for i in range(10)], [0.10, 0.60, 0.70]
+    pd.DataFrame({"client": range(13), "heldout": [0] * 10 + [1] * 3, "pers_acc": train + new}).to_csv(run / "clients.csv")
+    row, = baselines.table(str(tmp_path))
+    assert row["lowest_decile"] == pytest.approx(100 * pd.Series(train).quantile(0.1))
+    assert row["new_lowest_decile"] == pytest.approx(100 * pd.Series(new).quantile(0.1))
+    assert row["new_last"] == pytest.approx(70.0)
+    md = (tmp_path / "baselines.md").read_text()
+    assert "| new: last round | new: lowest decile |" in md and "| 70.00 | 20.00 |" in md
+
+
 def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
     import baselines  # noqa: E402
 

@@ -11,6 +11,7 @@ variates), so it all lives on the device and is checkpointed with the run. A rou
   client_step(engine, local, batches, rnd)      -> Local     one local step for ALL clients at once
   server_update(state, local, clients, selected, weights) -> ServerState
   personalize(engine, state, ctx)               -> (served or None, train loss or None)
+  onboard(engine, state, ctx, new)              -> ServerState   (evaluation only: held-out clients)
 
 where "served" is per-client params stacked over all clients, or `Prototypes` (a shared feature
 extractor plus per-client class prototypes: Proto adaptation, paper 004).
@@ -55,6 +56,11 @@ def check_int(option: str, value, low: int = 1) -> None:
         raise ConfigError(f"{option}={value!r} must be an integer >= {low}")
 
 
+def check_optional_int(option: str, value, low: int = 1) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+        raise ConfigError(f"{option}={value!r} must be an integer >= {low} or null")
+
+
 @dataclass
 class ServerState:
     params: Params
@@ -86,9 +92,11 @@ class EvalContext:
     tau: int
     personalize_batch: int | None = None
 
-    def train_batch(self, size: int | None = None, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
-        """Minibatches of TRAINING rows of every client: x [C, *steps, size, ...], y [C, *steps, size]."""
-        return _draw(self.data.train, size or self.personalize_batch, steps, self.gen)
+    def train_batch(self, size: int | None = None, steps: tuple[int, ...] = (),
+                    clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Minibatches of TRAINING rows of every client (or of `clients`): x [C, *steps, size, ...],
+        y [C, *steps, size]."""
+        return _draw(self.data.train, size or self.personalize_batch, steps, self.gen, clients)
 
     def test_batch(self, size: int, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
         """Minibatches of TEST rows: only the official protocols' reproductions of code that
@@ -96,10 +104,11 @@ class EvalContext:
         return _draw(self.data.test, size, steps, self.gen)
 
 
-def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator) -> tuple[Tensor, Tensor]:
+def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator,
+          clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
     dev = split.x.device
-    clients = torch.arange(split.num_clients, device=dev)
-    u = torch.rand(split.num_clients, *steps, size, generator=gen).to(dev)
+    clients = torch.arange(split.num_clients, device=dev) if clients is None else clients.to(dev)
+    u = torch.rand(len(clients), *steps, size, generator=gen).to(dev)
     return split.rows(split.sample_indices(clients, u))
 
 
@@ -115,6 +124,10 @@ class Algorithm(metaclass=AlgorithmMeta):
     # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
     # checks this declaration for every algorithm)
     step_uses_round = False
+    lr: float  # the local learning rate (`algo.lr` for every algorithm; its yaml maps it to the paper's name)
+    finetune_steps: int = 0  # test-time fine-tuning of the served models (`set_finetuning`)
+    finetune_epochs: int | None = None
+    finetune_lr: float | None = None
 
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `functional.params_of`, with any
@@ -156,6 +169,37 @@ class Algorithm(metaclass=AlgorithmMeta):
         """Per-client models served at test time (None: only the global model is served), and the
         global model's per-client training loss when computing it came for free (else None)."""
         return None, None
+
+    def set_finetuning(self, steps: int, epochs: int | None, lr: float | None) -> None:
+        """The options algo.finetune_steps / finetune_epochs / finetune_lr, checked (one line each)."""
+        check_int("algo.finetune_steps", steps, 0)
+        check_optional_int("algo.finetune_epochs", epochs)
+        check_positive("algo.finetune_lr", lr, allow_null=True)
+        self.finetune_steps, self.finetune_epochs, self.finetune_lr = steps, epochs, lr
+
+    def finetune_served(self, engine: Engine, state: ServerState, ctx: EvalContext, served, loss):
+        """(served, loss) of `personalize` after test-time fine-tuning: `finetune_epochs` passes, or
+        `finetune_steps` steps, of SGD of `finetune_lr` (null: `lr`) on each client's TRAINING rows
+        (full batch, or `personalize_batch` minibatches), from its served model, or from the shared
+        model when only that is served. Nothing when both are 0 / null."""
+        if not (self.finetune_steps or self.finetune_epochs):
+            return served, loss
+        lr = self.lr if self.finetune_lr is None else self.finetune_lr
+        stacked = served is not None
+        start = served if stacked else self.eval_params(state)
+        if self.finetune_epochs:
+            p, first = finetune_epochs(engine, start, ctx, lr, self.finetune_epochs, stacked=stacked)
+        else:
+            p, first = finetune(engine, start, ctx, lr, self.finetune_steps, stacked=stacked)
+        return p, loss if stacked else first  # `first`: the shared model's loss, when it started there
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """The state with the held-out clients `new` (never trained, `partition.holdout`) given what
+        this method's own personalization fits on their TRAINING rows before they are served
+        (docs/data.md, "Unseen clients"); used by evaluation only, the training state is left as
+        it was. Default: nothing to fit per client (the served models derive from the shared model
+        alone, for held-out and training clients alike)."""
+        return state
 
 
 def clip_per_client(g: Params, max_norm: float | None) -> Params:
@@ -202,18 +246,23 @@ class OneStepPersonalization:
     finetune_steps: int = 1
     finetune_epochs: int | None = None
 
+    def finetune_served(self, engine: Engine, state: ServerState, ctx: EvalContext, served, loss):
+        return served, loss  # `personalize` is the fine-tuning
+
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
         if self.finetune_epochs:
             return finetune_epochs(engine, self.eval_params(state), ctx, self.alpha, self.finetune_epochs)
         return finetune(engine, self.eval_params(state), ctx, self.alpha, self.finetune_steps)
 
 
-def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int) -> tuple[Params, Tensor | None]:
-    """Every client's model after `steps` SGD steps of `lr` from the shared `params` on its own
-    TRAINING rows: full-batch steps, or (with `personalize_batch`) one fresh minibatch per step.
-    Also returns the shared model's per-client loss on the first step's rows. One step is
-    `one_step_adapt` (the same draws as before this option existed)."""
-    if steps == 1:
+def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,
+             stacked: bool = False) -> tuple[Params, Tensor | None]:
+    """Every client's model after `steps` SGD steps of `lr` from the shared `params` (`stacked`:
+    from each client's own, stacked over all clients) on its own TRAINING rows: full-batch steps,
+    or (with `personalize_batch`) one fresh minibatch per step. Also returns the starting models'
+    per-client loss on the first step's rows. One step from shared params is `one_step_adapt` (the
+    same draws as before this option existed)."""
+    if steps == 1 and not stacked:
         batch = ctx.train_batch() if ctx.personalize_batch else None
         return one_step_adapt(engine, params, ctx.data.train, lr, batch)
     x = y = None
@@ -221,18 +270,20 @@ def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps:
         x, y = ctx.train_batch(steps=(steps,))
     p, loss = params, None
     for s in range(steps):
+        first = s == 0 and not stacked
         if x is None:
-            g, l = engine.full_grad(p, ctx.data.train, shared=s == 0)
+            g, l = engine.full_grad(p, ctx.data.train, shared=first)
         else:
-            g, l = engine.grad(stack(p, len(x)) if s == 0 else p, x[:, s], y[:, s])
+            g, l = engine.grad(stack(p, len(x)) if first else p, x[:, s], y[:, s])
         p = sgd(p, g, lr)  # step 0 broadcasts the shared params to [C, ...]
         loss = l if loss is None else loss
     return p, loss
 
 
-def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float, epochs: int) -> tuple[Params, None]:
+def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float, epochs: int,
+                    stacked: bool = False) -> tuple[Params, None]:
     """Every client's model after `epochs` passes of minibatch SGD of `lr` over its own TRAINING rows,
-    from the shared `params`: each pass a fresh shuffle cut into floor(n_c / B) minibatches of B rows
+    from the shared `params` (`stacked`: from each client's own): each pass a fresh shuffle cut into floor(n_c / B) minibatches of B rows
     (B = personalize_batch, else the run's batch_size; the last partial batch dropped, as a
     DataLoader with drop_last), so clients take different numbers of steps. All clients step
     together for the largest client's count; a client's update is multiplied by 0 after its own
@@ -244,7 +295,7 @@ def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float,
     everyone = torch.arange(split.num_clients)
     idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs, S, B)
     live = (torch.arange(S).view(1, -1) < steps.view(-1, 1)).to(split.x.device)  # [C, S]
-    p = stack(params, split.num_clients)
+    p = params if stacked else stack(params, split.num_clients)
     for e in range(epochs):
         for s in range(S):
             x, y = split.rows(idx[:, e, s])
@@ -260,6 +311,33 @@ def head_names(params: Params) -> list[str]:
     `net.<i>`, CNN `head`). The rest is the "body" (the representation)."""
     last = list(params)[-1].rsplit(".", 1)[0] + "."
     return [k for k in params if k.startswith(last)]
+
+
+def require_body(name: str, params: Params, what: str, also: str = "") -> None:
+    """One line when the model has no body (MLR is a head alone): an algorithm that splits the model
+    in two (FedPer, LG-FedAvg, FedRep, FedBABU) would train or share nothing, and Proto adaptation
+    has no hidden layer to embed with."""
+    head = head_names(params)
+    if not head or len(head) == len(params):
+        raise ConfigError(f"algo={name} {what}, but this model is one layer (a head without a body); use a model "
+                          f"with a hidden layer: model=mlp, dnn or cnn{also}")
+
+
+def onboarding_batches(ctx: EvalContext, new: Tensor, steps: int | None) -> list[list[tuple[Tensor, Tensor]]]:
+    """The minibatches the held-out clients `new` fit on: `steps` (None: tau, one round's) draws of
+    the run's batch_size TRAINING rows each, from the evaluation's random stream."""
+    steps = steps or ctx.tau
+    x, y = ctx.train_batch(ctx.batch_size, steps=(steps,), clients=new)
+    return [[(x[:, s], y[:, s])] for s in range(steps)]
+
+
+def fit_part(engine: Engine, params: Params, names: list[str], batches, lr: float) -> Params:
+    """Stacked `params` after SGD steps of `lr` on the entries `names` only, the rest frozen (one
+    step per entry of `batches`)."""
+    for (x, y), in batches:
+        g, _ = engine.grad(params, x, y)
+        params = {k: torch.add(v, g[k], alpha=-lr) if k in names else v for k, v in params.items()}
+    return params
 
 
 def gather(full: Params, ids: Tensor) -> Params:

@@ -51,7 +51,8 @@ from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
 from .adaptation import make_adaptation
-from .base import Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client,
+                   require_body)
 
 EVAL_MODELS = ("server", "clients_mean")
 
@@ -80,7 +81,7 @@ class MetaSGD(Algorithm):
 
     def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, adaptation: str,
                  inner_lr: float, inner_steps: int, first_order: bool, test_steps: int | None,
-                 eval_model: str | None):
+                 eval_model: str | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.lr_decay", lr_decay)
         check_positive("algo.weight_decay", weight_decay, allow_zero=True)
@@ -91,6 +92,16 @@ class MetaSGD(Algorithm):
         self.lr, self.lr_decay, self.weight_decay, self.clip = lr, lr_decay, weight_decay, clip or 0
         self.eval_model = eval_model or "server"
         self.batches_per_step = self.adapt.batches
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+        if adaptation == "proto" and (finetune_steps or finetune_epochs):
+            raise ConfigError(f"algo.adaptation=proto serves class prototypes, which SGD does not fine-tune; "
+                              f"set algo.finetune_steps=0 algo.finetune_epochs=null, or algo.adaptation=maml or none")
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        if self.adaptation == "proto":
+            require_body(self.name, params, "with algo.adaptation=proto embeds with the model's last hidden layer",
+                         ", or algo.adaptation=maml or none")
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * self.lr_decay ** (rnd - 1)
@@ -269,9 +280,10 @@ class FedDyn(PFLDyn):
     name = "feddyn"
 
     def __init__(self, alpha: float, lr: float, lr_decay: float, weight_decay: float, clip: float | None,
-                 eval_model: str | None):
+                 eval_model: str | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip,
-                         eval_model=eval_model, **NO_ADAPTATION)
+                         eval_model=eval_model, finetune_steps=finetune_steps, finetune_epochs=finetune_epochs,
+                         finetune_lr=finetune_lr, **NO_ADAPTATION)
 
 
 class Scaffold(PFLScaf):
@@ -279,6 +291,8 @@ class Scaffold(PFLScaf):
 
     name = "scaffold"
 
-    def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, eval_model: str | None):
+    def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, eval_model: str | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip, eval_model=eval_model,
+                         finetune_steps=finetune_steps, finetune_epochs=finetune_epochs, finetune_lr=finetune_lr,
                          **NO_ADAPTATION)

@@ -16,20 +16,27 @@ The layers are found by their buffers (any module owning a running_mean), not by
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, batchnorm_names, is_buffer, split_buffers
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_positive, gather, scatter,
-                   sgd_step, stack)
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_optional_int, check_positive, gather,
+                   onboarding_batches, scatter, sgd_step, stack)
 
 
 class FedBN(Algorithm):
     name = "fedbn"
     batchnorm = True
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
-        self.lr = lr
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+        if finetune_steps or finetune_epochs:
+            raise ConfigError("algo=fedbn: test-time fine-tuning (algo.finetune_steps / finetune_epochs) is not "
+                              "implemented for BatchNorm models; set algo.finetune_steps=0 algo.finetune_epochs=null")
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
 
     def check_params(self, params: Params) -> None:
         if not split_buffers(params)[1]:
@@ -63,3 +70,17 @@ class FedBN(Algorithm):
         mine = state.clients["bn"]
         C = next(iter(mine.values())).shape[0]
         return {**{k: v.unsqueeze(0).expand(C, *v.shape) for k, v in state.params.items()}, **mine}, None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's BatchNorm layers, fitted with the shared layers frozen: new_client_steps
+        (null: tau) training-mode SGD steps of lr on minibatches of its training rows (the running
+        statistics updated as in training), from its (initial) layers."""
+        mine = state.clients["bn"]
+        local = self.client_init(state, new, 0)
+        p, buffers = local["params"], local["buffers"]
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            g, _, buffers = engine.train_grad(p, buffers, x, y)
+            p = {k: torch.add(v, g[k], alpha=-self.lr) if k in mine else v for k, v in p.items()}
+        fitted = {**p, **buffers}
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "bn": scatter(mine, new, {k: fitted[k] for k in mine})})

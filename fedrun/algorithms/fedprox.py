@@ -24,8 +24,9 @@ class FedProx(FedAvg):
     name = "fedprox"
     batchnorm = False
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None, mu: float):
-        super().__init__(beta, alpha, finetune_steps, finetune_epochs)
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
+                 finetune_epochs: int | None, mu: float):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs)
         check_positive("algo.mu", mu, allow_zero=True)
         self.mu = mu
 

@@ -49,8 +49,12 @@ class FedAvg(OneStepPersonalization, Algorithm):
             raise ConfigError(f"algo={self.name} with a BatchNorm model scores the global model only: test-time "
                               f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; set algo.alpha=null")
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
-        check_positive("algo.beta", beta)
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
+                 finetune_epochs: int | None):
+        check_positive("algo.lr", lr)
+        check_positive("algo.beta", beta, allow_null=True)
+        beta = lr if beta is None else beta  # beta: the paper's name of lr; given, it wins
+        self.lr = beta
         check_positive("algo.alpha", alpha, allow_zero=True, allow_null=True)
         check_int("algo.finetune_steps", finetune_steps, 1)
         if finetune_epochs is not None:
@@ -72,10 +76,20 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
     TEST_TIME = ("train", "test_batches", "test_then_train")
     OUTER_STEP_FROM = ("w", "w_tilde")
 
-    def __init__(self, alpha: float, beta: float, variant: str, delta: float, test_time: str | None,
-                 outer_step_from: str | None):
+    def __init__(self, lr: float, alpha: float, beta: float | None, variant: str, delta: float, test_time: str | None,
+                 outer_step_from: str | None, finetune_steps: int, finetune_epochs: int | None):
+        check_positive("algo.lr", lr)
         check_positive("algo.alpha", alpha, allow_zero=True)
-        check_positive("algo.beta", beta)
+        check_positive("algo.beta", beta, allow_null=True)
+        beta = lr if beta is None else beta  # beta: the paper's name of lr (the outer step); given, it wins
+        self.lr = beta
+        check_int("algo.finetune_steps", finetune_steps, 1)
+        if finetune_epochs is not None:
+            check_int("algo.finetune_epochs", finetune_epochs, 1)
+        if (test_time or "train") != "train" and (finetune_steps != 1 or finetune_epochs is not None):
+            raise ConfigError(f"algo.test_time={test_time} takes its own two test-time steps; algo.finetune_steps / "
+                              f"finetune_epochs need algo.test_time=train (e.g. protocol=honest)")
+        self.finetune_steps, self.finetune_epochs = finetune_steps, finetune_epochs
         check_choice("algo.variant", variant, self.VARIANTS)
         check_positive("algo.delta", delta)
         check_choice("algo.test_time", test_time or "train", self.TEST_TIME)

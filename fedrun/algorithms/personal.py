@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, gather,
-                   scatter, sgd, sgd_step)
+from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_optional_int,
+                   check_positive, gather, onboarding_batches, scatter, sgd, sgd_step)
 from .debias import expand
 
 
@@ -43,9 +43,12 @@ class LocalOnly(Algorithm):
     name = "local"
     models_per_round = 0  # nothing is transmitted
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
-        self.lr = lr
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"params": stack(params, num_clients)})
@@ -64,16 +67,27 @@ class LocalOnly(Algorithm):
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         return state.clients["params"], None
 
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client trains its own model as a sampled client does, from the initial model."""
+        local = {"params": gather(state.clients["params"], new)}
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.client_step(engine, local, batches, 0)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "params": scatter(state.clients["params"], new, local["params"])})
+
 
 class Ditto(Algorithm):
     name = "ditto"
     batches_per_step = 2  # D for the global model's step, D' for the personal model's
 
-    def __init__(self, lr: float, personal_lr: float, lam: float):
+    def __init__(self, lr: float, personal_lr: float, lam: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.personal_lr", personal_lr)
         check_positive("algo.lam", lam, allow_zero=True)
-        self.lr, self.personal_lr, self.lam = lr, personal_lr, lam
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.personal_lr, self.lam, self.new_client_steps = lr, personal_lr, lam, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"personal": stack(params, num_clients)})
@@ -101,14 +115,32 @@ class Ditto(Algorithm):
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         return state.clients["personal"], None
 
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's personal model: its personal objective f_i(v) + lam/2 ||v - w^t||^2,
+        from v = w^t (as every client's v and w start from the same model), new_client_steps steps
+        (null: tau) of personal_lr on minibatches of its training rows."""
+        m = len(new)
+        v, anchor = stack(state.params, m), expand(state.params, m)
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            gv, _ = engine.grad(v, x, y)
+            if self.lam:
+                gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
+            v = sgd(v, gv, self.personal_lr)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "personal": scatter(state.clients["personal"], new, v)})
+
 
 class APFL(Algorithm):
     name = "apfl"
 
     FOLLOW = ("paper", "pfllib")
 
-    def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None):
+    def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.new_client_steps = new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         check_choice("algo.follow", follow or "paper", self.FOLLOW)
         self.follow = follow or "paper"
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
@@ -167,6 +199,18 @@ class APFL(Algorithm):
         if self.follow == "pfllib":  # the stored mixture (PFLlib's model_per)
             return state.clients["v"], None
         return self._mix(state.clients["v"], expand(state.params, alpha.shape[0]), alpha), None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's v and alpha: new_client_steps (null: tau) of its local APFL steps from
+        v = w^t (as every client's v and w start from the same model) and the initial alpha, kept
+        as a round's end keeps them; it is then served its mixture with the server model."""
+        local = {**self.client_init(state, new, 0), "v": stack(state.params, len(new))}
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.client_step(engine, local, batches, 0)
+        v = self._mix(local["v"], local["params"], local["alpha"]) if self.follow == "pfllib" else local["v"]
+        kept = {"v": scatter(state.clients["v"], new, v),
+                "mix": {"alpha": state.clients["mix"]["alpha"].index_copy(0, new, local["alpha"])}}
+        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
 
 
 def _bc(a: Tensor, like: Tensor) -> Tensor:

@@ -33,10 +33,15 @@ class PFedMe(Algorithm):
     name = "pfedme"
     PERSONALIZED = ("theta", "local")
 
-    def __init__(self, lam: float, eta: float, personal_lr: float, K: int, beta: float, mu: float | None,
-                 personalized: str | None, train_all: bool | None):
+    def __init__(self, lr: float, lam: float, eta: float | None, personal_lr: float, K: int, beta: float,
+                 mu: float | None, personalized: str | None, train_all: bool | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
         check_positive("algo.lam", lam)
-        check_positive("algo.eta", eta)
+        check_positive("algo.eta", eta, allow_null=True)
+        eta = lr if eta is None else eta  # eta: the paper's name of lr; given, it wins
+        self.lr = eta
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         check_positive("algo.personal_lr", personal_lr)
         check_int("algo.K", K, 1)
         check_positive("algo.beta", beta)

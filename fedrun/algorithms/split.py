@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_int, check_positive, gather, head_names,
-                   scatter, sgd_step)
+from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_optional_int, check_positive, fit_part,
+                   gather, head_names, onboarding_batches, require_body, scatter, sgd_step)
 from .perfedavg import FedAvg
 
 
@@ -39,22 +39,20 @@ class FedPer(Algorithm):
     name = "fedper"
     personal_part = "head"  # which part each client keeps: head | body
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
-        self.lr = lr
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def personal_names(self, params: Params) -> list[str]:
         head = head_names(params)
         return head if self.personal_part == "head" else [k for k in params if k not in head]
 
     def check_params(self, params: Params) -> None:
-        """One line when the model has no body (MLR is a head alone): nothing to split."""
         super().check_params(params)
-        mine = self.personal_names(params)
-        if not mine or len(mine) == len(params):
-            raise ConfigError(f"algo={self.name} keeps the model's {self.personal_part} per client and shares the rest, "
-                              f"but this model is one layer (a head without a body); use a model with a hidden "
-                              f"layer: model=mlp, dnn or cnn")
+        require_body(self.name, params, f"keeps the model's {self.personal_part} per client and shares the rest")
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         self.check_params(params)
@@ -80,6 +78,15 @@ class FedPer(Algorithm):
         C = next(iter(mine.values())).shape[0]
         return {k: mine[k] if k in mine else v.unsqueeze(0).expand(C, *v.shape) for k, v in state.params.items()}, None
 
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's personal part, fitted with the shared part frozen: new_client_steps
+        (null: tau) SGD steps of lr on minibatches of its training rows, from its (initial) part."""
+        part = state.clients["part"]
+        p = {**stack(state.params, len(new)), **gather(part, new)}
+        p = fit_part(engine, p, list(part), onboarding_batches(ctx, new, self.new_client_steps), self.lr)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})})
+
 
 class LGFedAvg(FedPer):
     name = "lgfedavg"
@@ -89,8 +96,9 @@ class LGFedAvg(FedPer):
 class FedRep(FedPer):
     name = "fedrep"
 
-    def __init__(self, lr: float, head_steps: int):
-        super().__init__(lr)
+    def __init__(self, lr: float, head_steps: int, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_int("algo.head_steps", head_steps, 0)
         self.head_steps = head_steps
 
@@ -115,8 +123,13 @@ class FedBABU(FedAvg):
     name = "fedbabu"
     batchnorm = False
 
-    def __init__(self, beta: float, alpha: float | None, finetune_steps: int, finetune_epochs: int | None):
-        super().__init__(beta, alpha, finetune_steps, finetune_epochs)
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
+                 finetune_epochs: int | None):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs)
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        require_body(self.name, params, "trains the model's body with its head frozen")
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches

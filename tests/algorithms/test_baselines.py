@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import APFL, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
+from fedrun.algorithms import APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
 from fedrun.algorithms.base import ConfigError, ServerState, finetune, finetune_epochs, head_names
 from fedrun.data import synthetic
 from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
-from fedrun.models import MLP, MLPBN
+from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Progress, Schedule, eval_context, simulate
 from helpers import half_squared, quad_grad, quadratic_setup
 
@@ -267,3 +267,27 @@ def test_finetune_epochs_are_shuffled_passes_with_drop_last_per_client(E):
                 q = {k: (v - lr * g).detach() for (k, v), g in zip(qq.items(), torch.autograd.grad(out, list(qq.values())))}
         for k in p:
             torch.testing.assert_close(got[k][c], q[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_algorithm_trains_an_mlr_or_refuses_it_in_one_line(name):
+    """MLR is a head alone: an algorithm that splits the model (FedPer, LG-FedAvg, FedRep, FedBABU)
+    would share or train nothing, so it refuses the model before any work; every other algorithm
+    moves its state in one step (FedBABU used to run with all of it frozen)."""
+    data = tiny()
+    torch.manual_seed(0)
+    model = MLR(6, 4)
+    algo, init = build(name), params_of(model)
+    try:
+        algo.check_params(init)
+    except ConfigError as e:
+        assert "\n" not in str(e) and f"algo={name}" in str(e) and "model=mlp" in str(e)
+        return
+    state, _ = simulate(algo, VmapEngine(model), data, init, Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=5), 0)
+    moved = [not torch.equal(state.params[k], init[k]) for k in init]
+    moved += [not torch.equal(v, v[-1:].expand_as(v)) for part in state.clients.values() for v in _tensors(part)]
+    assert any(moved), f"algo={name} ran on MLR and trained nothing"
+
+
+def _tensors(part) -> list:
+    return [t for v in part.values() for t in _tensors(v)] if isinstance(part, dict) else [part]
