@@ -162,6 +162,16 @@ MUTANTS = [
            "    return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []",
            "    return []",
            ("tests/test_resume.py", "tests/test_batched.py", "-k", "diverg"), "the divergence guard never fires"),
+    # compile= (issue 37)
+    Mutant("graphs-input-not-refilled", "fedrun/acceleration.py",
+           "            static[i].copy_(leaves[i])", "            pass",
+           ("tests/test_acceleration.py", "-k", "graph"), "compile=graphs replays without refilling its static inputs"),
+    Mutant("step-uses-round-false", "fedrun/algorithms/debias.py",
+           "        return self.lr_decay != 1", "        return False",
+           ("tests/test_acceleration.py", "-k", "round"), "FedDyn/SCAFFOLD/PFL's decaying lr not declared round-dependent"),
+    Mutant("compiled-step-round-fixed", "fedrun/acceleration.py",
+           'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
+           ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
 ]
 
 
