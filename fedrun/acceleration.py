@@ -75,7 +75,7 @@ class LocalSteps:
 
     Called as `fedrun.simulate.local_training` is: (algo, engine, local, data, idx, rnd, aug) -> Local.
     `backend` is torch.compile's (the tests use "aot_eager": Dynamo's capture and AOT autograd
-    without Inductor's C++ code generation, which takes ~30-50 s per step on a 2-core CPU).
+    without Inductor's C++ code generation, which took 30-110 s per step on the 2-core CPU here).
     """
 
     def __init__(self, compile: str = "none", precision: str = "fp32", backend: str = "inductor"):
