@@ -186,7 +186,7 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
     (["sampling=shuffle"], "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
-                        "finetune_epochs, finetune_steps, lr, outer_step_from, test_time, variant"),
+                        "finetune_epochs, finetune_lr, finetune_steps, lr, outer_step_from, test_time, variant"),
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
     from fedrun.cli import _hydra_main  # noqa: F401 - registers the resolvers the config uses

@@ -239,20 +239,26 @@ def sgd_step(engine, local: Local, batches, lr: float) -> Local:
 
 class OneStepPersonalization:
     """Serves each client the server model after `finetune_steps` (default one) gradient steps of lr
-    `self.alpha` on the client's own training rows (Per-FedAvg's test-time update; "FedAvg + update"
-    for FedAvg; FedAvg + fine-tuning with more steps)."""
+    `self.alpha` (or `finetune_lr`, every algorithm's name for it, when given) on the client's own
+    training rows (Per-FedAvg's test-time update; "FedAvg + update" for FedAvg; FedAvg + fine-tuning
+    with more steps)."""
 
     alpha: float
     finetune_steps: int = 1
     finetune_epochs: int | None = None
+    finetune_lr: float | None = None
+
+    @property
+    def test_lr(self) -> float:
+        return self.alpha if self.finetune_lr is None else self.finetune_lr
 
     def finetune_served(self, engine: Engine, state: ServerState, ctx: EvalContext, served, loss):
         return served, loss  # `personalize` is the fine-tuning
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
         if self.finetune_epochs:
-            return finetune_epochs(engine, self.eval_params(state), ctx, self.alpha, self.finetune_epochs)
-        return finetune(engine, self.eval_params(state), ctx, self.alpha, self.finetune_steps)
+            return finetune_epochs(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_epochs)
+        return finetune(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_steps)
 
 
 def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,

@@ -25,8 +25,8 @@ class FedProx(FedAvg):
     batchnorm = False
 
     def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
-                 finetune_epochs: int | None, mu: float):
-        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs)
+                 finetune_epochs: int | None, mu: float, finetune_lr: float | None):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs, finetune_lr)
         check_positive("algo.mu", mu, allow_zero=True)
         self.mu = mu
 

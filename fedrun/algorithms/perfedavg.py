@@ -50,8 +50,10 @@ class FedAvg(OneStepPersonalization, Algorithm):
                               f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; set algo.alpha=null")
 
     def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
-                 finetune_epochs: int | None):
+                 finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
+        check_positive("algo.finetune_lr", finetune_lr, allow_null=True)
+        self.finetune_lr = finetune_lr
         check_positive("algo.beta", beta, allow_null=True)
         beta = lr if beta is None else beta  # beta: the paper's name of lr; given, it wins
         self.lr = beta
@@ -77,8 +79,11 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
     OUTER_STEP_FROM = ("w", "w_tilde")
 
     def __init__(self, lr: float, alpha: float, beta: float | None, variant: str, delta: float, test_time: str | None,
-                 outer_step_from: str | None, finetune_steps: int, finetune_epochs: int | None):
+                 outer_step_from: str | None, finetune_steps: int, finetune_epochs: int | None,
+                 finetune_lr: float | None):
         check_positive("algo.lr", lr)
+        check_positive("algo.finetune_lr", finetune_lr, allow_null=True)
+        self.finetune_lr = finetune_lr
         check_positive("algo.alpha", alpha, allow_zero=True)
         check_positive("algo.beta", beta, allow_null=True)
         beta = lr if beta is None else beta  # beta: the paper's name of lr (the outer step); given, it wins

@@ -124,8 +124,8 @@ class FedBABU(FedAvg):
     batchnorm = False
 
     def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
-                 finetune_epochs: int | None):
-        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs)
+                 finetune_epochs: int | None, finetune_lr: float | None):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs, finetune_lr)
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)

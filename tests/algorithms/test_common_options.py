@@ -28,6 +28,28 @@ def test_every_algorithm_takes_lr_and_finetune_steps(name):
         assert name == "fedbn" or build(name).adaptation == "proto"
         return
     assert algo.finetune_steps == 5 and build(name, finetune_epochs=2).finetune_epochs == 2
+    assert build(name, finetune_lr=0.013).finetune_lr == 0.013  # one name in a mixed sweep too
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedbabu", "perfedavg"])
+def test_finetune_lr_is_the_test_time_lr_of_the_algorithms_that_call_it_alpha(name):
+    """FedAvg's family names its test-time lr alpha: finetune_lr, when given, is that lr (Per-FedAvg's
+    training inner step keeps alpha)."""
+    data = synthetic(num_clients=5, dim=6, num_classes=3, seed=1, cache_dir=None, chunk_len=16)
+    torch.manual_seed(0)
+    model = MLP(6, 3, hidden=[5])
+    state = build(name).init(params_of(model), data.num_clients)
+    engine = VmapEngine(model)
+
+    def pers(**opts):
+        return build(name, **opts).personalize(engine, state, eval_context(data, SCHED, 0, 1))[0]
+
+    by_alpha, by_lr, default = pers(alpha=0.09), pers(finetune_lr=0.09), pers()
+    for k in by_alpha:
+        assert torch.equal(by_alpha[k], by_lr[k])
+    assert any(not torch.equal(by_lr[k], default[k]) for k in by_lr)
+    if name == "perfedavg":
+        assert build(name, finetune_lr=0.09).alpha == build(name).alpha
 
 
 @pytest.mark.parametrize("cls,paper", [(FedAvg, "beta"), (PerFedAvg, "beta"), (PFedMe, "eta")])
