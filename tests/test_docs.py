@@ -27,18 +27,10 @@ def test_extending_guide_dataset_example_runs_as_printed(tmp_path, monkeypatch):
     """docs/extending.md's dataset + partition code and yaml, written out verbatim, run 2 rounds."""
     doc = _read("docs", "extending.md")
     section = doc.split("## Add a dataset", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    yaml = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
-    module = re.match(r"# (\w+)\.py", code).group(1)
-    conf = re.match(r"# (\S+\.yaml)", yaml).group(1)
-    (tmp_path / f"{module}.py").write_text(code)
-    (tmp_path / conf).parent.mkdir(parents=True)
-    (tmp_path / conf).write_text(yaml)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop(module, None)
-    name = os.path.basename(conf)[:-5]
+    _, folder = _write_example(tmp_path, monkeypatch, section)
+    name = os.path.basename(re.search(r"```yaml\n# (\S+\.yaml)", section).group(1))[:-5]
     r = fedrun([f"data={name}", "model=mlr", "rounds=2", "clients_per_round=4", "progress=false", "plot=false",
-                f"hydra.searchpath=[file://{tmp_path / conf.split('/')[0]}]", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+                f"hydra.searchpath=[file://{folder}]", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3  # header + 2 rounds
 
