@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from .algorithms.options import ConfigError
+from .errors import ConfigError
 
 COMPILE = ("none", "default", "graphs")
 PRECISION = ("fp32", "tf32", "bf16")

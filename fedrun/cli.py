@@ -18,9 +18,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .algorithms.base import ConfigError
+from .errors import ConfigError
 from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_dataset_root, with_env_searchpath  # noqa: F401 - re-exported
-from .data import DataMissingError
+from .errors import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported

@@ -5,7 +5,11 @@ import functools
 import os
 
 import yaml
-from omegaconf import OmegaConf
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError, DataMissingError
 
 def _conf_dir() -> str:
     """The shipped configs: `fedrun/conf` in an installed package (the wheel carries the repository's
@@ -277,3 +281,19 @@ def load_conf(path: str):
     if hit is None or hit[0] != stamp:
         hit = _CONF_CACHE[path] = (stamp, read_yaml(path))
     return OmegaConf.create(hit[1])
+
+
+def instantiate_checked(node: DictConfig, **kwargs):
+    """Hydra's instantiate, with a user's bad value or unimportable `_target_` as one ConfigError line."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as e:
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        problem = import_problem(target, node._get_full_key(None) or "") if target else None
+        if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
+            raise ConfigError(problem) from e
+        cause = e.__cause__ or e
+        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
+            # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
+            raise ConfigError(str(cause).splitlines()[0]) from cause
+        raise

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .algorithms.base import ConfigError
+from .errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,3 +81,11 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     except (OSError, AttributeError):
         return False
     return all(bool(t) for t in took)
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

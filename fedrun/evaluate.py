@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .algorithms.base import Algorithm, EvalContext, Prototypes, ServerState
 from .data.federated import FederatedData
-from .functional import Engine
+from .engine import Engine
 
 
 @dataclass

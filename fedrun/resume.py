@@ -7,7 +7,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
-from .algorithms.base import ConfigError
+from .errors import ConfigError
 from .config import NEUTRAL_OPTIONS, drop_options
 
 

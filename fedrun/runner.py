@@ -24,16 +24,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import outputs
-from .algorithms.base import ConfigError, ServerState
-from .data import DataMissingError, FederatedData
+from .algorithms.base import ServerState
+from .errors import ConfigError
+from .data import FederatedData
+from .errors import DataMissingError
 from .device import cpu_threads, keep_freed_memory, resolve_device
-from .functional import ENGINES, params_of
+from .engine import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .acceleration import LocalSteps
+from .config import instantiate_checked
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
-from .validation import check_model_fits, check_round_draws, instantiate_checked, schedule, validate
+from .validation import check_model_fits, check_round_draws, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.

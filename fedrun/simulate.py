@@ -17,7 +17,7 @@ from .clock import RoundClock, hms
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
-from .functional import Engine, Params
+from .engine import Engine, Params
 
 
 class Diverged(RuntimeError):

@@ -27,7 +27,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
-from .algorithms.base import ConfigError
+from .errors import ConfigError
 
 STATE_FILE = "trackers.json"  # per run dir: what a resumed run needs to continue its tracker runs
 
@@ -239,7 +239,7 @@ def check(cfg: DictConfig) -> list[str]:
             problems.append(f"logger={name} needs the {cls.package} package, which is not installed: "
                             f"pip install 'fedrun[{cls.extra}]' (or pip install {cls.package})")
             continue
-        from .validation import instantiate_checked
+        from .config import instantiate_checked
 
         try:
             tracker = instantiate_checked(node)  # its options (no package is imported before open)
@@ -262,7 +262,7 @@ class Trackers:
     """A run's trackers, opened together: `log` each evaluated round's row, `close` once."""
 
     def __init__(self, cfg: DictConfig, out_dir: str, name: str, start: int):
-        from .validation import instantiate_checked
+        from .config import instantiate_checked
 
         self.items: list[tuple[str, Tracker]] = [(k, instantiate_checked(v)) for k, v in (cfg.get("logger") or {}).items()]
         self.out_dir = out_dir

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import os
 
-from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
-from .algorithms.base import ConfigError, check_choice
-from .config import CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, import_problem, load_conf, search_roots
-from .data import DataMissingError
-from .device import cpu_threads, resolve_device
-from .functional import ENGINES, params_of
+from .algorithms.base import check_choice
+from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, instantiate_checked, load_conf,
+                     search_roots)
+from .device import cpu_threads, physical_memory, resolve_device
+from .errors import ConfigError
+from .engine import ENGINES, params_of
 from .simulate import SAMPLING, Schedule
 
 
@@ -59,14 +59,6 @@ def bool_options() -> list[str]:
     (Hydra reads `progress=no` as the string 'no', which Python would count as true)."""
     top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
     return [k for k in top if k not in ("defaults", "hydra") and isinstance(top._get_node(k)._value(), bool)]
-
-
-def physical_memory() -> int:
-    """This machine's memory in bytes (0 when unknown)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: int) -> None:
@@ -217,21 +209,6 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
         raise ConfigError(f"model={model_name} does not fit data={data_name}, whose rows have shape "
                           f"{list(x.shape[1:])} ({str(e).splitlines()[0][:120]}); models that fit it: "
                           f"{', '.join(fits) or 'none'}") from None
-
-
-def instantiate_checked(node: DictConfig, **kwargs):
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as e:
-        target = node.get("_target_") if isinstance(node, DictConfig) else None
-        problem = import_problem(target, node._get_full_key(None) or "") if target else None
-        if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
-            raise ConfigError(problem) from e
-        cause = e.__cause__ or e
-        if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
-            # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
-            raise ConfigError(str(cause).splitlines()[0]) from cause
-        raise
 
 
 def precheck(argv: list[str], complete: bool = True) -> str | None:

@@ -95,7 +95,7 @@ def seeds_of(args) -> list[int]:
 def mnist_labels(root: str, download: bool = True):
     """(train labels, test labels) of the MNIST in root/MNIST/raw (downloaded there if absent and
     `download`); exits with one line if it is not there."""
-    from fedrun.data import DataMissingError
+    from fedrun.errors import DataMissingError
     from fedrun.data.sources import load_mnist
 
     try:

@@ -40,15 +40,15 @@ AGREE = "tests/algorithms/test_branches_agree.py"
 PARTS, COMPOSED, PTESTS = "fedrun/data/partitioners.py", "fedrun/data/composed.py", "tests/data/test_partitioners.py"
 MUTANTS = [
     # the survivors
-    Mutant("vmap-vag-mean", "fedrun/functional.py",
+    Mutant("vmap-vag-mean", "fedrun/engine/vmap.py",
            "grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)",
            "grads = torch.autograd.grad(values.mean(), list(p.values()), allow_unused=True, materialize_grads=True)",
            (AGREE, "-k", "cnn and pavg and vmap"), "VmapEngine.value_and_grad: mean instead of sum over clients"),
-    Mutant("vmap-grad-autograd-mean", "fedrun/functional.py",
+    Mutant("vmap-grad-autograd-mean", "fedrun/engine/vmap.py",
            "self._losses(p, x, y)\n            grads = torch.autograd.grad(losses.sum(), list(p.values()))",
            "self._losses(p, x, y)\n            grads = torch.autograd.grad(losses.mean(), list(p.values()))",
            (AGREE, "-k", "mlp and fedavg and autograd"), "VmapEngine.grad's autograd path: mean instead of sum"),
-    Mutant("vmap-train-grad-mean", "fedrun/functional.py",
+    Mutant("vmap-train-grad-mean", "fedrun/engine/vmap.py",
            "(p, b, x, y)\n            grads = torch.autograd.grad(losses.sum(), list(p.values()))",
            "(p, b, x, y)\n            grads = torch.autograd.grad(losses.mean(), list(p.values()))",
            (AGREE, "-k", "mlp_bn and fedbn"), "VmapEngine.train_grad (BatchNorm models): mean instead of sum"),
@@ -87,7 +87,7 @@ MUTANTS = [
            "g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
            "g2 = {k: g2[k] + self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
            ("tests/algorithms/test_perfedavg.py", "-k", "quadratic or delta"), "Per-FedAvg hf: finite-difference HVP sign flipped"),
-    Mutant("group-drops-a-chunk", "fedrun/functional.py",
+    Mutant("group-drops-a-chunk", "fedrun/engine/vmap.py",
            "            sl = slice(s, s + group)\n", "            sl = slice(s, s + group - 1)\n",
            (AGREE, "-k", "mlp and pfedme and chunks"), "full passes: each group of chunks loses its last chunk"),
     Mutant("vmap-conv-per-client-forward", "fedrun/models.py",

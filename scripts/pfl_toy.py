@@ -92,7 +92,7 @@ def algorithm(key: str, lr: float):
 
     from fedrun.config import group_file
     from fedrun.protocol import apply_protocol
-    from fedrun.validation import instantiate_checked
+    from fedrun.config import instantiate_checked
 
     _, name, options = METHODS[key]
     algo = OmegaConf.merge(OmegaConf.load(group_file("algo", name)), {**COMMON, **options, "lr": lr})
@@ -148,7 +148,7 @@ def minimize(engine, data, start, weights) -> np.ndarray:
 
 def run_method(key: str, data, rounds: int, tau: int, lr: float, seed: int) -> list[np.ndarray]:
     """The server model (in the plane) at rounds 0..rounds of fedrun's round loop."""
-    from fedrun.functional import ENGINES
+    from fedrun.engine import ENGINES
     from fedrun.models import MLR
     from fedrun.simulate import Schedule, simulate
 
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from fedrun.functional import ENGINES
+    from fedrun.engine import ENGINES
     from fedrun.models import MLR
     from fedrun.outputs import write_atomic, write_csv
 

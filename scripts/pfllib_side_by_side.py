@@ -145,7 +145,7 @@ def export(data_opts: list[str], folder: str) -> list[int]:
     from hydra import compose, initialize_config_dir
 
     from fedrun.config import CONF_DIR, with_composed_data
-    from fedrun.validation import instantiate_checked
+    from fedrun.config import instantiate_checked
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=with_composed_data(list(data_opts)))

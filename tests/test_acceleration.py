@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from fedrun.acceleration import LocalSteps, check
-from fedrun.algorithms import ConfigError, build, names
+from fedrun.algorithms import build, names
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Progress, Schedule, local_training, sample_round, simulate
 from helpers import fedrun
@@ -172,7 +173,7 @@ def test_every_algorithm_replays_its_graph_to_eagers_numbers(monkeypatch):
     """gpu-check's sweep of compile=graphs over conf/algo, with the CPU stand-in for the graph: each
     algorithm's local state (nested dicts, BatchNorm buffers, per-client counters) goes through the
     static buffers and comes back as eager computed it, or the step says why it runs eagerly."""
-    from fedrun.bench_compile import graphs_every_algorithm
+    from fedrun.bench.compile import graphs_every_algorithm
 
     _cpu_graph(monkeypatch)
     rows = graphs_every_algorithm("cpu", small=True)

@@ -23,7 +23,7 @@ from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.runner import group_key, run_jobs
 from fedrun.cli import CONF_DIR
 from fedrun.data import synthetic
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.report import build
 from fedrun.simulate import Diverged, Replica, Schedule, simulate, simulate_group

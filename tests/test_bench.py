@@ -3,11 +3,12 @@ engines (timings are printed, never asserted); the authors'-code timing against 
 import pytest
 import torch
 
-from fedrun import bench
+from fedrun.bench import cli as bench
+from fedrun.bench.common import cifar_like
 
 
 def test_cifar_like_has_the_acid_shape():
-    d = bench.cifar_like(clients=6, train=8, test=3, num_classes=10, k=5)
+    d = cifar_like(clients=6, train=8, test=3, num_classes=10, k=5)
     assert d.num_clients == 6 and d.num_classes == 10 and d.augment == "crop_flip"
     assert tuple(d.train.x.shape) == (48, 3, 32, 32) and tuple(d.test.x.shape) == (18, 3, 32, 32)
     assert d.train.sizes.tolist() == [8] * 6 and d.test.sizes.tolist() == [3] * 6
@@ -15,7 +16,7 @@ def test_cifar_like_has_the_acid_shape():
         for c in range(6):
             y = split.y[split.client_rows(c)]
             assert set(((y - c) % 10).tolist()) <= set(range(5))  # device c's classes: (c + j) mod 10, j < 5
-    assert torch.equal(bench.cifar_like(6, 8, 3).train.x, d.train.x)  # seeded
+    assert torch.equal(cifar_like(6, 8, 3).train.x, d.train.x)  # seeded
 
 
 def test_cifar_bench_smoke(capsys):
@@ -116,7 +117,7 @@ def test_fedrun_side_of_the_authors_comparison_runs():
 
 
 def test_seed_bench_splits_a_round_into_the_shared_part_and_the_part_per_seed():
-    from fedrun.bench_seeds import split_fixed
+    from fedrun.bench.seeds import split_fixed
 
     # 1 seed 1.0 s, 10 seeds 5.5 s: each added seed 0.5 s, 0.5 s shared
     assert split_fixed({1: 1.0, 5: 3.0, 10: 5.5}) == (0.5, 0.5, 1.0)

@@ -19,7 +19,7 @@ SMALL = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_
 
 # Each algo and each model composed once: their groups are independent (no algo yaml names a model
 # or interpolates into one), so the algo x model product would compose the same nodes again. Which
-# algorithm runs on which model is the engine-agreement tests' matter (fedrun.agreement).
+# algorithm runs on which model is the engine-agreement tests' matter (fedrun.bench.agreement).
 @pytest.mark.parametrize("group, option", [("algo", a) for a in options("algo")] + [("model", m) for m in options("model")])
 def test_every_config_composes_and_instantiates(group, option):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -6,7 +6,7 @@ import torch
 from fedrun.algorithms import FedAvg
 from fedrun.clock import RoundClock, hms
 from fedrun.data import synthetic
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, simulate
 

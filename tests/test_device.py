@@ -83,7 +83,7 @@ def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
 
 
 def test_threads_option_resolves_per_launcher():
-    from fedrun.algorithms.base import ConfigError
+    from fedrun.errors import ConfigError
     from fedrun.device import TORCH_THREADS, cpu_threads
 
     joblib, batched = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", \

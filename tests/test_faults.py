@@ -130,9 +130,9 @@ CONSOLE = [  # (console script, its arguments, the option its line must name)
 
 def _console_main(script: str):
     if script == "fedrun-bench":
-        from fedrun.bench import main
+        from fedrun.bench.cli import main
     elif script == "fedrun-data":
-        from fedrun.data.show import main
+        from fedrun.data_cli import main
     else:
         from fedrun.report import main
     return main
@@ -175,7 +175,8 @@ def _damaged_leaf(root, damage):
 
 @pytest.mark.parametrize("damage, says", LEAF_DAMAGE)
 def test_a_corrupt_leaf_json_file_is_one_line_naming_it_and_the_fix(damage, says, tmp_path):
-    from fedrun.data.sources import DataCorruptError, load_leaf
+    from fedrun.data.sources import load_leaf
+    from fedrun.errors import DataCorruptError
 
     path = _damaged_leaf(tmp_path, damage)
     with pytest.raises(DataCorruptError) as e:  # a DataMissingError: fedrun exits 2 on it, before any work

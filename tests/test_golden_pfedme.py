@@ -37,7 +37,7 @@ from fedrun.algorithms.base import EvalContext
 from fedrun.cli import CONF_DIR, schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
-from fedrun.functional import ENGINES
+from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
 import helpers
 

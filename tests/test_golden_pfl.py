@@ -30,7 +30,7 @@ from hydra.utils import instantiate
 import fedrun.simulate as simulate_mod
 from fedrun.cli import CONF_DIR, schedule
 from fedrun.data.federated import ClientSplit, FederatedData
-from fedrun.functional import ENGINES
+from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

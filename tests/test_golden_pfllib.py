@@ -27,7 +27,7 @@ from hydra.utils import instantiate
 
 import fedrun.simulate
 from fedrun.cli import CONF_DIR, schedule, validate
-from fedrun.functional import ENGINES
+from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
 import helpers
 from test_golden_pfedme import golden_data

@@ -39,9 +39,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fedrun.simulate
-from fedrun.algorithms import ConfigError, build, names
+from fedrun.algorithms import build, names
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
@@ -180,7 +181,7 @@ def test_a_round_runs_on_a_fake_cuda_device(algo_name, opts):
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fedrun import agreement
+    from fedrun.bench import agreement
 
     data = agreement.data_of(model_name, torch.float32, "cpu")
     torch.manual_seed(0)

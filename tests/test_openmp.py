@@ -16,7 +16,7 @@ def _run(module: str, **env_set) -> list[str]:
                           capture_output=True, text=True).stdout.split()
 
 
-@pytest.mark.parametrize("module", ["fedrun.cli", "fedrun.bench"])
+@pytest.mark.parametrize("module", ["fedrun.cli", "fedrun.bench.cli"])
 def test_entry_points_set_the_spin_count_before_torch_loads(module):
     # torch is loaded by the entry point, but only after fedrun.openmp set the variable
     assert _run(module) == ["False", "True", "10000"]

@@ -15,7 +15,7 @@ import torch
 from fedrun import outputs
 from fedrun.algorithms import PerFedAvg
 from fedrun.data import synthetic
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Diverged, Schedule, simulate
 import fedrun.simulate as sim

@@ -537,7 +537,7 @@ def test_a_full_disk_while_drawing_partition_png_is_one_line(tmp_path, monkeypat
 
 
 def test_console_scripts_out_folder_read_only_is_one_line(tmp_path, monkeypatch, capsys):
-    from fedrun.data.show import main as data_main
+    from fedrun.data_cli import main as data_main
     from fedrun.report import main as report_main
 
     r = fedrun([*TINY, "rounds=1", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)

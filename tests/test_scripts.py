@@ -553,7 +553,7 @@ def test_pfl_toy_quick_paths_are_fedruns_updates(tmp_path, monkeypatch):
     # minus lr times the gradient of that device's f_i o T_i, computed here by autograd (4 params)
     data = mod["toy_data"]()
     p0 = {k: v.clone().requires_grad_(True) for k, v in mod["to_params"](mod["START"]).items()}
-    from fedrun.functional import ENGINES
+    from fedrun.engine import ENGINES
     from fedrun.models import MLR
 
     engine = ENGINES["vmap"](MLR(1, 2))

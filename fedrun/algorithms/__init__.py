@@ -3,7 +3,8 @@ class; a user's own folder on Hydra's search path adds more): `names()` and `bui
 nothing else in fedrun keeps a list of algorithm names. The imports below are the Python API."""
 from __future__ import annotations
 
-from .base import Algorithm, ConfigError, ServerState
+from .base import Algorithm, ServerState
+from ..errors import ConfigError
 from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from .perfedavg import FedAvg, PerFedAvg
 from .fedbn import FedBN

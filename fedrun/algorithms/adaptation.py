@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.federated import ClientSplit
-from ..functional import Engine, Params, class_means, proto_logits, stack
+from ..engine import Engine, Params, stack
+from ..engine.proto import class_means, proto_logits
 from .base import Prototypes, check_choice, check_int, check_positive, clip_per_client, sgd_each
 
 MetaLoss = Callable[..., Tensor]  # (p, *batch tensors) -> scalar, per client

@@ -29,8 +29,10 @@ import torch
 from torch import Tensor
 
 from ..data.federated import FederatedData
-from ..functional import Engine, Params, mean_buffers, split_buffers, stack, weighted_mean
-from .options import AlgorithmMeta, ConfigError  # noqa: F401 - ConfigError is imported from here
+from ..engine import Engine, Params, stack, weighted_mean
+from ..engine.batchnorm import mean_buffers, split_buffers
+from .options import AlgorithmMeta
+from ..errors import ConfigError
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
 
@@ -130,7 +132,7 @@ class Algorithm(metaclass=AlgorithmMeta):
     finetune_lr: float | None = None
 
     def check_params(self, params: Params) -> None:
-        """Raises ConfigError (one line) when the model (its state: `functional.params_of`, with any
+        """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
         BatchNorm buffers) cannot serve this algorithm; run before any file is written. Any model
         without BatchNorm serves by default."""
         if split_buffers(params)[1] and not self.batchnorm:

@@ -49,10 +49,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, stack, weighted_mean
+from ..engine import Engine, Params, stack, weighted_mean
 from .adaptation import make_adaptation
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client,
+from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client,
                    require_body)
+from ..errors import ConfigError
 
 EVAL_MODELS = ("server", "clients_mean")
 

@@ -7,10 +7,10 @@ A client is served the server's shared layers with its own BatchNorm layers, sco
 (its running statistics).
 
 State: `ServerState.clients["bn"]` holds every client's BatchNorm entries (parameters and buffers,
-`functional.batchnorm_names`), stacked over ALL clients and started from the initial model's; the
+`engine.batchnorm.batchnorm_names`), stacked over ALL clients and started from the initial model's; the
 clients that trained write theirs back, the others keep theirs. The server's own BatchNorm entries
 are the (weighted) mean of the round's clients' (parameters as FedAvg averages them, buffers by
-`functional.mean_buffers`): clients never receive them; only the `global_*` metrics score them.
+`engine.batchnorm.mean_buffers`): clients never receive them; only the `global_*` metrics score them.
 
 The layers are found by their buffers (any module owning a running_mean), not by name.
 """
@@ -19,9 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, batchnorm_names, is_buffer, split_buffers
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_optional_int, check_positive, gather,
+from ..engine import Engine, Params
+from ..engine.batchnorm import batchnorm_names, is_buffer, split_buffers
+from .base import (Algorithm, EvalContext, Local, ServerState, check_optional_int, check_positive, gather,
                    onboarding_batches, scatter, sgd_step, stack)
+from ..errors import ConfigError
 
 
 class FedBN(Algorithm):

@@ -14,7 +14,7 @@ PerturbedGradientDescent: d_p = grad + mu (p - w^t)) computes the same step.
 """
 from __future__ import annotations
 
-from ..functional import Engine, stack
+from ..engine import Engine, stack
 from .base import Local, ServerState, check_positive, sgd
 from .debias import expand
 from .perfedavg import FedAvg

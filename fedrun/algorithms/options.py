@@ -16,9 +16,7 @@ import types
 import typing
 from functools import lru_cache
 
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the message names the option and what is allowed."""
+from ..errors import ConfigError
 
 
 def signature_options(cls) -> dict[str, inspect.Parameter]:

@@ -26,9 +26,11 @@ reproduce it (`protocol=official_2020` sets both):
 """
 from __future__ import annotations
 
-from ..functional import Engine, Params, split_buffers, stack
-from .base import (Algorithm, ConfigError, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
+from ..engine import Engine, Params, stack
+from ..engine.batchnorm import split_buffers
+from .base import (Algorithm, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
                    check_int, check_positive, sgd, sgd_step)
+from ..errors import ConfigError
 
 
 class FedAvg(OneStepPersonalization, Algorithm):

@@ -33,9 +33,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, stack, weighted_mean
-from .base import (Algorithm, ConfigError, EvalContext, Local, ServerState, check_choice, check_optional_int,
+from ..engine import Engine, Params, stack, weighted_mean
+from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_optional_int,
                    check_positive, gather, onboarding_batches, scatter, sgd, sgd_step)
+from ..errors import ConfigError
 from .debias import expand
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, weighted_mean
+from ..engine import Engine, Params, weighted_mean
 from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_int, check_positive)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import Engine, Params, stack, weighted_mean
+from ..engine import Engine, Params, stack, weighted_mean
 from .base import (Algorithm, EvalContext, Local, ServerState, check_int, check_optional_int, check_positive, fit_part,
                    gather, head_names, onboarding_batches, require_body, scatter, sgd_step)
 from .perfedavg import FedAvg

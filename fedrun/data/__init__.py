@@ -19,7 +19,8 @@ from .augment import augment
 from .federated import ClientSplit, FederatedData
 from .partitions import (alid_permutations, class_lists, deal_classes, perfedavg_mnist, pfedme_mnist,
                          pfedme_mnist_authors, split_train_test)
-from .sources import CIFAR_FILES, DataMissingError, load_cifar, load_mnist
+from .sources import CIFAR_FILES, load_cifar, load_mnist
+from ..errors import DataMissingError
 from .synthetic import DRAW_VERSION, check_settings, generate_synthetic
 
 __all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "synthetic", "mnist_perfedavg", "mnist_pfedme",

@@ -4,7 +4,7 @@ They know nothing of where the rows come from (pfl-research's and flwr-datasets'
 is the dataset's label column (int64 [N]), `rng` a `numpy.random.Generator`; each returns one sorted
 int64 array of row indices per client, and no row is ever given to two clients. They are
 vectorized over rows (one sort or one `bincount`, never a Python loop over rows), so 1,000 clients
-over 50,000 labels take milliseconds (`python -m fedrun.data.bench_partitions`).
+over 50,000 labels take milliseconds (`python -m fedrun.bench.partitions`).
 
 Every bad option raises `PartitionError` (a ValueError) naming `partition.<option>` and what is
 allowed, before any row is dealt. The paper rules (Per-FedAvg's 0-4/5-9, pFedMe's labels, paper

@@ -7,9 +7,7 @@ import pickle
 
 import numpy as np
 
-
-class DataMissingError(RuntimeError):
-    """The dataset's files are absent and could not be downloaded."""
+from ..errors import DataCorruptError, DataMissingError
 
 
 def _download(root: str, leaves: list[str], fetch) -> str | None:
@@ -111,10 +109,6 @@ CIFAR_FILES = {
 
 def _all_present(folder: str, names: list[str]) -> bool:
     return all(os.path.exists(os.path.join(folder, f)) for f in names)
-
-
-class DataCorruptError(DataMissingError):
-    """A dataset file is there but is not what its format says (truncated, altered, or another file)."""
 
 
 def _latin1(text, encoding="latin1", errors="strict"):

@@ -5,9 +5,10 @@ import torch
 
 from fedrun import outputs
 from fedrun.algorithms import APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
-from fedrun.algorithms.base import ConfigError, ServerState, finetune, finetune_epochs, head_names
+from fedrun.algorithms.base import ServerState, finetune, finetune_epochs, head_names
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
-from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Progress, Schedule, eval_context, simulate
 from helpers import half_squared, quad_grad, quadratic_setup

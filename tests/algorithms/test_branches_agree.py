@@ -1,16 +1,16 @@
 """Every device branch of the vmap engine (fedrun.branches.BRANCHES: the CNN's vmapped convolutions
 that a GPU run takes, autograd instead of the hand-written backward, the GPU's full-pass groups, the
 images' memory order) against the loop engine, on the CPU, for every model (MLR, MLP, CNN) and every
-algorithm conf/algo knows (fedrun.agreement). The cases are read from BRANCHES and conf/algo, so a
+algorithm conf/algo knows (fedrun.bench.agreement). The cases are read from BRANCHES and conf/algo, so a
 new branch or algorithm is checked without a new line here."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fedrun import agreement
+from fedrun.bench import agreement
 from fedrun.branches import BRANCHES, check_paths, choose, settings
-from fedrun.functional import VmapEngine
+from fedrun.engine import VmapEngine
 
 CASES = [c for c in agreement.cases("cpu") if c.model not in agreement.SUITE_SKIPS]
 

@@ -7,10 +7,11 @@ import torch
 from hydra.errors import InstantiationException
 
 from fedrun.algorithms import Ditto, FedAvg, FedDyn, PerFedAvg, PFedMe, build, names
-from fedrun.algorithms.base import ConfigError, finetune
+from fedrun.algorithms.base import finetune
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.evaluate import served
-from fedrun.functional import VmapEngine, params_of
+from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, eval_context
 

@@ -11,11 +11,12 @@ from torch import nn
 
 from fedrun.algorithms import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
 from fedrun.algorithms.adaptation import MAML, Proto
-from fedrun.algorithms.base import ConfigError
+from fedrun.errors import ConfigError
 from helpers import fedrun, group_options as options
 from fedrun.cli import CONF_DIR, precheck
 from fedrun.data import ClientSplit, cifar, synthetic
-from fedrun.functional import LoopEngine, VmapEngine, class_means, params_of, proto_logits
+from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.engine.proto import class_means, proto_logits
 from fedrun.models import CNN, MLP
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 

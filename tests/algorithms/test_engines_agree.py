@@ -20,12 +20,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedrun import agreement
+from fedrun.bench import agreement
 from fedrun.algorithms import PerFedAvg
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.cli import CONF_DIR
 from fedrun.data import synthetic
-from fedrun.functional import LoopEngine, VmapEngine, params_of
+from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Schedule, simulate
 from helpers import group_options
@@ -69,7 +69,7 @@ BN64 = Setup(data=F64.data, model=lambda d: MLPBN(6, 4, hidden=[5]).double(), sc
 
 SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME, "fedbn": BN64}  # others: F64
 
-# Hyperparameters merged over an algorithm's config: fedrun.agreement's (small steps that keep 2-3
+# Hyperparameters merged over an algorithm's config: fedrun.bench.agreement's (small steps that keep 2-3
 # rounds finite, options that exercise code paths the defaults leave idle), pFedMe with 3 inner steps.
 OPTIONS = {**agreement.OPTIONS, "pfedme": dict(agreement.OPTIONS["pfedme"], K=3)}
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from fedrun.algorithms import FedAvg, FedBN, build, names
-from fedrun.algorithms.base import ConfigError
-from fedrun.functional import LoopEngine, VmapEngine, batchnorm_names, params_of, split_buffers
+from fedrun.errors import ConfigError
+from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.engine.batchnorm import batchnorm_names, split_buffers
 from fedrun.models import MLP, MLPBN
 
 ENGINES = [VmapEngine, LoopEngine]

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from fedrun.algorithms import Ditto, FedRep, build, names
-from fedrun.algorithms.base import ConfigError, Prototypes, head_names, onboarding_batches
+from fedrun.algorithms.base import Prototypes, head_names, onboarding_batches
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.evaluate import evaluate, served
-from fedrun.functional import VmapEngine, params_of, stack
+from fedrun.engine import VmapEngine, params_of, stack
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, eval_context, simulate
 

@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 from fedrun.algorithms import FedAvg, PerFedAvg
-from fedrun.algorithms.base import ConfigError, ServerState
+from fedrun.algorithms.base import ServerState
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
-from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, eval_context, simulate
 from helpers import half_squared, quad_grad, quadratic_setup

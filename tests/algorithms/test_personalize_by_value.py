@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedrun import agreement
+from fedrun.bench import agreement
 from fedrun.algorithms import FedAvg, PerFedAvg, PFedMe
 from fedrun.algorithms.base import EvalContext
-from fedrun.functional import LoopEngine, VmapEngine, params_of
+from fedrun.engine import LoopEngine, VmapEngine, params_of
 
 
 def _setup():

@@ -4,9 +4,10 @@ import torch
 from omegaconf import OmegaConf
 
 from fedrun.algorithms import FedAvg, PerFedAvg, PFedMe
-from fedrun.algorithms.base import ConfigError, ServerState
+from fedrun.algorithms.base import ServerState
+from fedrun.errors import ConfigError
 from fedrun.data import synthetic
-from fedrun.functional import LoopEngine, VmapEngine, params_of, stack
+from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
 from fedrun.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate

@@ -9,7 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from fedrun.data.sources import CIFAR_FILES, DataCorruptError, DataMissingError, load_cifar, read_cifar_batch
+from fedrun.data.sources import CIFAR_FILES, load_cifar, read_cifar_batch
+from fedrun.errors import DataCorruptError, DataMissingError
 from helpers import write_cifar
 
 

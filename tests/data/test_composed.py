@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedrun.config import with_composed_data
-from fedrun.data import DataMissingError
+from fedrun.errors import DataMissingError
 from fedrun.data.composed import composed
 from fedrun.data.sources import idx_files, load_idx, read_idx
 from helpers import _write_idx, fedrun, write_cifar, write_leaf, write_mnist_idx
@@ -193,7 +193,7 @@ def test_partition_without_dataset_refused(tmp_path):
 
 
 def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, capsys):
-    from fedrun.data.show import main
+    from fedrun.data_cli import main
 
     out = tmp_path / "p"
     main(["--out", str(out), "--clients", "3", "dataset=mnist", "partition=classes", "partition.num_clients=6",
@@ -264,7 +264,7 @@ def test_partition_options_checked_before_any_file_is_read(tmp_path):
 def test_fedrun_data_checks_the_options_it_does_not_use(root, tmp_path, capsys, option, says):
     """fedrun-data ignores the training options, but a command it accepts must be one fedrun accepts:
     `rounds=abc` drew the partition and said nothing."""
-    from fedrun.data.show import main
+    from fedrun.data_cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "p"), "dataset=mnist", "partition=iid", "partition.num_clients=4",

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from fedrun.data.composed import composed
-from fedrun.data.sources import DataCorruptError, DataMissingError, load_idx, load_mnist
+from fedrun.data.sources import load_idx, load_mnist
+from fedrun.errors import DataCorruptError, DataMissingError
 from helpers import _write_idx, fedrun, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))

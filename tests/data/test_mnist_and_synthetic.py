@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fedrun.data as fdata
-from fedrun.data import ClientSplit, DataMissingError, generate_synthetic, mnist_perfedavg, mnist_pfedme
+from fedrun.data import ClientSplit, generate_synthetic, mnist_perfedavg, mnist_pfedme
+from fedrun.errors import DataMissingError
 from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
                                     pfedme_mnist, split_train_test)
 from fedrun.data.sources import MNIST_FILES, load_mnist

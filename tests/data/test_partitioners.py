@@ -179,7 +179,7 @@ def test_natural_split_is_one_client_per_writer():
 
 
 def test_partition_benchmark_runs(capsys):
-    from fedrun.data.bench_partitions import main
+    from fedrun.bench.partitions import main
 
     main(["--repeats", "1", "--clients", "50"])
     out = capsys.readouterr().out

@@ -2,33 +2,33 @@
 
 Default setting (issue 2): synthetic data, 100 clients, MLP 60-20-10, 10 clients per round, tau=20,
 batch 20, evaluation of all 100 clients every round; FedAvg and Per-FedAvg (fo, hf).
-    python -m fedrun.bench            (or fedrun-bench)  [--rounds N] [--device cpu|cuda]
+    python -m fedrun.bench.cli            (or fedrun-bench)  [--rounds N] [--device cpu|cuda]
 pFedMe setting (issue 4; pFedMe's Table 1, official protocol): the same data and model, ALL 100
 clients train every round (R=tau=20 local rounds of K=5 inner steps, batch 20), 10 aggregated
 (sample-weighted), PM = local models, every client evaluated every round:
-    python -m fedrun.bench --algos pfedme
+    python -m fedrun.bench.cli --algos pfedme
 CIFAR setting (issue 5; paper 004's official CIFAR-10 ACID settings): random CIFAR-shaped data in a
 FederatedData of the ACID shape (100 devices x 500 training / 100 test images 3x32x32, 10 classes,
 5 per device, crop+flip augmentation of training batches), paper 004's CNN, 10 devices per round,
 K=tau=50 local steps of batch 50, every device evaluated every --eval-every rounds (train nothing real:
 the numbers time the computation, not learning):
-    python -m fedrun.bench --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
+    python -m fedrun.bench.cli --setting cifar [--algos fedavg] [--rounds 5 --loop-rounds 2] [--clients 100]
 Both: `--repeats N` times each engine N times, alternating, and prints the medians and the range of
 the N loop/vmap ratios (one pair of timings on a shared machine can be off by 30%).
 fedrun against the authors' code (issue 11): pFedMe DNN at pFedMe's Table 1 synthetic setting (official protocol),
 fedrun's vmap engine before and after CharlieDinh/pFedMe's main.py in the same process tree, same thread count;
 PATH is a work tree of their repository (their Synthetic data is generated there first if missing):
-    python -m fedrun.bench --authors PATH [--rounds 20 --authors-rounds 3 --warmup 3]
+    python -m fedrun.bench.cli --authors PATH [--rounds 20 --authors-rounds 3 --warmup 3]
 Seeds batched (issue 11, `hydra/launcher=batched`): wall time of 1, 5, 10 seeds as one computation
-against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench_seeds):
-    python -m fedrun.bench --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
+against one seed, for pFedMe DNN (official protocol) and the default Per-FedAvg run (fedrun.bench.seeds):
+    python -m fedrun.bench.cli --seeds 1,5,10 [--rounds 3] [--seed-settings pfedme,perfedavg]
 Minibatch draws (sampling=): seconds to draw one round's minibatch rows (fedrun.simulate.sample_round)
 under each sampling=, for --clients-per-round devices of --train-per-client rows, tau=--tau (default 50)
 steps of one batch of --batch rows (paper 004's CIFAR round by default; the draw depends on row counts only):
-    python -m fedrun.bench --setting draws [--train-per-client 5000]
-The first GPU's numbers (fedrun.gpu_check): engine agreement on cuda for every device branch, the default run,
+    python -m fedrun.bench.cli --setting draws [--train-per-client 5000]
+The first GPU's numbers (fedrun.bench.gpu_check): engine agreement on cuda for every device branch, the default run,
 the CIFAR ACID preset, the CIFAR bench and batched seeds, one table; refused (exit 2) without CUDA:
-    python -m fedrun.bench --gpu-check
+    python -m fedrun.bench.cli --gpu-check
 """
 from __future__ import annotations
 
@@ -40,83 +40,20 @@ import sys
 import time
 from pathlib import Path
 
-from . import openmp  # noqa: F401 - before torch: GOMP_SPINCOUNT, as `fedrun` sets it (fedrun/openmp.py)
+from .. import openmp  # noqa: F401 - before torch: GOMP_SPINCOUNT, as `fedrun` sets it (fedrun/openmp.py)
 
 import torch
 
-from .algorithms import build, names
-from .args import ArgumentParser
-from .data import ClientSplit, FederatedData, synthetic
-from .device import keep_freed_memory
-from .functional import ENGINES, params_of
-from .models import CNN, MLP
-from .simulate import SAMPLING, Schedule, sample_round, simulate
-
-# Named bench settings: a conf/algo entry and the options the setting changes (the rest come from
-# its yaml). Any other conf/algo name is benched with its yaml's options as they are.
-ALGOS = {
-    "fedavg": ("fedavg", {}),
-    "perfedavg-fo": ("perfedavg", {"variant": "fo"}),
-    "perfedavg-hf": ("perfedavg", {"variant": "hf"}),
-    "perfedavg-exact": ("perfedavg", {"variant": "exact"}),
-    "pfedme": ("pfedme", dict(lam=30, beta=2.0, mu=0.001, personalized="local", train_all=True)),
-}
-AGGREGATE = {"pfedme": "samples"}
-# Paper 004's CIFAR settings (lr 0.1; Per-FedAvg meta lr 1e-2); its own algorithms' yamls already are.
-CIFAR_ALGOS = {
-    "fedavg": ("fedavg", {"beta": 0.1, "alpha": 0.1}),
-    "perfedavg-fo": ("perfedavg", {"alpha": 0.01, "beta": 0.1, "variant": "fo"}),
-    "perfedavg-hf": ("perfedavg", {"alpha": 0.01, "beta": 0.1, "variant": "hf"}),
-}
-
-
-def bench_algo(name: str, settings: dict):
-    """The algorithm `name` names: a bench setting of `settings`, else a conf/algo entry as it is."""
-    algo, options = settings.get(name, (name, {}))
-    return build(algo, **options)
-
+from ..algorithms import names
+from ..args import ArgumentParser
+from ..data import ClientSplit, FederatedData, synthetic
+from ..device import keep_freed_memory
+from ..models import CNN
+from ..simulate import SAMPLING, Schedule, sample_round
+from .common import AGGREGATE, ALGOS, CIFAR_ALGOS, bench_algo, cifar_like, sync, time_rounds
 
 def _unknown(algos: str, settings: dict) -> list[str]:
     return [a for a in algos.split(",") if a not in settings and a not in names()]
-
-
-def cifar_like(clients: int = 100, train: int = 500, test: int = 100, num_classes: int = 10, k: int = 5,
-               seed: int = 0, chunk_len: int = 256) -> FederatedData:
-    """Random N(0, 1) images 3x32x32 in the ACID shape: device c's labels drawn from its k classes
-    (c + j) mod num_classes, `train` / `test` images per device, crop+flip on training batches with
-    the padding of data.pad_fill=black (CIFAR-10's black pixel normalized)."""
-    g = torch.Generator().manual_seed(seed)
-    owner = {n: torch.arange(clients).repeat_interleave(n) for n in (train, test)}
-
-    def split(n: int) -> ClientSplit:
-        y = (owner[n] + torch.randint(0, k, (clients * n,), generator=g)) % num_classes
-        x = torch.randn(clients * n, 3, 32, 32, generator=g)
-        return ClientSplit.from_flat(x, y, torch.full((clients,), n, dtype=torch.long), chunk_len)
-
-    return FederatedData("cifar_like", split(train), split(test), num_classes, augment="crop_flip",
-                         augment_fill=torch.tensor([-1.989, -1.981, -1.707]))  # -mean/std of CIFAR-10's channels
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_rounds(algo, engine_name, data, sched, device, warmup: int, seed: int = 0, model_fn=None,
-                cpu: bool = False) -> float | tuple[float, float]:
-    """Wall seconds per round after `warmup` rounds (with `cpu`: and this process's CPU seconds per
-    round over the same timed rounds)."""
-    torch.manual_seed(seed)
-    model = (model_fn or (lambda: MLP(data.in_features, data.num_classes, hidden=[20])))().to(device)
-    engine = ENGINES[engine_name](model)
-    warm = Schedule(**{**sched.__dict__, "rounds": warmup})
-    simulate(algo, engine, data, params_of(model), warm, seed)
-    _sync(device)
-    t0, c0 = time.perf_counter(), time.process_time()
-    simulate(algo, engine, data, params_of(model), sched, seed)
-    _sync(device)
-    wall, cpu_s = (time.perf_counter() - t0) / sched.rounds, (time.process_time() - c0) / sched.rounds
-    return (wall, cpu_s) if cpu else wall
 
 
 def main(argv=None) -> None:
@@ -152,13 +89,13 @@ def main(argv=None) -> None:
     ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
     ap.add_argument("--gpu-check", action="store_true",
                     help="on a CUDA machine: engine agreement (every device branch), the default run, the CIFAR ACID "
-                         "preset, the CIFAR bench and batched seeds, in one table (fedrun.gpu_check); refused on a CPU")
+                         "preset, the CIFAR bench and batched seeds, in one table (fedrun.bench.gpu_check); refused on a CPU")
     ap.add_argument("--gpu-check-device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny run
     ap.add_argument("--gpu-check-parts", default=None, help=argparse.SUPPRESS)  # a subset, in this order
     ap.add_argument("--compile", action="store_true",
                     help="s/round of training rounds under compile=none|default|graphs and precision=fp32|bf16, the "
                          "first (compiling) round apart, the GPU's busy fraction, and each mode's difference to eager "
-                         "(fedrun.bench_compile); --rounds timed (default 10) after --warmup")
+                         "(fedrun.bench.compile); --rounds timed (default 10) after --warmup")
     ap.add_argument("--compile-settings", default="default-fedavg,default-fo,pfedme,cifar-acid,seeds5",
                     help="--compile: settings, from default-fedavg, default-fo, pfedme, cifar-acid, seeds5")
     ap.add_argument("--compile-modes", default=None,
@@ -190,12 +127,12 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.seeds:
-        from . import bench_seeds
+        from . import seeds as bench_seeds
 
         return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3, args.seed_settings.split(","),
                                 args.device)
     if args.compile:
-        from . import bench_compile
+        from . import compile as bench_compile
 
         bad = [n for n in args.compile_settings.split(",") if n not in bench_compile.SETTINGS]
         if bad:
@@ -274,10 +211,10 @@ def draws_main(args, device) -> None:
         sched = Schedule(rounds=1, tau=tau, clients_per_round=m, batch_size=args.batch, sampling=sampling)
         times = []
         for rnd in range(args.warmup + args.rounds):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             sample_round(data, sched, 1, 0, rnd)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         print(f"{sampling:<14}{1e3 * statistics.median(times[args.warmup:]):>14.2f}")
 

@@ -41,13 +41,12 @@ def summary_lines(counts: np.ndarray, test_sizes: np.ndarray, num_holdout: int) 
 def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
-    from ..algorithms.base import ConfigError
-    from ..args import ArgumentParser
-    from ..config import CONF_DIR, with_composed_data, with_env_searchpath
-    from ..outputs import cannot_write, write_partition
-    from ..plots import plot_partition
-    from ..validation import instantiate_checked, job_problems, precheck
-    from . import DataMissingError
+    from .args import ArgumentParser
+    from .config import CONF_DIR, instantiate_checked, with_composed_data, with_env_searchpath
+    from .outputs import cannot_write, write_partition
+    from .plots import plot_partition
+    from .validation import job_problems, precheck
+    from .errors import ConfigError, DataMissingError
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,4 +1,4 @@
-"""Partition times at scale: `python -m fedrun.data.bench_partitions [--repeats 3]`.
+"""Partition times at scale: `python -m fedrun.bench.partitions [--repeats 3]`.
 
 Labels of CIFAR-100's size (50,000 rows, 100 classes) dealt to 1,000 clients by every generic
 partitioner, and FEMNIST's size (805,263 rows, 62 classes) grouped by 3,500 writers (`natural`),
@@ -25,11 +25,11 @@ def _best(fn, repeats: int) -> tuple[float, object]:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from . import partitioners as P
-    from .composed import stratified_split
-    from .federated import ClientSplit
+    from ..data import partitioners as P
+    from ..data.composed import stratified_split
+    from ..data.federated import ClientSplit
 
-    ap = argparse.ArgumentParser(prog="python -m fedrun.data.bench_partitions", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fedrun.bench.partitions", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clients", type=int, default=1000)
     args = ap.parse_args(argv)

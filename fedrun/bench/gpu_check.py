@@ -2,8 +2,8 @@
 
 On a CUDA machine, in a few minutes and with torch, hydra-core and omegaconf alone (no pytest):
   agreement   the vmap engine with every device branch (fedrun.branches) against the loop engine,
-              every model x algorithm of fedrun.agreement, in float64 and in float32 (TF32 off)
-  default     the default run's setting (fedrun.bench: synthetic, 100 clients, MLP 60-20-10, tau=20,
+              every model x algorithm of fedrun.bench.agreement, in float64 and in float32 (TF32 off)
+  default     the default run's setting (fedrun.bench.cli: synthetic, 100 clients, MLP 60-20-10, tau=20,
               every client evaluated every round) for FedAvg and Per-FedAvg fo/hf/exact, both engines
   cifar_acid  the preset experiment=cifar10_acid5_pfldyn_proto (CNN, tau=K=50, batch 50) through
               fedrun's CIFAR loader, on random images written in CIFAR-10's file format when
@@ -24,7 +24,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 # Sizes of each part: on the GPU the settings named above; "tiny" for the CPU path of the tests.
@@ -53,11 +52,6 @@ def refuse_without_cuda(device: str) -> None:
         print("fedrun-bench --gpu-check: no CUDA device is available (torch.cuda.is_available() is False); "
               "run it on a machine with an NVIDIA GPU", file=sys.stderr)
         raise SystemExit(2)
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _peak_start(device) -> None:
@@ -108,7 +102,7 @@ def agreement_rows(device: str, sizes: dict) -> list[Row]:
 
 
 def _timed(algo, data, sched, device, model_fn, engine: str, warmup: int) -> tuple[float, float | None]:
-    from .bench import time_rounds
+    from .common import time_rounds
 
     _peak_start(device)
     s = time_rounds(algo, engine, data, sched, torch.device(device), warmup, model_fn=model_fn)
@@ -116,10 +110,10 @@ def _timed(algo, data, sched, device, model_fn, engine: str, warmup: int) -> tup
 
 
 def default_rows(device: str, sizes: dict) -> list[Row]:
-    from .bench import ALGOS, bench_algo
-    from .data import synthetic
-    from .models import MLP
-    from .simulate import Schedule
+    from .common import ALGOS, bench_algo
+    from ..data import synthetic
+    from ..models import MLP
+    from ..simulate import Schedule
 
     data = synthetic(num_clients=sizes["clients"], cache_dir=None).to(device)
     rows = []
@@ -133,30 +127,13 @@ def default_rows(device: str, sizes: dict) -> list[Row]:
     return rows
 
 
-def write_cifar10(root: str, train_per_class: int, test_per_class: int, seed: int = 0) -> None:
-    """Random uint8 images in CIFAR-10's python format (the five data_batch_N and test_batch pickles
-    fedrun's loader reads), `train_per_class` / `test_per_class` images of each of the 10 classes."""
-    import pickle
-
-    from .data.sources import CIFAR_FILES
-
-    folder, train_files, test_files, key = CIFAR_FILES[10]
-    rng = np.random.default_rng(seed)
-    os.makedirs(os.path.join(root, folder), exist_ok=True)
-    for files, per_class in ((train_files, train_per_class), (test_files, test_per_class)):
-        y = rng.permutation(np.repeat(np.arange(10), per_class))
-        x = rng.integers(0, 256, size=(len(y), 3072), dtype=np.uint8)
-        for f, xs, ys in zip(files, np.array_split(x, len(files)), np.array_split(y, len(files))):
-            with open(os.path.join(root, folder, f), "wb") as fh:
-                pickle.dump({b"data": xs, key: ys.tolist(), b"batch_label": b"fedrun gpu-check"}, fh)
-
-
 def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     from hydra import compose, initialize_config_dir
 
-    from .config import CONF_DIR
-    from .protocol import apply_protocol
-    from .validation import instantiate_checked, schedule
+    from ..config import CONF_DIR, instantiate_checked
+    from ..protocol import apply_protocol
+    from ..validation import schedule
+    from .common import write_cifar10
 
     root = os.environ.get("FEDRUN_DATA", "data")
     note = "real CIFAR-10"
@@ -180,9 +157,9 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
 
 
 def bench_rows(device: str, sizes: dict) -> list[Row]:
-    from .bench import CIFAR_ALGOS, bench_algo, cifar_like
-    from .models import CNN
-    from .simulate import Schedule
+    from .common import CIFAR_ALGOS, bench_algo, cifar_like
+    from ..models import CNN
+    from ..simulate import Schedule
 
     data = cifar_like(sizes["bench_clients"], sizes["cifar_train"], sizes["cifar_test"]).to(device)
     sched = Schedule(rounds=sizes["rounds"], tau=sizes["cifar_tau"], clients_per_round=min(10, data.num_clients),
@@ -194,7 +171,7 @@ def bench_rows(device: str, sizes: dict) -> list[Row]:
 
 
 def seeds_rows(device: str, sizes: dict) -> list[Row]:
-    from .bench_seeds import SETTINGS, _setup, time_seeds
+    from .seeds import SETTINGS, _setup, time_seeds
 
     overrides = [*SETTINGS["perfedavg"]] + ([] if sizes is FULL else [f"data.num_clients={sizes['clients']}", "tau=2",
                                                                          "clients_per_round=2"])
@@ -208,9 +185,9 @@ def seeds_rows(device: str, sizes: dict) -> list[Row]:
 
 
 def compile_rows(device: str, sizes: dict) -> list[Row]:
-    """fedrun.bench_compile's table (eager / compiled / graphs / bf16 s/round, busy fraction, each
+    """fedrun.bench.compile's table (eager / compiled / graphs / bf16 s/round, busy fraction, each
     mode's max |diff| to eager), printed as it goes; summarized here as one row per setting."""
-    from . import bench_compile
+    from . import compile as bench_compile
 
     cuda = torch.device(device).type == "cuda"
     settings = [*bench_compile.SETTINGS, "resnet18-c100"] if cuda else ["default-fo"]

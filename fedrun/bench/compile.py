@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_map
 
+from .common import sync
+
 MODES = {  # name -> (compile, precision)
     "eager": ("none", "fp32"),
     "compiled": ("default", "fp32"),
@@ -55,17 +57,12 @@ class Setting:
     engine: object = None  # made once: compile=graphs keeps one graph per (engine, data, shapes)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _compose(overrides: list[str], device: str):
     from hydra import compose, initialize_config_dir
 
-    from .config import CONF_DIR
-    from .protocol import apply_protocol
-    from .validation import instantiate_checked, schedule
+    from ..config import CONF_DIR, instantiate_checked
+    from ..protocol import apply_protocol
+    from ..validation import schedule
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])
@@ -77,10 +74,10 @@ def _compose(overrides: list[str], device: str):
 
 def setting(name: str, device: str, tmp: str, small: bool = False) -> Setting:
     """The setting `name` (module docstring); `small`: a few clients and steps (the test suite)."""
-    from .bench import ALGOS, bench_algo
-    from .data import synthetic
-    from .models import MLP
-    from .simulate import Schedule
+    from .common import ALGOS, bench_algo
+    from ..data import synthetic
+    from ..models import MLP
+    from ..simulate import Schedule
 
     if name in ("default-fedavg", "default-fo", "seeds5"):
         data = synthetic(num_clients=6 if small else 100, cache_dir=None).to(device)
@@ -94,7 +91,7 @@ def setting(name: str, device: str, tmp: str, small: bool = False) -> Setting:
                                               device)
         return Setting(name, algo, data, sched, model_fn)
     if name == "cifar-acid":
-        from .gpu_check import write_cifar10
+        from .common import write_cifar10
 
         root = os.environ.get("FEDRUN_DATA", "data")
         if small or not os.path.isdir(os.path.join(root, "cifar-10-batches-py")):
@@ -111,9 +108,9 @@ def setting(name: str, device: str, tmp: str, small: bool = False) -> Setting:
 def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
     """Rounds `first`..`first + rounds - 1` of training (no evaluation) of `s.seeds` replicas trained
     together, as fedrun.simulate.simulate_group does; returns (seconds, final server states)."""
-    from .data.augment import draw_augmentation
-    from .functional import ENGINES, params_of
-    from .simulate import _nonfinite_clients, round_generator, sample_round
+    from ..data.augment import draw_augmentation
+    from ..engine import ENGINES, params_of
+    from ..simulate import _nonfinite_clients, round_generator, sample_round
 
     device = s.data.train.x.device
     states = []
@@ -124,7 +121,7 @@ def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
     if s.engine is None:
         s.engine = ENGINES["vmap"](model)
     engine = s.engine
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for rnd in range(first, first + rounds):
         draws = [sample_round(s.data, s.sched, s.algo.batches_per_step, seed, rnd, s.algo.train_all)
@@ -142,13 +139,13 @@ def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
             mine = local if s.seeds == 1 else tree_map(lambda v: v[off: off + len(trained)], local)
             off += len(trained)
             states[i] = s.algo.server_update(states[i], mine, trained, torch.searchsorted(trained, clients), None)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0, states
 
 
 def _short_round(s: Setting, steps) -> list:
     """The server states after round 1 with at most 2 local steps."""
-    from .simulate import Schedule
+    from ..simulate import Schedule
 
     full = s.sched
     s.sched = Schedule(**{**full.__dict__, "tau": min(full.tau, 2)})
@@ -177,7 +174,7 @@ def busy_fraction(fn, wall: float) -> float | None:
 
 def measure(s: Setting, modes: list[str], rounds: int, warmup: int, backend: str = "inductor") -> list[dict]:
     """One dict per mode: s/round, first round's seconds, busy fraction, max |diff| to eager."""
-    from .acceleration import LocalSteps
+    from ..acceleration import LocalSteps
 
     device = s.data.train.x.device
     out, ref = [], None
@@ -228,12 +225,13 @@ def graphs_every_algorithm(device: str, small: bool = False) -> list[dict]:
     with BatchNorm), 2 rounds of 3 steps on a small synthetic problem (`small`: a tiny one, the
     test suite's): whether its steps were captured (else the reason it runs eagerly) and the
     largest difference of the server models."""
-    from .acceleration import LocalSteps
-    from .algorithms import ConfigError, build, names
-    from .data import synthetic
-    from .functional import params_of
-    from .models import MLP, MLPBN
-    from .simulate import Schedule
+    from ..acceleration import LocalSteps
+    from ..algorithms import build, names
+    from ..errors import ConfigError
+    from ..data import synthetic
+    from ..engine import params_of
+    from ..models import MLP, MLPBN
+    from ..simulate import Schedule
 
     data = (synthetic(num_clients=8, dim=6, num_classes=3, seed=1, cache_dir=None, chunk_len=16) if small
             else synthetic(num_clients=12, cache_dir=None)).to(device)

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .algorithms import build, names
-from .algorithms.base import ConfigError
-from .branches import settings
-from .data import ClientSplit, FederatedData
-from .functional import LoopEngine, VmapEngine, params_of
-from .models import CNN, CNNBN, MLP, MLPBN, MLR
-from .simulate import Schedule, simulate
+from ..algorithms import build, names
+from ..errors import ConfigError
+from ..branches import settings
+from ..data import ClientSplit, FederatedData
+from ..engine import LoopEngine, VmapEngine, params_of
+from ..models import CNN, CNNBN, MLP, MLPBN, MLR
+from ..simulate import Schedule, simulate
 
 IMAGE = 16  # CNN inputs 1x16x16: the smallest side its two 5x5 convolutions and poolings allow
 MODELS = {

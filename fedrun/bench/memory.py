@@ -6,7 +6,7 @@ Printed per setting: the process's resident memory right after importing torch (
 own size (rows, chunk layout), the process's peak resident memory (CPU) or peak CUDA memory (GPU),
 and the peak minus base and data: what loading and the engine add.
 
-    python -m fedrun.bench_memory [--clients 100,1000,10000] [--device cpu|cuda]
+    python -m fedrun.bench.memory [--clients 100,1000,10000] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def _status_mb(field: str) -> float:
 def child(n: int, model_name: str, device: str, cache: str, rounds: int) -> dict:
     import torch
 
-    from .algorithms import PerFedAvg
-    from .data import synthetic
-    from .functional import VmapEngine, params_of
-    from .models import MLP, MLR
-    from .simulate import Schedule, simulate
+    from ..algorithms import PerFedAvg
+    from ..data import synthetic
+    from ..engine import VmapEngine, params_of
+    from ..models import MLP, MLR
+    from ..simulate import Schedule, simulate
 
     rss0 = _status_mb("VmRSS")
     data = synthetic(num_clients=n, cache_dir=cache).to(device)
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
         subprocess.run([sys.executable, "-c", f"from fedrun.data import synthetic; synthetic(num_clients={n}, cache_dir={cache!r})"],
                        check=True)
         for model_name in args.models.split(","):
-            r = subprocess.run([sys.executable, "-m", "fedrun.bench_memory", "--child", f"{n}:{model_name}",
+            r = subprocess.run([sys.executable, "-m", "fedrun.bench.memory", "--child", f"{n}:{model_name}",
                                 "--device", args.device, "--cache", cache, "--rounds", str(args.rounds)],
                                capture_output=True, text=True)
             if r.returncode != 0:

@@ -1,0 +1,4 @@
+"""`python -m fedrun.bench`: the same as `fedrun-bench`."""
+from .cli import main
+
+main()

@@ -1,0 +1,135 @@
+"""Stacked client parameters and the two engines that compute on them.
+
+Parameters are dicts name -> tensor. "Stacked" parameters carry a leading client dimension. An
+engine offers the few primitives algorithms need, each over ALL clients at once:
+
+  grad(params, x, y)          per-client minibatch gradients (and losses) at per-client params
+  hvp(params, v, x, y)        per-client exact Hessian-vector products
+  full_grad(params, split)    per-client full-batch gradient of the mean loss over the client's rows
+  evaluate(params, split)     per-client summed loss and number correct over the client's rows
+                              (with `centers`: of Proto distance logits to per-client prototypes)
+  value_and_grad(fn, params, *args)   per-client gradients of an arbitrary per-client function
+  inner_grad(fn, p, *args)    a gradient INSIDE such a function (MAML's inner steps), differentiable
+                              through when `create_graph`
+  class_sums(params, split, K)  per-client, per-class sums of features and counts over all rows
+                              (and the summed loss from the same pass)
+
+`VmapEngine` is the fast path: one torch.func.vmap'd computation over clients (and over row chunks
+for full passes). `LoopEngine` is the reference: one client at a time with plain autograd. Tests
+check that both return the same numbers.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, jvp
+
+from ..branches import check_paths, choose
+from ..data.federated import ClientSplit
+from .tree import Params
+from .batchnorm import _has_batchnorm
+from .proto import proto_logits
+
+
+# torch.func's jvp path calls a deprecated torch.jit helper internally; the warning is not ours.
+warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)
+
+class Engine:
+    """Common part: the model and its loss. Subclasses implement the four primitives."""
+
+    name = "base"
+
+    def __init__(self, model: nn.Module, max_chunks: int = 1024, criterion: Callable = F.cross_entropy,
+                 paths: dict[str, str] | None = None):
+        self.model = model
+        self.max_chunks = max_chunks  # chunks of rows per vmapped call in full passes (memory bound)
+        self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
+        # device branches forced (fedrun.branches.BRANCHES; unset: each device's default)
+        self.paths = check_paths(paths)
+        if "layout" in self.paths and hasattr(model, "layout"):
+            model.layout = self.paths["layout"]
+        self.batchnorm = _has_batchnorm(model)
+        if self.batchnorm:  # every pass but `train_grad` scores with the running statistics
+            model.eval()
+
+    def path(self, name: str, device: torch.device) -> str:
+        """The value of device branch `name` (fedrun.branches) for tensors on `device`."""
+        return choose(name, device, self.paths)
+
+    @property
+    def num_classes(self) -> int:
+        """The model's number of outputs (Proto's prototypes are indexed by the same labels)."""
+        return self.model.num_classes
+
+    def logits(self, p: Params, x: Tensor) -> Tensor:
+        return functional_call(self.model, p, (x,))
+
+    def features(self, p: Params, x: Tensor) -> Tensor:
+        """The network up to its last hidden layer (Proto's r_w(x))."""
+        return functional_call(self.model, p, (x,), {"features": True})
+
+    def loss(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
+        if self.batchnorm:
+            raise RuntimeError("a BatchNorm model trains through Engine.train_grad (its batch statistics "
+                               "and running buffers); this algorithm's gradients do not handle them")
+        return self.criterion(self.logits(p, x), y)
+
+    def _train_loss(self, p: Params, b: Params, x: Tensor, y: Tensor) -> Tensor:
+        """A client's minibatch loss in training mode; updates its buffers `b` in place (BatchNorm's
+        running statistics: momentum-weighted means of the batch's mean and unbiased variance)."""
+        return self.criterion(functional_call(self.model, (p, b), (x,)), y)
+
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+        """`grad` for a model with BatchNorm: per-client gradients and losses in training mode (each
+        client's batch statistics) and every client's buffers after the step (stacked, new tensors)."""
+        raise NotImplementedError
+
+    def _masked(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.logits(p, x)
+        loss = (self.criterion(logits, y, reduction="none") * mask).sum()
+        correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
+        return loss, correct
+
+    def _masked_proto(self, p: Params, x: Tensor, y: Tensor, mask: Tensor, centers: Tensor,
+                      present: Tensor) -> tuple[Tensor, Tensor]:
+        logits = proto_logits(self.features(p, x), centers, present)
+        loss = torch.where(mask > 0, F.cross_entropy(logits, y, reduction="none"), torch.zeros_like(mask)).sum()
+        correct = ((logits.argmax(-1) == y).to(mask.dtype) * mask).sum()
+        return loss, correct
+
+    def loss_sums(self, params: Params, split: ClientSplit, shared: bool) -> Tensor:
+        """Per-client summed losses over a split's rows: `evaluate` when only the losses are needed
+        (the training-loss pass); an engine may skip counting correct rows."""
+        return self.evaluate(params, split, shared)[0]
+
+    @property
+    def _both(self) -> bool:
+        """Whether the model's forward gives features and logits from one pass (features="both")."""
+        return bool(getattr(self.model, "features_and_logits", False))
+
+    def features_logits(self, p: Params, x: Tensor) -> tuple[Tensor, Tensor]:
+        return functional_call(self.model, p, (x,), {"features": "both"})
+
+    def _class_sums(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
+        if self._both:
+            feats, logits = self.features_logits(p, x)
+        else:
+            feats = self.features(p, x)
+        onehot = (y.unsqueeze(-1) == torch.arange(self.num_classes, device=y.device)).to(feats.dtype)
+        onehot = onehot * mask.unsqueeze(-1)
+        out = (onehot.T @ feats, onehot.sum(0))
+        return (*out, (self.criterion(logits, y, reduction="none") * mask).sum()) if self._both else out
+
+    def prototypes(self, params: Params, split: ClientSplit, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Every client's Proto prototypes [C, K, d] from ALL of its rows in `split`, which classes
+        [C, K] it has (one full pass, features summed per class), and each client's mean loss [C]
+        over those rows from the same pass (None when the model cannot give features and logits
+        at once, see fedrun.models)."""
+        sums, counts, loss = self.class_sums(params, split, shared)
+        if loss is not None:
+            loss = loss / split.sizes.to(loss.dtype)
+        return sums / counts.clamp(min=1).unsqueeze(-1), counts > 0, loss
