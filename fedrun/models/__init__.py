@@ -13,8 +13,23 @@ params [m, ...] and inputs [m, B, ...] as batched matrix products. It must compu
 per-call overhead: the engine's minibatch losses and, for fully connected models, its full passes
 with per-client params (the personalized models' evaluation) go through it. They also offer
 `class_major_logits(params, x)`: one model's logits as [classes, n] (the engine's full passes with
-one model for all clients).
-"""
-from .small import CNN, CNNBN, MLP, MLPBN, MLR
+one model for all clients). These fast paths are optional: a model without them goes through
+vmap(functional_call) everywhere, which is all the engine requires.
 
-__all__ = ["CNN", "CNNBN", "MLP", "MLPBN", "MLR"]
+What the engine does require of a model: `num_classes`; forward(x) -> logits [B, num_classes] and
+`features` as above; no behaviour that differs between training and evaluation but BatchNorm's (the
+engine switches BatchNorm models to training mode for their steps and keeps their running statistics
+per client); no buffers but BatchNorm's (any other would be taken for a trainable parameter); and
+its output layer as `head` (MLR's and MLP's a property), owning the model's last parameters: FedPer,
+FedRep, LG-FedAvg and FedBABU split the model there (fedrun.algorithms.base.head_names).
+
+Modules: small (the 2020-21 papers' models and PFLlib's FedAvgCNN), resnet (ResNet-10/18/34 with a
+CIFAR stem), rnn (LEAF's Shakespeare LSTM), text (fastText, TextCNN, a small Transformer).
+"""
+from .resnet import ResNet, ResNet10, ResNet18, ResNet34
+from .rnn import LSTM
+from .small import CNN, CNNBN, MLP, MLPBN, MLR, FedAvgCNN
+from .text import FastText, TextCNN, Transformer
+
+__all__ = ["CNN", "CNNBN", "MLP", "MLPBN", "MLR", "FedAvgCNN", "ResNet", "ResNet10", "ResNet18", "ResNet34", "LSTM",
+           "FastText", "TextCNN", "Transformer"]
