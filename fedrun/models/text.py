@@ -29,6 +29,14 @@ from .small import _outputs
 PAD = 0  # the padding token id
 
 
+def _embed(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
+    """The tokens' embeddings [B, L, d], 0 at padding tokens (what nn.Embedding's padding_idx gives
+    PFLlib's models). Masked here instead: torch 2.x's vmap of embedding drops padding_idx's zero
+    gradient for every client but the first (it indexes the stacked tables as one), so the engines
+    would differ."""
+    return embedding(x) * (x != PAD).unsqueeze(-1).to(embedding.weight.dtype)
+
+
 def _mean_tokens(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Mean of h [B, L, d] over the non-padding tokens of x [B, L] (a row of padding alone gives 0)."""
     keep = (x != PAD).to(h.dtype).unsqueeze(-1)
@@ -43,14 +51,14 @@ class FastText(nn.Module):
     def __init__(self, in_features: int, num_classes: int, vocab_size: int = 30000, dim: int = 512):
         super().__init__()
         self.num_classes = num_classes
-        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=PAD)
+        self.embedding = nn.Embedding(vocab_size, dim)
         self.hidden = nn.Linear(dim, dim)
         self.head = nn.Linear(dim, num_classes)
 
     features_and_logits = True
 
     def forward(self, x: torch.Tensor, features: bool | str = False):
-        return _outputs(self.hidden(_mean_tokens(self.embedding(x), x)), self.head, features)
+        return _outputs(self.hidden(_mean_tokens(_embed(self.embedding, x), x)), self.head, features)
 
 
 class TextCNN(nn.Module):
@@ -62,14 +70,14 @@ class TextCNN(nn.Module):
                  channels: int = 100, kernels: Sequence[int] = (3, 4, 5)):
         super().__init__()
         self.num_classes = num_classes
-        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=PAD)
+        self.embedding = nn.Embedding(vocab_size, dim)
         self.convs = nn.ModuleList(nn.Conv1d(dim, channels, int(k)) for k in kernels)
         self.head = nn.Linear(channels * len(self.convs), num_classes)
 
     features_and_logits = True
 
     def forward(self, x: torch.Tensor, features: bool | str = False):
-        e = self.embedding(x).transpose(1, 2)  # [B, dim, L]
+        e = _embed(self.embedding, x).transpose(1, 2)  # [B, dim, L]
         h = torch.cat([F.relu(conv(e)).amax(-1) for conv in self.convs], 1)
         return _outputs(h, self.head, features)
 
