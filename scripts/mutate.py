@@ -90,7 +90,7 @@ MUTANTS = [
     Mutant("group-drops-a-chunk", "fedrun/engine/vmap.py",
            "            sl = slice(s, s + group)\n", "            sl = slice(s, s + group - 1)\n",
            (AGREE, "-k", "mlp and pfedme and chunks"), "full passes: each group of chunks loses its last chunk"),
-    Mutant("vmap-conv-per-client-forward", "fedrun/models.py",
+    Mutant("vmap-conv-per-client-forward", "fedrun/models/small.py",
            "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x)",
            "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x.flip(0))",
            (AGREE, "-k", "cnn and fedavg and vmap"), "CNN.stacked_forward's vmapped (GPU) convolutions: clients' images swapped"),

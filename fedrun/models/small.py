@@ -1,20 +1,5 @@
-"""Plain nn.Modules. The engine uses them functionally (torch.func.functional_call) with stacked
-per-client parameters; the modules themselves hold only the initial weights.
-
-Every model's `forward(x, features=True)` returns its last hidden layer (the Proto features of paper
-004), so `functional_call(model, params, (x,), {"features": True})` gives them. fedrun's models
-also take `features="both"`: (features, logits) from one pass (`features_and_logits = True`), which
-Proto's test-time prototypes use to get the training loss without a second pass; other models
-need not.
-
-Fully connected models also offer `stacked_forward(params, x)`: logits [m, B, classes] for stacked
-params [m, ...] and inputs [m, B, ...] as batched matrix products. It must compute what vmap over
-`functional_call` computes (no train/eval-mode behaviour: fedrun's models have none), with less
-per-call overhead: the engine's minibatch losses and, for fully connected models, its full passes
-with per-client params (the personalized models' evaluation) go through it. They also offer
-`class_major_logits(params, x)`: one model's logits as [classes, n] (the engine's full passes with
-one model for all clients).
-"""
+"""The small models of the 2020-21 papers: MLR, MLP (DNN), paper 004's CNN, and their BatchNorm variants
+(see fedrun.models for what every model offers the engine)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -22,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .branches import choose
+from ..branches import choose
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -43,6 +28,11 @@ class MLR(nn.Module):
         self.linear = nn.Linear(in_features, num_classes)
 
     features_and_logits = True
+
+    @property
+    def head(self) -> nn.Module:
+        """The output layer (every model has one `head`; see fedrun.models)."""
+        return self.linear
 
     def forward(self, x: torch.Tensor, features: bool | str = False):
         x = x.flatten(1)
@@ -173,6 +163,11 @@ class MLP(nn.Module):
 
     features_and_logits = True
 
+    @property
+    def head(self) -> nn.Module:
+        """The output layer (every model has one `head`; see fedrun.models)."""
+        return self.net[-1]
+
     def forward(self, x: torch.Tensor, features: bool | str = False):
         x = x.flatten(1)
         for layer in self.net[:-1]:
@@ -271,6 +266,7 @@ class MLPBN(nn.Module):
         self.net = _fully_connected(in_features, num_classes, hidden, activation, batchnorm=True)
 
     features_and_logits = True
+    head = MLP.head
     forward = MLP.forward  # the same pass over `net` (not a subclass: MLP's stacked and hand-written passes have no BN)
 
 
@@ -286,3 +282,49 @@ class CNNBN(CNN):
         )
 
     stacked_forward = None
+
+
+def image_shape(in_features: int, in_channels: int | None, image_size: int | None) -> tuple[int, int]:
+    """(channels, side) of square images of `in_features` values; an option left None is read from
+    in_features (C x S x S with C = 3 when in_features / 3 is a square, else 1). Rows that are no
+    square image (e.g. the synthetic vectors) give 3 x 32 x 32 (CIFAR), so a model can be built
+    for them and `check_model_fits` names the models that do fit."""
+    if in_channels is None:
+        in_channels = next((c for c in (3, 1) if in_features % c == 0 and _square(in_features // c)), 3)
+    if image_size is None:
+        image_size = _square(in_features // in_channels) or 32
+    return int(in_channels), int(image_size)
+
+
+def _square(n: int) -> int:
+    """The side of a square of n values, 0 if n is no square."""
+    side = round(n ** 0.5)
+    return side if side * side == n else 0
+
+
+class FedAvgCNN(nn.Module):
+    """PFLlib's FedAvgCNN (TsingZ0/PFLlib system/flcore/trainmodel/models.py; the CNN of McMahan et al.
+    2017 that most PFLlib-based papers call "CNN"): conv5x5(32)-ReLU-maxpool2, conv5x5(64)-ReLU-maxpool2,
+    no padding, fc -> 512-ReLU (the Proto features), fc 512 -> num_classes. The flattened size is
+    64 * s * s, s = ((S - 4) // 2 - 4) // 2: 1024 for 1x28x28 (MNIST), 1600 for 3x32x32 (CIFAR), PFLlib's `dim`.
+
+    Inputs are [B, C, S, S] or flat [B, C * S * S]; C and S are read from in_features when None."""
+
+    def __init__(self, in_features: int, num_classes: int, in_channels: int | None = None,
+                 image_size: int | None = None):
+        super().__init__()
+        self.in_channels, self.image_size = image_shape(in_features, in_channels, image_size)
+        self.num_classes = num_classes
+        side = ((self.image_size - 4) // 2 - 4) // 2
+        self.conv = nn.Sequential(
+            nn.Conv2d(self.in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.hidden = nn.Sequential(nn.Linear(64 * side * side, 512), nn.ReLU())
+        self.head = nn.Linear(512, num_classes)
+
+    features_and_logits = True
+
+    def forward(self, x: torch.Tensor, features: bool | str = False):
+        x = x.reshape(x.shape[0], self.in_channels, self.image_size, self.image_size)
+        return _outputs(self.hidden(self.conv(x).flatten(1)), self.head, features)
