@@ -4,7 +4,7 @@ a 7x7 stride-2 convolution and a max-pool, shrinks a 32x32 image to 8x8 before t
 
 `norm` picks the layer after every convolution:
   bn    BatchNorm2d; its running statistics are buffers, kept per client by the engine (FedBN keeps
-        its layers local, FedAvg averages them like parameters; fedrun.functional.split_buffers)
+        its layers local, FedAvg averages them like parameters; fedrun.engine.batchnorm.split_buffers)
   gn    GroupNorm with `groups` groups per layer (Hsieh et al. 2020, "The Non-IID Data Quagmire",
         Sec. 5: 2 groups), no statistics across rows, so it behaves the same for any client's data
   none  no normalization
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..algorithms.options import ConfigError
+from ..errors import ConfigError
 from .small import _outputs, image_shape
 
 NORMS = ("bn", "gn", "none")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..algorithms.options import ConfigError
+from ..errors import ConfigError
 from .small import _outputs
 
 PAD = 0  # the padding token id

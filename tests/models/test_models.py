@@ -15,12 +15,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedrun import agreement
+from fedrun.bench import agreement
 from fedrun.algorithms import ConfigError, build
 from fedrun.algorithms.base import head_names
 from fedrun.branches import settings
 from fedrun.data import ClientSplit, FederatedData
-from fedrun.functional import LoopEngine, VmapEngine, params_of, split_buffers
+from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.engine.batchnorm import split_buffers
 from fedrun.models import LSTM, FedAvgCNN, FastText, ResNet10, ResNet18, TextCNN, Transformer
 from fedrun.models.rnn import lstm_layers
 from fedrun.simulate import Schedule, simulate

@@ -6,7 +6,7 @@ backward of every client's minibatch loss, the engine's `grad`):
   nn.LSTM the same weights through torch's fused nn.LSTM (cuDNN on a GPU), client by client: the
           per-client loop a vmap-less simulator runs
 
-    python -m fedrun.bench_lstm [--clients 10] [--batch 10] [--steps 5] [--device cpu|cuda]
+    python -m fedrun.bench.lstm [--clients 10] [--batch 10] [--steps 5] [--device cpu|cuda]
 
 LEAF's sizes (sequence 80, embedding 8, 2 x 256, 80 characters); the numbers are in docs/models.md.
 """
@@ -18,8 +18,8 @@ import time
 import torch
 from torch import nn
 
-from .functional import LoopEngine, VmapEngine, params_of, stack
-from .models import LSTM
+from ..engine import LoopEngine, VmapEngine, params_of, stack
+from ..models import LSTM
 
 
 class TorchLSTM(LSTM):
