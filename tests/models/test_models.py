@@ -16,8 +16,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedrun.bench import agreement
-from fedrun.algorithms import ConfigError, build
-from fedrun.algorithms.base import head_names
+from fedrun.algorithms import build
+from fedrun.errors import ConfigError
+from fedrun.engine.tree import head_names
 from fedrun.branches import settings
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -90,7 +91,7 @@ def _run(name: str, algo: str, paths: dict | None):
     else:
         engine = VmapEngine(model, max_chunks=agreement.MAX_CHUNKS, paths=paths)
         engine.CPU_GROUP_ROWS = agreement.GROUP_ROWS
-    options = dict(agreement.OPTIONS.get(algo, {}))
+    options = agreement.declared_options(algo)
     if algo == "fedavg" and name.endswith("_bn"):
         options["alpha"] = None  # FedAvg refuses test-time steps on a BatchNorm model
     rows = []
