@@ -1,7 +1,10 @@
 """How a round's local steps execute: `compile=` and `precision=` (README "Speed on a GPU").
 
 A round's local training is `tau` calls of the algorithm's `client_step` on minibatch rows drawn
-up front (fedrun.simulate.sample_round), so its shapes are the same every round. Three ways to run it:
+up front (fedrun.simulate.sample_round), or, for an algorithm whose round is phases
+(Algorithm.phases), each phase's steps with a per-client mask (fedrun.simulate.sample_phases: an
+epochs phase runs as many steps as the largest training client needs), so its shapes are the same
+every round. Three ways to run it:
 
   none      eager PyTorch, one kernel launch per operation (the reference)
   default   `torch.compile` of one local step (gather the step's rows, augment, client_step):
