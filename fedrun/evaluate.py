@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .algorithms.base import Algorithm, EvalContext, Prototypes, ServerState
+from .algorithms.base import Algorithm, EvalContext, ServerState
 from .data.federated import FederatedData
 from .engine import Engine
 
@@ -49,21 +49,6 @@ def _summaries(prefix: str, loss_sum: Tensor, correct: Tensor, n: Tensor) -> dic
     return {f"{prefix}_{k}": v for k, v in zip(names, values)}
 
 
-@torch.no_grad()
-def _eval(engine: Engine, params, split, shared: bool):
-    if isinstance(params, Prototypes):  # nearest-prototype logits, shared features
-        return engine.evaluate(params.params, split, True, params.centers, params.present)
-    return engine.evaluate(params, split, shared)
-
-
-@torch.no_grad()
-def _loss_sums(engine: Engine, params, split):
-    """The shared model's per-client summed losses (the engine may skip the accuracy)."""
-    if isinstance(params, Prototypes):
-        return _eval(engine, params, split, True)[0]
-    return engine.loss_sums(params, split, True)
-
-
 def served(algo: Algorithm, engine: Engine, state: ServerState, ctx: EvalContext):
     """`algo.personalize` of `state`, after `algo.onboard` has fitted the held-out clients' own
     state (the run's state itself is not changed), then `algo.finetune_served`."""
@@ -84,7 +69,8 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
     n_test = data.test.sizes.to(torch.float32)
     n_train = data.train.sizes.to(torch.float32)
     shared = algo.eval_params(state)
-    g_loss, g_correct = _eval(engine, shared, data.test, True)
+    with torch.no_grad():
+        g_loss, g_correct = engine.evaluate(shared, data.test, True)
     per_client = {"global_acc": g_correct / n_test, "global_loss": g_loss / n_test}
     t = data.num_train_clients  # clients t.. are held out: summarized apart, as new_*
     seen, new = slice(0, t), slice(t, data.num_clients)
@@ -98,11 +84,11 @@ def evaluate(algo: Algorithm, engine: Engine, state: ServerState, data: Federate
     row = summaries("global", g_loss, g_correct)
     pers, train_loss = served(algo, engine, state, ctx)
     if train_loss is None:
-        train_loss = _loss_sums(engine, shared, data.train) / n_train
+        with torch.no_grad():  # the shared model's per-client summed losses (the engine may skip the accuracy)
+            train_loss = engine.loss_sums(shared, data.train, True) / n_train
     if pers is not None:
-        if not isinstance(pers, Prototypes):
-            pers = {k: v.detach() for k, v in pers.items()}
-        p_loss, p_correct = _eval(engine, pers, data.test, False)
+        with torch.no_grad():  # each algorithm scores what it serves (per-client params, Proto's prototypes)
+            p_loss, p_correct = algo.score(engine, pers, data.test)
         row.update(summaries("pers", p_loss, p_correct))
         per_client.update(pers_acc=p_correct / n_test, pers_loss=p_loss / n_test)
     train_loss = train_loss.detach()

@@ -7,7 +7,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
-from .algorithms.base import check_choice
+from .algorithms.checks import check_choice
 from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, instantiate_checked, load_conf,
                      search_roots)
 from .device import cpu_threads, physical_memory, resolve_device

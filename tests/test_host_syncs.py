@@ -186,7 +186,7 @@ def test_a_round_runs_on_a_fake_cuda_device(algo_name, opts):
     data = agreement.data_of(model_name, torch.float32, "cpu")
     torch.manual_seed(0)
     model = agreement.MODELS[model_name](data)
-    algo = build(algo_name, **{**agreement.OPTIONS.get(algo_name, {}), **opts})
+    algo = build(algo_name, **{**agreement.declared_options(algo_name), **opts})
     sched = Schedule(rounds=1, tau=2, clients_per_round=2, batch_size=3)
     state = algo.init(params_of(model), data.num_clients)
     clients, trained, idx = sample_round(data, sched, algo.batches_per_step, 0, 1, algo.train_all)

@@ -82,7 +82,8 @@ def test_wheel_ships_the_configs_and_runs_from_an_empty_folder(tmp_path):
 
 USER_ALGO = '''
 import torch
-from fedrun.algorithms.base import Algorithm, check_positive
+from fedrun.algorithms.base import Algorithm
+from fedrun.algorithms.checks import check_positive
 
 
 class SignSGD(Algorithm):

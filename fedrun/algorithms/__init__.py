@@ -3,19 +3,29 @@ class; a user's own folder on Hydra's search path adds more): `names()` and `bui
 nothing else in fedrun keeps a list of algorithm names. The imports below are the Python API."""
 from __future__ import annotations
 
-from .base import Algorithm, ServerState
 from ..errors import ConfigError
-from .debias import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
-from .perfedavg import FedAvg, PerFedAvg
+from .apfl import APFL
+from .base import Algorithm, ServerState
+from .ditto import Ditto
+from .fedavg import FedAvg
+from .fedbabu import FedBABU
 from .fedbn import FedBN
+from .feddyn import FedDyn
+from .fedper import FedPer
 from .fedprox import FedProx
-from .personal import APFL, Ditto, LocalOnly
+from .fedrep import FedRep
+from .lgfedavg import LGFedAvg
+from .local import LocalOnly
+from .pavg import PAvg
+from .perfedavg import PerFedAvg
 from .pfedme import PFedMe
-from .split import FedBABU, FedPer, FedRep, LGFedAvg
+from .pfldyn import PFLDyn
+from .pflscaf import PFLScaf
+from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "names", "build"]
+           "names", "build", "algorithm_class"]
 
 
 def names(roots: list[str] | None = None) -> list[str]:
@@ -23,6 +33,17 @@ def names(roots: list[str] | None = None) -> list[str]:
     from ..config import group_options
 
     return group_options("algo", roots)
+
+
+def algorithm_class(name: str, roots: list[str] | None = None) -> type:
+    """The class `algo=<name>` builds (its yaml's `_target_`), not built."""
+    from hydra.utils import get_class
+
+    from ..config import group_file, load_conf
+
+    if name not in names(roots):
+        raise ConfigError(f"algo={name!r} is not a known algo; choose one of: {', '.join(names(roots))}")
+    return get_class(str(load_conf(group_file("algo", name, roots))["_target_"]))
 
 
 def build(name: str, roots: list[str] | None = None, **options) -> Algorithm:

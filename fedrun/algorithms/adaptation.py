@@ -26,6 +26,7 @@ An adaptation turns the meta model w into client i's model using the client's ow
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -33,11 +34,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.federated import ClientSplit
-from ..engine import Engine, Params, stack
+from ..engine import Engine
 from ..engine.proto import class_means, proto_logits
-from .base import Prototypes, check_choice, check_int, check_positive, clip_per_client, sgd_each
+from ..engine.tree import Params, clip_per_client, sgd_each, stack
+from .checks import check_choice, check_int, check_positive
 
 MetaLoss = Callable[..., Tensor]  # (p, *batch tensors) -> scalar, per client
+
+
+@dataclass
+class Prototypes:
+    """Proto-adapted models served at test time: every client classifies by the nearest of its own
+    class prototypes in the feature space of the shared `params` (paper 004, Sec. 2)."""
+
+    params: Params  # unstacked, shared by all clients
+    centers: Tensor  # [C, K, d] class prototypes per client
+    present: Tensor  # [C, K] bool: the client has training rows of the class (else masked out)
+
+    def evaluate(self, engine: Engine, split: ClientSplit) -> tuple[Tensor, Tensor]:
+        """Per-client summed loss and number correct over `split` of the nearest-prototype logits."""
+        return engine.evaluate(self.params, split, True, self.centers, self.present)
 
 
 class NoAdaptation:
@@ -53,6 +69,10 @@ class NoAdaptation:
 
     def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
         return None, None
+
+    def score(self, engine: Engine, served, split: ClientSplit) -> tuple[Tensor, Tensor]:
+        """Per-client summed loss and number correct of the served models (stacked params) over `split`."""
+        return engine.evaluate({k: v.detach() for k, v in served.items()}, split, False)
 
 
 class MAML(NoAdaptation):
@@ -131,6 +151,9 @@ class Proto(NoAdaptation):
             centers, present, train_loss = engine.prototypes(params, train, shared=True)
         return Prototypes(params, centers, present), train_loss
 
+    def score(self, engine: Engine, served: Prototypes, split: ClientSplit) -> tuple[Tensor, Tensor]:
+        return served.evaluate(engine, split)
+
 
 def proto_cross_entropy(logits: Tensor, y: Tensor, present: Tensor) -> Tensor:
     """Mean cross-entropy over the rows whose class has a prototype (others would be +inf)."""
@@ -156,4 +179,4 @@ def make_adaptation(adaptation: str, inner_lr: float, inner_steps: int, first_or
     return Proto() if adaptation == "proto" else NoAdaptation()
 
 
-__all__ = ["MAML", "NoAdaptation", "Proto", "make_adaptation", "proto_cross_entropy"]
+__all__ = ["MAML", "NoAdaptation", "Proto", "Prototypes", "make_adaptation", "proto_cross_entropy"]

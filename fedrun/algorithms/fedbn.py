@@ -19,16 +19,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine import Engine, Params
+from ..engine import Engine
 from ..engine.batchnorm import batchnorm_names, is_buffer, split_buffers
-from .base import (Algorithm, EvalContext, Local, ServerState, check_optional_int, check_positive, gather,
-                   onboarding_batches, scatter, sgd_step, stack)
+from ..engine.tree import Params, expand, gather, scatter, stack
 from ..errors import ConfigError
+from .base import Algorithm, EvalContext, Local, ServerState
+from .batchnorm import BatchNormState
+from .checks import check_optional_int, check_positive
+from .personalize import onboarding_batches
 
 
-class FedBN(Algorithm):
+class FedBN(BatchNormState, Algorithm):
     name = "fedbn"
-    batchnorm = True
 
     def __init__(self, lr: float, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
@@ -57,12 +59,9 @@ class FedBN(Algorithm):
         return {"params": {k: own.get(k, v) for k, v in p.items()},
                 "buffers": {k: v for k, v in own.items() if is_buffer(k)}}
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr)
-
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = super().server_update(state, local, clients, selected, weights)  # FedAvg's means
+        new = super().server_update(state, local, clients, selected, weights)  # FedAvg's means (BatchNormState)
         mine = state.clients["bn"]
         trained = {**local["params"], **local["buffers"]}
         bn = scatter(mine, clients, {k: trained[k] for k in mine})
@@ -71,7 +70,7 @@ class FedBN(Algorithm):
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         mine = state.clients["bn"]
         C = next(iter(mine.values())).shape[0]
-        return {**{k: v.unsqueeze(0).expand(C, *v.shape) for k, v in state.params.items()}, **mine}, None
+        return {**expand(state.params, C), **mine}, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client's BatchNorm layers, fitted with the shared layers frozen: new_client_steps

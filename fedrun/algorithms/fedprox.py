@@ -14,15 +14,15 @@ PerturbedGradientDescent: d_p = grad + mu (p - w^t)) computes the same step.
 """
 from __future__ import annotations
 
-from ..engine import Engine, stack
-from .base import Local, ServerState, check_positive, sgd
-from .debias import expand
-from .perfedavg import FedAvg
+from ..engine import Engine
+from ..engine.tree import expand, sgd, stack
+from .base import Local, ServerState
+from .checks import check_positive
+from .fedavg import AveragedSGD
 
 
-class FedProx(FedAvg):
+class FedProx(AveragedSGD):
     name = "fedprox"
-    batchnorm = False
 
     def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
                  finetune_epochs: int | None, mu: float, finetune_lr: float | None):

@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017) and Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020; papers 000/001).
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020; paper 001).
 
 Per-FedAvg, Algorithm 1 of paper 001, one local step with independent batches D, D', D'':
     w~    = w - alpha * grad f(w; D)
@@ -26,52 +26,12 @@ reproduce it (`protocol=official_2020` sets both):
 """
 from __future__ import annotations
 
-from ..engine import Engine, Params, stack
-from ..engine.batchnorm import split_buffers
-from .base import (Algorithm, EvalContext, Local, OneStepPersonalization, ServerState, check_choice,
-                   check_int, check_positive, sgd, sgd_step)
+from ..engine import Engine
+from ..engine.tree import sgd, stack
 from ..errors import ConfigError
-
-
-class FedAvg(OneStepPersonalization, Algorithm):
-    """`tau` local SGD steps of lr `beta`; the server averages. `alpha`: lr of the test-time update
-    ("FedAvg + update", the `pers_*` metrics), `finetune_steps` of it (1: the one-step update;
-    more: FedAvg + fine-tuning, the baseline of most PFL tables), or `finetune_epochs` passes of
-    minibatch SGD over each client's training rows (`base.finetune_epochs`; overrides the steps); null: no test-time update, only
-    the global model is evaluated (no pers_* columns; an evaluation then skips the backward pass
-    over every client's training rows: 30 rounds of the pFedMe MNIST DNN preset, every round
-    evaluated, 26 -> 15 s)."""
-
-    name = "fedavg"
-    batchnorm = True  # a BatchNorm model's running statistics are averaged like its parameters
-
-    def check_params(self, params: Params) -> None:
-        super().check_params(params)
-        if self.batchnorm and split_buffers(params)[1] and self.alpha is not None:
-            raise ConfigError(f"algo={self.name} with a BatchNorm model scores the global model only: test-time "
-                              f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; set algo.alpha=null")
-
-    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
-                 finetune_epochs: int | None, finetune_lr: float | None):
-        check_positive("algo.lr", lr)
-        check_positive("algo.finetune_lr", finetune_lr, allow_null=True)
-        self.finetune_lr = finetune_lr
-        check_positive("algo.beta", beta, allow_null=True)
-        beta = lr if beta is None else beta  # beta: the paper's name of lr; given, it wins
-        self.lr = beta
-        check_positive("algo.alpha", alpha, allow_zero=True, allow_null=True)
-        check_int("algo.finetune_steps", finetune_steps, 1)
-        if finetune_epochs is not None:
-            check_int("algo.finetune_epochs", finetune_epochs, 1)
-        self.beta, self.alpha, self.finetune_steps, self.finetune_epochs = beta, alpha, finetune_steps, finetune_epochs
-
-    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        if self.alpha is None:
-            return None, None
-        return super().personalize(engine, state, ctx)
-
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.beta)
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_choice, check_int, check_positive
+from .personalize import OneStepPersonalization
 
 
 class PerFedAvg(OneStepPersonalization, Algorithm):
@@ -79,6 +39,10 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
     VARIANTS = ("fo", "hf", "exact")
     TEST_TIME = ("train", "test_batches", "test_then_train")
     OUTER_STEP_FROM = ("w", "w_tilde")
+    protocol = {"test_time": dict(honest="train", official="test_batches", official_2020="test_then_train"),
+                "outer_step_from": dict(honest="w", official="w", official_2020="w_tilde")}
+    agreement_options = dict(alpha=0.05, beta=0.05)  # fedrun.bench.agreement: over the yaml's
+    agreement_variants = ({"variant": "hf"}, {"variant": "exact"})  # Hessian-free's extra gradients, HVPs
 
     def __init__(self, lr: float, alpha: float, beta: float | None, variant: str, delta: float, test_time: str | None,
                  outer_step_from: str | None, finetune_steps: int, finetune_epochs: int | None,

@@ -25,13 +25,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine import Engine, Params, weighted_mean
-from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_int, check_positive)
+from ..engine import Engine
+from ..engine.tree import Params, select, weighted_mean
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_choice, check_int, check_positive
 
 
 class PFedMe(Algorithm):
     name = "pfedme"
     PERSONALIZED = ("theta", "local")
+    protocol = {"train_all": dict(honest=False, official=True),  # every client trains every round
+                "mu": dict(honest=0.0, official=0.001),  # extra L2 term mu*theta in the inner problem
+                "personalized": dict(honest="theta", official="local")}  # the PM: each client's local model
+    agreement_options = dict(lam=15.0, eta=0.05, personal_lr=0.05, K=2, beta=1.5)  # fedrun.bench.agreement
 
     def __init__(self, lr: float, lam: float, eta: float | None, personal_lr: float, K: int, beta: float,
                  mu: float | None, personalized: str | None, train_all: bool | None,
@@ -88,7 +94,7 @@ class PFedMe(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        avg = weighted_mean({k: v[selected] for k, v in local["params"].items()}, weights)
+        avg = weighted_mean(select(local["params"], selected), weights)
         new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] for k in avg}
         extra = dict(state.extra)
         if self.train_all:  # every client trained: what it would serve is at hand

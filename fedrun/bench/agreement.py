@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms import build, names
+from ..algorithms import algorithm_class, build, names
 from ..errors import ConfigError
 from ..branches import settings
 from ..data import ClientSplit, FederatedData
 from ..engine import LoopEngine, VmapEngine, params_of
+from ..engine.batchnorm import split_buffers
 from ..models import CNN, CNNBN, MLP, MLPBN, MLR
 from ..simulate import Schedule, simulate
 
@@ -37,25 +38,26 @@ SHAPES = {"mlr": (6,), "mlp": (6,), "cnn": (1, IMAGE, IMAGE), "mlp_bn": (6,), "c
 TRAIN, TEST, CLASSES, CHUNK = (10, 7, 12, 9), (4, 3, 5, 2), 3, 4
 MAX_CHUNKS, GROUP_ROWS = 3, 8  # the vmap engine's groups: 3 chunks (groups=chunks), 8 rows = 2 chunks (rows)
 
-# Hyperparameters over each algorithm's yaml: small steps that keep the rounds finite, options that
-# use code paths the defaults leave idle (a clip that clips, a decaying lr, two MAML inner steps).
-META = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, inner_lr=0.05, inner_steps=2, test_steps=3)
-OPTIONS = {
-    "fedavg": dict(beta=0.05, alpha=0.05),
-    "perfedavg": dict(alpha=0.05, beta=0.05),
-    "pfedme": dict(lam=15.0, eta=0.05, personal_lr=0.05, K=2, beta=1.5),
-    "pavg": META,
-    "pfldyn": dict(META, alpha=0.01),
-    "pflscaf": META,
-    "feddyn": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, alpha=0.01),
-    "scaffold": dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5),
-    "fedrep": dict(lr=0.1, head_steps=1),  # one head step, then the body: both phases in tau=2
-    "fedbabu": dict(beta=0.1, alpha=0.1, finetune_steps=3),
-}
-# Besides every algorithm at its yaml's options: the other engine primitives' users (Per-FedAvg's
-# HVPs, hf's extra gradients, MAML and Proto on each of paper 004's algorithms' defaults).
-EXTRA = [("perfedavg", {"variant": "hf"}), ("perfedavg", {"variant": "exact"}), ("pavg", {"adaptation": "proto"}),
-         ("fedavg", {"alpha": None})]  # FedAvg as it runs on a BatchNorm model (no test-time steps)
+
+
+def declared_options(algo: str) -> dict:
+    """The options the agreement runs `algo` with over its yaml's: those its class declares itself
+    (`agreement_options`, not inherited: small steps that keep the rounds finite, options that use
+    code paths the defaults leave idle, e.g. a clip that clips, a decaying lr)."""
+    return dict(vars(algorithm_class(algo)).get("agreement_options", {}))
+
+
+def variants(algo: str, batchnorm: bool) -> list[dict]:
+    """Besides `algo` at its options, the variants its class declares (`agreement_variants`: the
+    other engine primitives' users, e.g. Per-FedAvg's HVPs, Proto adaptation) and, on a model with
+    BatchNorm, the options it runs there with (`agreement_batchnorm`, where its defaults are refused)."""
+    cls = vars(algorithm_class(algo))
+    out = [dict(v) for v in cls.get("agreement_variants", ())]
+    if batchnorm and "agreement_batchnorm" in cls:
+        out.append(dict(cls["agreement_batchnorm"]))
+    return out
+
+
 SCHEDULE = dict(rounds=2, tau=2, clients_per_round=2, batch_size=4)
 TOL = {torch.float64: (1e-9, 1e-10), torch.float32: (1e-4, 1e-5)}  # rtol, atol of params and client states
 # of the logged metrics: the vmap engine sums accuracies with float32 row masks
@@ -76,25 +78,22 @@ class Case:
 
 
 def algo_cases(model: str) -> list[tuple[str, dict]]:
-    """Every algorithm conf/algo knows (read there, so a new one is checked), then EXTRA; on each
-    model those it serves: on MLR not those adapting by Proto (MLR has no hidden layer: Proto's
-    features would be the inputs) nor those splitting the model into body and head (MLR is a head
-    alone; they refuse it); on the BatchNorm models the algorithms that handle BatchNorm, on the
-    others not FedBN (both refuse)."""
-    out = [(a, {}) for a in names()] + EXTRA
+    """Every algorithm conf/algo knows (read there, so a new one is checked), then the variants the
+    algorithms declare; on each model those it serves: on MLR not those adapting by Proto (MLR has
+    no hidden layer: Proto's features would be the inputs) nor those splitting the model into body
+    and head (MLR is a head alone; they refuse it); on the BatchNorm models the algorithms that
+    handle BatchNorm, on the others not FedBN (both refuse)."""
     state = params_of(MODELS[model](data_of(model, torch.float64, "cpu")))
-    out = [(a, o) for a, o in out if _serves(build(a, **{**OPTIONS.get(a, {}), **o}), state, model)]
-    return out
+    batchnorm = bool(split_buffers(state)[1])
+    out = [(a, {}) for a in names()] + [(a, v) for a in names() for v in variants(a, batchnorm)]
+    return [(a, o) for a, o in out if _serves(build(a, **{**declared_options(a), **o}), state, model)]
 
 
 def _serves(algo, params, model: str) -> bool:
     """Whether `algo` runs on a model with these params (Proto needs a hidden layer; the body/head
     splits refuse a model that is a head alone; BatchNorm models need an algorithm that handles
-    their buffers, FedBN a model with them) and is not run there twice (FedAvg without test-time
-    steps: only on the BatchNorm models, where its defaults are refused)."""
+    their buffers, FedBN a model with them)."""
     if getattr(algo, "adaptation", "") == "proto" and model == "mlr":
-        return False
-    if algo.name == "fedavg" and algo.alpha is None and not model.endswith("_bn"):
         return False
     try:
         algo.check_params(params)
@@ -147,7 +146,7 @@ def _run(model_name: str, algo_name: str, options: tuple, paths: tuple | None, d
     else:
         eng = VmapEngine(model, max_chunks=MAX_CHUNKS, paths=dict(paths))
         eng.CPU_GROUP_ROWS = GROUP_ROWS
-    algo = build(algo_name, **{**OPTIONS.get(algo_name, {}), **dict(options)})
+    algo = build(algo_name, **{**declared_options(algo_name), **dict(options)})
     rows = []
     state, last = simulate(algo, eng, data, params_of(model), Schedule(**SCHEDULE), 0,
                            on_eval=lambda r, t, ev: rows.append(ev.row))

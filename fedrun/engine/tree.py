@@ -1,10 +1,12 @@
-"""Per-client parameter trees: dicts name -> tensor, "stacked" with a leading client dimension."""
+"""Per-client parameter trees: dicts name -> tensor, "stacked" with a leading client dimension.
+
+THE module of tree helpers (fedjax's tree_util in spirit): algorithms build their local steps and
+server updates from these, not from hand-written dict comprehensions over the client axis.
+"""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-
 
 Params = dict[str, Tensor]
 
@@ -12,6 +14,35 @@ Params = dict[str, Tensor]
 def stack(params: Params, m: int) -> Params:
     """m copies of unstacked params along a new leading client dimension."""
     return {k: v.unsqueeze(0).expand(m, *v.shape).clone() for k, v in params.items()}
+
+
+def expand(params: Params, m: int) -> Params:
+    """m views of the same params along a new leading client dimension (no copy)."""
+    return {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in params.items()}
+
+
+def zeros_like(params: Params, m: int) -> Params:
+    """Zeros stacked over m clients, shaped and typed like the unstacked `params`."""
+    return {k: torch.zeros(m, *v.shape, dtype=v.dtype, device=v.device) for k, v in params.items()}
+
+
+def select(params: Params, idx: Tensor) -> Params:
+    """The clients `idx` (positions or a mask) of stacked params."""
+    return {k: v[idx] for k, v in params.items()}
+
+
+gather = select  # rows `ids` of per-client state stacked over ALL clients: the same indexing
+
+
+def scatter(full: Params, ids: Tensor, rows: Params) -> Params:
+    """Per-client state with rows `ids` replaced (a new tensor: earlier states stay as they were)."""
+    return {k: v.index_copy(0, ids, rows[k].to(v.dtype)) for k, v in full.items()}
+
+
+def per_client(scalars: Tensor, like: Tensor) -> Tensor:
+    """Per-client scalars ([m] or [m, 1]) shaped to broadcast against a stacked tensor `like`
+    [m, ...], in `like`'s dtype."""
+    return scalars.view(-1, *[1] * (like.dim() - 1)).to(like.dtype)
 
 
 def weighted_mean(stacked: Params, weights: Tensor | None = None) -> Params:
@@ -22,9 +53,41 @@ def weighted_mean(stacked: Params, weights: Tensor | None = None) -> Params:
     return {k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in stacked.items()}
 
 
+def sgd(params: Params, grads: Params, lr: float) -> Params:
+    """params - lr * grads for every tensor, as ONE multi-tensor op (torch._foreach_add: on CUDA a
+    few fused launches for all tensors; on the CPU the same per-tensor torch.add, bit for bit).
+    Gradients in another dtype (bf16 autocast) are cast to the parameters' first."""
+    keys = list(params)
+    g = [grads[k] if grads[k].dtype == params[k].dtype else grads[k].to(params[k].dtype) for k in keys]
+    return dict(zip(keys, torch._foreach_add([params[k] for k in keys], g, alpha=-lr)))
+
+
+def sgd_each(params: Params, grads: Params, lr: float) -> Params:
+    """`sgd` one tensor at a time: inside torch.func transforms (vmap has no rule for foreach ops)."""
+    return {k: torch.add(params[k], grads[k], alpha=-lr) for k in params}
+
+
+def clip_per_client(g: Params, max_norm: float | None) -> Params:
+    """Scales each client's gradient (leading dim = clients) to norm <= max_norm, with
+    torch.nn.utils.clip_grad_norm_'s rule (scale max_norm / (norm + 1e-6) when below 1)."""
+    if not max_norm:
+        return g
+    sq = sum(v.flatten(1).pow(2).sum(1) for v in g.values())
+    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return {k: v * per_client(scale, v) for k, v in g.items()}
+
+
 def params_of(model: nn.Module) -> Params:
     """The model's initial state: its parameters and, for a model with BatchNorm layers, their
     buffers (running_mean, running_var, num_batches_tracked; see `split_buffers`)."""
     out = {k: v.detach().clone() for k, v in model.named_parameters()}
     out.update({k: v.detach().clone() for k, v in model.named_buffers()})
     return out
+
+
+def head_names(params: Params) -> list[str]:
+    """The parameters of the model's output layer (the "head" of FedPer, FedRep, LG-FedAvg, FedBABU):
+    those of the module that owns the last parameter (fedrun's models: MLR `linear`, MLP the last
+    `net.<i>`, CNN `head`). The rest is the "body" (the representation)."""
+    last = list(params)[-1].rsplit(".", 1)[0] + "."
+    return [k for k in params if k.startswith(last)]

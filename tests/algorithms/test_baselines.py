@@ -5,7 +5,9 @@ import torch
 
 from fedrun import outputs
 from fedrun.algorithms import APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
-from fedrun.algorithms.base import ServerState, finetune, finetune_epochs, head_names
+from fedrun.algorithms.base import ServerState
+from fedrun.algorithms.personalize import finetune, finetune_epochs
+from fedrun.engine.tree import head_names
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack

@@ -7,7 +7,7 @@ import torch
 from hydra.errors import InstantiationException
 
 from fedrun.algorithms import Ditto, FedAvg, FedDyn, PerFedAvg, PFedMe, build, names
-from fedrun.algorithms.base import finetune
+from fedrun.algorithms.personalize import finetune
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.evaluate import served

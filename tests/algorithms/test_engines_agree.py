@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedrun.bench import agreement
-from fedrun.algorithms import PerFedAvg
+from fedrun.algorithms import PerFedAvg, names
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.cli import CONF_DIR
 from fedrun.data import synthetic
@@ -71,7 +71,8 @@ SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME, "fedbn": BN64}  # o
 
 # Hyperparameters merged over an algorithm's config: fedrun.bench.agreement's (small steps that keep 2-3
 # rounds finite, options that exercise code paths the defaults leave idle), pFedMe with 3 inner steps.
-OPTIONS = {**agreement.OPTIONS, "pfedme": dict(agreement.OPTIONS["pfedme"], K=3)}
+OPTIONS = {n: agreement.declared_options(n) for n in names()}
+OPTIONS["pfedme"] = dict(OPTIONS["pfedme"], K=3)
 
 # Choice options: an algorithm whose config has one is checked with every allowed value.
 CHOICES = {"variant": PerFedAvg.VARIANTS, "adaptation": ADAPTATIONS, "train_all": (False, True)}

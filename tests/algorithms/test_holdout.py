@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from fedrun.algorithms import Ditto, FedRep, build, names
-from fedrun.algorithms.base import Prototypes, head_names, onboarding_batches
+from fedrun.algorithms.adaptation import Prototypes
+from fedrun.algorithms.personalize import onboarding_batches
+from fedrun.engine.tree import head_names
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.evaluate import evaluate, served

@@ -199,12 +199,14 @@ def test_test_batch_personalization_reads_test_labels_and_train_does_not(data):
 
 def test_protocol_fills_only_null_options_that_exist():
     cfg = OmegaConf.create({"protocol": "official", "aggregate": None,
-                            "algo": {"mu": None, "personalized": "theta", "train_all": None}})
+                            "algo": {"_target_": "fedrun.algorithms.PFedMe", "mu": None, "personalized": "theta",
+                                     "train_all": None}})
     used = apply_protocol(cfg)
     assert cfg.aggregate == "samples" and cfg.algo.mu == 0.001 and cfg.algo.train_all is True
     assert cfg.algo.personalized == "theta"  # explicit choice kept
     assert "algo.test_time" not in used and used["algo.personalized"] == "theta"
-    honest = OmegaConf.create({"protocol": "honest", "aggregate": None, "algo": {"test_time": None}})
+    honest = OmegaConf.create({"protocol": "honest", "aggregate": None,
+                               "algo": {"_target_": "fedrun.algorithms.PerFedAvg", "test_time": None}})
     apply_protocol(honest)
     assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
     with pytest.raises(ConfigError, match="protocol='fair'.*honest, official, official_2020"):
@@ -218,15 +220,22 @@ def test_protocol_fills_only_null_options_that_exist():
 
 
 def test_official_2020_is_official_with_the_2020_perfedavg():
-    def resolved(protocol):
-        cfg = OmegaConf.create({"protocol": protocol, "aggregate": None,
-                                "algo": {"test_time": None, "outer_step_from": None, "mu": None}})
-        return apply_protocol(cfg)
+    from fedrun.algorithms import algorithm_class, names
+
+    def resolved(protocol):  # every algorithm's declared choices, and the run's
+        out = {}
+        for name in names():
+            cls = algorithm_class(name)
+            cfg = OmegaConf.create({"protocol": protocol, "aggregate": None,
+                                    "algo": {"_target_": f"{cls.__module__}.{cls.__qualname__}",
+                                             **{k: None for k in cls.protocol}}})
+            out.update({f"{name}:{k}": v for k, v in apply_protocol(cfg).items()})
+        return out
 
     official, old = resolved("official"), resolved("official_2020")
-    assert {k for k in official if official[k] != old[k]} == {"algo.test_time", "algo.outer_step_from"}
-    assert (old["algo.test_time"], old["algo.outer_step_from"]) == ("test_then_train", "w_tilde")
-    assert official["algo.outer_step_from"] == resolved("honest")["algo.outer_step_from"] == "w"
+    assert {k for k in official if official[k] != old[k]} == {"perfedavg:algo.test_time", "perfedavg:algo.outer_step_from"}
+    assert (old["perfedavg:algo.test_time"], old["perfedavg:algo.outer_step_from"]) == ("test_then_train", "w_tilde")
+    assert official["perfedavg:algo.outer_step_from"] == resolved("honest")["perfedavg:algo.outer_step_from"] == "w"
 
 
 # ------------------------------------------------------------------ Table 1 presets

@@ -1,7 +1,8 @@
-"""PFL: debiased personalized federated learning (Acar et al. 2021; paper 004, Algs. 1-2), its
-FedAvg counterpart P-Avg / Per-FedAvg, and the non-personalized FedDyn and SCAFFOLD.
+"""The debiased family's base: PFL, debiased personalized federated learning (Acar et al. 2021; paper
+004, Algs. 1-2), its FedAvg counterpart P-Avg / Per-FedAvg (pavg.py), PFLDyn (pfldyn.py), PFLScaf
+(pflscaf.py), and the non-personalized FedDyn (feddyn.py) and SCAFFOLD (scaffold.py).
 
-Every algorithm here runs the same local optimizer (Alg. 2, Update): K = `tau` steps, each on a
+Every one of them runs the same local optimizer, `DebiasedSGD` (Alg. 2, Update): K = `tau` steps, each on a
 support batch D and a query batch D' (one batch without adaptation),
 
     w <- w - lr_t * ( clip( grad L(w; D, D') + linear term + proximal term ) + weight_decay * w )
@@ -46,39 +47,30 @@ Two choices of that code differ from the paper and are options, on under protoco
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..engine import Engine, Params, stack, weighted_mean
-from .adaptation import make_adaptation
-from .base import (Algorithm, EvalContext, Local, ServerState, check_choice, check_positive, clip_per_client,
-                   require_body)
+from ..engine import Engine
+from ..engine.tree import Params, clip_per_client, scatter, select, stack, weighted_mean
 from ..errors import ConfigError
+from .adaptation import make_adaptation
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_choice, check_positive, require_body
 
 EVAL_MODELS = ("server", "clients_mean")
-
-
-def expand(params: Params, m: int) -> Params:
-    """m views of the same params along a new leading client dimension (no copy)."""
-    return {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in params.items()}
-
-
-def _zeros(params: Params, n: int) -> Params:
-    return {k: torch.zeros(n, *v.shape, dtype=v.dtype, device=v.device) for k, v in params.items()}
-
-
-def _scatter(full: Params, ids: Tensor, rows: Params) -> Params:
-    return {k: v.index_copy(0, ids, rows[k].to(v.dtype)) for k, v in full.items()}
-
-
+# paper 004's options for the engines' agreement check (fedrun.bench.agreement): a clip that clips, a
+# decaying lr, two MAML inner steps
+AGREEMENT_META = dict(lr=0.1, lr_decay=0.9, weight_decay=0.01, clip=0.5, inner_lr=0.05, inner_steps=2, test_steps=3)
 # FedDyn and SCAFFOLD: the debiased local training with no adaptation (the MAML options are unused).
 NO_ADAPTATION = dict(adaptation="none", inner_lr=0.01, inner_steps=1, first_order=False, test_steps=None)
 
 
-class MetaSGD(Algorithm):
-    """The shared local optimizer on the adaptation's meta-loss; with no correction this is pavg."""
+class DebiasedSGD(Algorithm):
+    """The shared local optimizer on the adaptation's meta-loss, with the linear and proximal terms
+    of a subclass's regularizer (none: P-Avg); its per-client state and server update are the
+    subclass's."""
 
     name = "pavg"
+    protocol = {"eval_model": dict(honest="server", official="clients_mean")}  # what the authors' code scored
 
     def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, adaptation: str,
                  inner_lr: float, inner_steps: int, first_order: bool, test_steps: int | None,
@@ -125,7 +117,7 @@ class MetaSGD(Algorithm):
         """`clients_state` with the sampled clients' new models as their latest (eval_model=clients_mean)."""
         if "last" not in clients_state:
             return clients_state
-        return {**clients_state, "last": _scatter(clients_state["last"], ids, w)}
+        return {**clients_state, "last": scatter(clients_state["last"], ids, w)}
 
     def linear_term(self, local: Local) -> Params | None:
         """Gradient of the regularizer's linear part."""
@@ -160,7 +152,7 @@ class MetaSGD(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        w = {k: v[selected] for k, v in local["params"].items()}
+        w = select(local["params"], selected)
         return ServerState(params=weighted_mean(w, weights), extra=state.extra,
                            clients=self.keep_last(state.clients, clients[selected], w))
 
@@ -170,130 +162,5 @@ class MetaSGD(Algorithm):
             batches = ctx.train_batch(steps=(self.adapt.test_steps,))
         return self.adapt.personalize(engine, self.eval_params(state), ctx.data.train, batches)
 
-
-class PAvg(MetaSGD):
-    """P-Avg (Proto) / Per-FedAvg (MAML) of paper 004's experiments: FedAvg on the meta-loss.
-
-    `proto_first_step_only` (adaptation=proto) reproduces the authors' P-Avg (Proto) training
-    loop, which switches the model's Proto mode off inside its step loop: only each round's first
-    local step embeds with the last hidden layer, the later ones with the network's outputs.
-    """
-
-    name = "pavg"
-
-    def __init__(self, proto_first_step_only: bool | None, **options):
-        check_choice("algo.proto_first_step_only", proto_first_step_only, [True, False, None])
-        super().__init__(**options)
-        self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
-
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        local = super().client_init(state, clients, rnd)
-        if self.proto_first_step_only:
-            local["steps"] = torch.zeros(len(clients), 1, device=clients.device)
-        return local
-
-    def logits_embedding(self, local: Local) -> bool:
-        return self.proto_first_step_only and bool(local["steps"][0] > 0)
-
-
-class PFLDyn(MetaSGD):
-    """PFLDyn (paper 004, Alg. 1 with Alg. 2's PFLDyn Regularizer, g_i update and Update_1)."""
-
-    name = "pfldyn"
-
-    def __init__(self, alpha: float, **options):
-        check_positive("algo.alpha", alpha)
-        super().__init__(**options)
-        self.alpha = alpha
-
-    def init(self, params: Params, num_clients: int) -> ServerState:
-        state = super().init(params, num_clients)
-        h = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"h": h}, clients={**state.clients, "g": _zeros(params, num_clients)})
-
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        local = super().client_init(state, clients, rnd)
-        return {**local, "start": expand(state.params, len(clients)),
-                "g": {k: v[clients] for k, v in state.clients["g"].items()}}
-
-    def linear_term(self, local: Local) -> Params:
-        return {k: -v for k, v in local["g"].items()}
-
-    def proximal_term(self, local: Local) -> Params:
-        w, w0 = local["params"], local["start"]
-        return {k: self.alpha * (w[k] - w0[k]) for k in w}
-
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
-                      weights: Tensor | None) -> ServerState:
-        w = {k: v[selected] for k, v in local["params"].items()}
-        delta = {k: w[k] - state.params[k] for k in w}  # w_i - w^t, sampled clients
-        g_new = {k: local["g"][k][selected] - self.alpha * delta[k] for k in w}
-        m = state.clients["g"][next(iter(w))].shape[0]
-        h = {k: state.extra["h"][k] - self.alpha / m * delta[k].sum(0) for k in w}
-        avg = weighted_mean(w, weights)
-        params = {k: avg[k] - h[k] / self.alpha for k in w}
-        ids = clients[selected]
-        kept = self.keep_last(state.clients, ids, w)
-        return ServerState(params=params, extra={**state.extra, "h": h},
-                           clients={**kept, "g": _scatter(state.clients["g"], ids, g_new)})
-
-
-class PFLScaf(MetaSGD):
-    """PFLScaf (paper 004, Alg. 1 with Alg. 2's PFLScaf Regularizer, g_i update and Update_2)."""
-
-    name = "pflscaf"
-    models_per_round = 2
-
-    def init(self, params: Params, num_clients: int) -> ServerState:
-        state = super().init(params, num_clients)
-        c = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"c": c}, clients={**state.clients, "c": _zeros(params, num_clients)})
-
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        local = super().client_init(state, clients, rnd)
-        m = len(clients)
-        first = next(iter(state.params.values()))
-        return {**local, "start": expand(state.params, m), "c": expand(state.extra["c"], m),
-                "ci": {k: v[clients] for k, v in state.clients["c"].items()},
-                "steps": torch.zeros(m, 1, dtype=first.dtype, device=first.device)}
-
-    def linear_term(self, local: Local) -> Params:
-        return {k: local["c"][k] - local["ci"][k] for k in local["c"]}
-
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
-                      weights: Tensor | None) -> ServerState:
-        w = {k: v[selected] for k, v in local["params"].items()}
-        scale = local["steps"][selected].squeeze(1) * self.lr  # K beta, beta the configured (undecayed) lr
-        ci = {k: local["ci"][k][selected] for k in w}
-        ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / scale.view(-1, *[1] * (w[k].dim() - 1))
-                  for k in w}
-        m = state.clients["c"][next(iter(w))].shape[0]
-        c = {k: state.extra["c"][k] + (ci_new[k] - ci[k]).sum(0) / m for k in w}
-        ids = clients[selected]
-        kept = self.keep_last(state.clients, ids, w)
-        return ServerState(params=weighted_mean(w, weights), extra={**state.extra, "c": c},
-                           clients={**kept, "c": _scatter(state.clients["c"], ids, ci_new)})
-
-
-class FedDyn(PFLDyn):
-    """FedDyn (Acar et al. 2021a): PFLDyn without adaptation; serves only the global model."""
-
-    name = "feddyn"
-
-    def __init__(self, alpha: float, lr: float, lr_decay: float, weight_decay: float, clip: float | None,
-                 eval_model: str | None, finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        super().__init__(alpha=alpha, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip,
-                         eval_model=eval_model, finetune_steps=finetune_steps, finetune_epochs=finetune_epochs,
-                         finetune_lr=finetune_lr, **NO_ADAPTATION)
-
-
-class Scaffold(PFLScaf):
-    """SCAFFOLD (Karimireddy et al. 2020, option II): PFLScaf without adaptation; global model only."""
-
-    name = "scaffold"
-
-    def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, eval_model: str | None,
-                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        super().__init__(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, clip=clip, eval_model=eval_model,
-                         finetune_steps=finetune_steps, finetune_epochs=finetune_epochs, finetune_lr=finetune_lr,
-                         **NO_ADAPTATION)
+    def score(self, engine: Engine, served, split) -> tuple[Tensor, Tensor]:
+        return self.adapt.score(engine, served, split)  # Proto serves prototypes

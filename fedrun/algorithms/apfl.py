@@ -1,0 +1,112 @@
+"""APFL, adaptive personalized FL (Deng, Kamani, Mahdavi 2020, Alg. 1): each client keeps a local
+model v_i and a mixing weight alpha_i; per local step, on one minibatch D,
+
+    w     <- w - lr grad f_i(w; D)
+    vbar   = alpha_i v_i + (1 - alpha_i) w                 (before the step)
+    v_i   <- v_i - lr alpha_i grad f_i(vbar; D)
+    alpha_i <- clip(alpha_i - alpha_lr <v_i - w, grad f_i(vbar; D)>, 0, 1)   (alpha_lr 0: fixed)
+
+w is averaged by the server; the model served is alpha_i v_i + (1 - alpha_i) w^{t+1}.
+`follow=pfllib` (protocol=official) reproduces PFLlib's clientAPFL instead, which differs from the
+paper in four places: v_i is trained on its OWN loss (v <- v - lr grad f(v; D)); the alpha gradient
+is <v_i - w, alpha grad f(v_i) + (1 - alpha) grad f(w)> + 0.02 alpha at the stepped models; after
+the round v_i is overwritten by the mixture (1 - alpha_i) w_i + alpha_i v_i (w_i: the client's own
+trained w); and that stored mixture is what is served (the traces of tests/test_golden_pfllib.py
+check it).
+
+Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
+round's clients and scattered back, so unsampled clients keep theirs): `clients["v"]` (started from the initial model) and `clients["mix"]["alpha"]` ([C, 1]).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, expand, gather, per_client, scatter, select, sgd, stack, weighted_mean
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_choice, check_optional_int, check_positive, check_unit
+from .personalize import onboarding_batches
+
+
+class APFL(Algorithm):
+    name = "apfl"
+
+    FOLLOW = ("paper", "pfllib")
+    protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's clientAPFL update
+
+    def __init__(self, lr: float, alpha: float, alpha_lr: float, follow: str | None, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.new_client_steps = new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+        check_choice("algo.follow", follow or "paper", self.FOLLOW)
+        self.follow = follow or "paper"
+        check_unit("algo.alpha", alpha)
+        check_positive("algo.alpha_lr", alpha_lr, allow_zero=True)
+        self.lr, self.alpha, self.alpha_lr = lr, float(alpha), alpha_lr
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        first = next(iter(params.values()))
+        alpha = torch.full((num_clients, 1), self.alpha, dtype=first.dtype, device=first.device)
+        return ServerState(params=params, clients={"v": stack(params, num_clients), "mix": {"alpha": alpha}})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return {"params": stack(state.params, len(clients)), "v": gather(state.clients["v"], clients),
+                "alpha": state.clients["mix"]["alpha"][clients]}
+
+    @staticmethod
+    def _mix(v: Params, w: Params, alpha: Tensor) -> Params:
+        """alpha v + (1 - alpha) w per client (alpha [m, 1])."""
+        return {k: torch.lerp(w[k], v[k], per_client(alpha, v[k])) for k in v}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        w, v, alpha = local["params"], local["v"], local["alpha"]
+        g, _ = engine.grad(w, x, y)
+        if self.follow == "pfllib":
+            return self._pfllib_step(engine, w, v, alpha, g, x, y)
+        gbar, _ = engine.grad(self._mix(v, w, alpha), x, y)
+        new_v = {k: v[k] - self.lr * per_client(alpha, v[k]) * gbar[k] for k in v}
+        if self.alpha_lr:
+            dot = sum(((v[k] - w[k]) * gbar[k]).flatten(1).sum(1) for k in v)
+            alpha = (alpha - self.alpha_lr * dot.view(-1, 1)).clamp(0.0, 1.0)
+        return {"params": sgd(w, g, self.lr), "v": new_v, "alpha": alpha}
+
+    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor, y: Tensor) -> Local:
+        gv, _ = engine.grad(v, x, y)
+        new_w, new_v = sgd(w, g, self.lr), sgd(v, gv, self.lr)
+        if self.alpha_lr:
+            a = alpha.view(-1)
+            dot = sum(((new_v[k] - new_w[k]) * (per_client(a, gv[k]) * gv[k] + per_client(1 - a, g[k]) * g[k])).flatten(1).sum(1)
+                      for k in v)
+            alpha = (alpha - self.alpha_lr * (dot + 0.02 * a).view(-1, 1)).clamp(0.0, 1.0)
+        return {"params": new_w, "v": new_v, "alpha": alpha}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean(select(local["params"], selected), weights)
+        if self.follow == "pfllib":  # v_i <- (1 - alpha_i) w_i + alpha_i v_i, with the client's own w_i
+            local = {**local, "v": self._mix(local["v"], local["params"], local["alpha"])}
+        kept = {"v": scatter(state.clients["v"], clients, local["v"]),
+                "mix": {"alpha": state.clients["mix"]["alpha"].index_copy(0, clients, local["alpha"])}}
+        return ServerState(params=new, extra=state.extra, clients={**state.clients, **kept})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        alpha = state.clients["mix"]["alpha"]
+        if self.follow == "pfllib":  # the stored mixture (PFLlib's model_per)
+            return state.clients["v"], None
+        return self._mix(state.clients["v"], expand(state.params, alpha.shape[0]), alpha), None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's v and alpha: new_client_steps (null: tau) of its local APFL steps from
+        v = w^t (as every client's v and w start from the same model) and the initial alpha, kept
+        as a round's end keeps them; it is then served its mixture with the server model."""
+        local = {**self.client_init(state, new, 0), "v": stack(state.params, len(new))}
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.client_step(engine, local, batches, 0)
+        v = self._mix(local["v"], local["params"], local["alpha"]) if self.follow == "pfllib" else local["v"]
+        kept = {"v": scatter(state.clients["v"], new, v),
+                "mix": {"alpha": state.clients["mix"]["alpha"].index_copy(0, new, local["alpha"])}}
+        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})

@@ -1,0 +1,85 @@
+"""The body/head family's base: algorithms that split the model into a body (the representation:
+every layer but the output layer) and a head (the output layer, `engine.tree.head_names`), one part
+shared and averaged, the other kept by each client: FedPer (fedper.py: the head personal), LG-FedAvg
+(lgfedavg.py: the body personal) and FedRep (fedrep.py: FedPer's split, trained in two phases).
+FedBABU (fedbabu.py) freezes the head instead and is a FedAvg.
+
+The personal part lives in `ServerState.clients["part"]` (stacked over ALL clients, started from the
+initial model, checkpointed; unsampled clients keep theirs). Served models: the server's shared
+part with each client's personal part. The `global_*` metrics score the server model, whose
+personal part stays the initial one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, expand, gather, head_names, scatter, select, stack, weighted_mean
+from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
+from .checks import check_optional_int, check_positive, require_body
+from .personalize import onboarding_batches
+
+
+class PartSharing(Algorithm):
+    """`tau` SGD steps of lr `lr` on the whole model; the server averages the shared part, each client
+    keeps its `personal_part` (head | body)."""
+
+    personal_part = "head"  # which part each client keeps: head | body
+
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def personal_names(self, params: Params) -> list[str]:
+        head = head_names(params)
+        return head if self.personal_part == "head" else [k for k in params if k not in head]
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        require_body(self.name, params, f"keeps the model's {self.personal_part} per client and shares the rest")
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        self.check_params(params)
+        mine = {k: params[k] for k in self.personal_names(params)}
+        return ServerState(params=params, clients={"part": stack(mine, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        p = stack(state.params, len(clients))
+        return {"params": {**p, **gather(state.clients["part"], clients)}}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return sgd_step(engine, local, batches, self.lr)
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        mine = state.clients["part"]
+        shared = weighted_mean(select({k: v for k, v in local["params"].items() if k not in mine}, selected), weights)
+        part = scatter(mine, clients, {k: local["params"][k] for k in mine})
+        return ServerState(params={**state.params, **shared}, extra=state.extra, clients={**state.clients, "part": part})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        mine = state.clients["part"]
+        C = next(iter(mine.values())).shape[0]
+        return {k: mine[k] if k in mine else v for k, v in expand(state.params, C).items()}, None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's personal part, fitted with the shared part frozen: new_client_steps
+        (null: tau) SGD steps of lr on minibatches of its training rows, from its (initial) part."""
+        part = state.clients["part"]
+        p = {**stack(state.params, len(new)), **gather(part, new)}
+        p = fit_part(engine, p, list(part), onboarding_batches(ctx, new, self.new_client_steps), self.lr)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})})
+
+
+def fit_part(engine: Engine, params: Params, names: list[str], batches, lr: float) -> Params:
+    """Stacked `params` after SGD steps of `lr` on the entries `names` only, the rest frozen (one
+    step per entry of `batches`)."""
+    for (x, y), in batches:
+        g, _ = engine.grad(params, x, y)
+        params = {k: torch.add(v, g[k], alpha=-lr) if k in names else v for k, v in params.items()}
+    return params

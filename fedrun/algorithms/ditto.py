@@ -1,0 +1,76 @@
+"""Ditto (Li, Hu, Beirami, Smith, ICML 2021, Alg. 1): the global model is trained as FedAvg (tau SGD
+steps of lr `lr` from w^t, averaged), and each sampled client also updates its personal model v_i
+with tau steps of lr `personal_lr` on
+
+    f_i(v) + lam/2 ||v - w^t||^2,   v <- v - personal_lr (grad f_i(v; D') + lam (v - w^t)),
+
+anchored at the round's server model w^t. Each local step draws two independent minibatches: D for
+the global step, D' for the personal step (the reference code passes over its loader separately for
+the two). lam = 0: v_i is a purely local model.
+
+Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
+round's clients and scattered back, so unsampled clients keep theirs): the personal models, `clients["personal"]`, started from the initial model.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, expand, gather, scatter, select, sgd, stack, weighted_mean
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_optional_int, check_positive
+from .personalize import onboarding_batches
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    batches_per_step = 2  # D for the global model's step, D' for the personal model's
+
+    def __init__(self, lr: float, personal_lr: float, lam: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_positive("algo.personal_lr", personal_lr)
+        check_positive("algo.lam", lam, allow_zero=True)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.personal_lr, self.lam, self.new_client_steps = lr, personal_lr, lam, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients={"personal": stack(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        m = len(clients)
+        return {"params": stack(state.params, m), "anchor": expand(state.params, m),
+                "personal": gather(state.clients["personal"], clients)}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), (x2, y2) = batches
+        w, v, anchor = local["params"], local["personal"], local["anchor"]
+        g, _ = engine.grad(w, x, y)
+        gv, _ = engine.grad(v, x2, y2)
+        if self.lam:
+            gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
+        return {**local, "params": sgd(w, g, self.lr), "personal": sgd(v, gv, self.personal_lr)}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean(select(local["params"], selected), weights)
+        personal = scatter(state.clients["personal"], clients, local["personal"])
+        return ServerState(params=new, extra=state.extra, clients={**state.clients, "personal": personal})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        return state.clients["personal"], None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's personal model: its personal objective f_i(v) + lam/2 ||v - w^t||^2,
+        from v = w^t (as every client's v and w start from the same model), new_client_steps steps
+        (null: tau) of personal_lr on minibatches of its training rows."""
+        m = len(new)
+        v, anchor = stack(state.params, m), expand(state.params, m)
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            gv, _ = engine.grad(v, x, y)
+            if self.lam:
+                gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
+            v = sgd(v, gv, self.personal_lr)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "personal": scatter(state.clients["personal"], new, v)})

@@ -1,0 +1,41 @@
+"""FedBABU (Oh, Kim, Yun, ICLR 2022): FedAvg with the head (the output layer, `engine.tree.head_names`)
+frozen at its (random) initial value during training; only the body learns and is averaged. Test
+time: the whole model is fine-tuned, `finetune_steps` SGD steps of lr `alpha` on the client's
+training rows. The `global_*` metrics score the server model (its head the initial one)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, head_names, select, weighted_mean
+from .base import Local, ServerState
+from .checks import require_body
+from .fedavg import AveragedSGD
+
+
+class FedBABU(AveragedSGD):
+    name = "fedbabu"
+    agreement_options = dict(beta=0.1, alpha=0.1, finetune_steps=3)  # fedrun.bench.agreement
+
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
+                 finetune_epochs: int | None, finetune_lr: float | None):
+        super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs, finetune_lr)
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        require_body(self.name, params, "trains the model's body with its head frozen")
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        p = local["params"]
+        g, _ = engine.grad(p, x, y)
+        head = set(head_names(p))
+        return {**local, "params": {k: p[k] if k in head else torch.add(p[k], g[k], alpha=-self.beta) for k in p}}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        head = set(head_names(state.params))  # the frozen head is not averaged (a mean of equal copies rounds)
+        body = select({k: v for k, v in local["params"].items() if k not in head}, selected)
+        return ServerState(params={**state.params, **weighted_mean(body, weights)}, extra=state.extra,
+                           clients=state.clients)

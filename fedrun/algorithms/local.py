@@ -1,0 +1,53 @@
+"""Local training only (the lower bound of every PFL table): each sampled client takes `tau` SGD
+steps of lr `lr` on its own model; nothing is sent or averaged. The server model stays the initial
+model (the `global_*` metrics score it); `pers_*` score the clients' models.
+
+Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
+round's clients and scattered back, so unsampled clients keep theirs): each client's model, `clients["params"]`, started from the initial model.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, gather, scatter, stack
+from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
+from .checks import check_optional_int, check_positive
+from .personalize import onboarding_batches
+
+
+class LocalOnly(Algorithm):
+    name = "local"
+    models_per_round = 0  # nothing is transmitted
+
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients={"params": stack(params, num_clients)})
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return {"params": gather(state.clients["params"], clients)}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return sgd_step(engine, local, batches, self.lr)
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "params": scatter(state.clients["params"], clients, local["params"])})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        return state.clients["params"], None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client trains its own model as a sampled client does, from the initial model."""
+        local = {"params": gather(state.clients["params"], new)}
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.client_step(engine, local, batches, 0)
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "params": scatter(state.clients["params"], new, local["params"])})

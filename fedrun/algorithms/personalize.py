@@ -1,0 +1,106 @@
+"""Test-time personalization shared by the algorithms: fine-tuning the served (or the shared) model
+on each client's TRAINING rows, Per-FedAvg's one-step update, and the minibatches held-out clients
+fit on (`Algorithm.onboard`)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, per_client, sgd, stack
+
+# (annotations only: EvalContext and ServerState are base.py's, which imports this module)
+
+
+class OneStepPersonalization:
+    """Serves each client the server model after `finetune_steps` (default one) gradient steps of lr
+    `self.alpha` (or `finetune_lr`, every algorithm's name for it, when given) on the client's own
+    training rows (Per-FedAvg's test-time update; "FedAvg + update" for FedAvg; FedAvg + fine-tuning
+    with more steps)."""
+
+    alpha: float
+    finetune_steps: int = 1
+    finetune_epochs: int | None = None
+    finetune_lr: float | None = None
+
+    @property
+    def test_lr(self) -> float:
+        return self.alpha if self.finetune_lr is None else self.finetune_lr
+
+    def finetune_served(self, engine: Engine, state: ServerState, ctx: EvalContext, served, loss):
+        return served, loss  # `personalize` is the fine-tuning
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
+        if self.finetune_epochs:
+            return finetune_epochs(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_epochs)
+        return finetune(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_steps)
+
+
+def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,
+             stacked: bool = False) -> tuple[Params, Tensor | None]:
+    """Every client's model after `steps` SGD steps of `lr` from the shared `params` (`stacked`:
+    from each client's own, stacked over all clients) on its own TRAINING rows: full-batch steps,
+    or (with `personalize_batch`) one fresh minibatch per step. Also returns the starting models'
+    per-client loss on the first step's rows. One step from shared params is `one_step_adapt` (the
+    same draws as before this option existed)."""
+    if steps == 1 and not stacked:
+        batch = ctx.train_batch() if ctx.personalize_batch else None
+        return one_step_adapt(engine, params, ctx.data.train, lr, batch)
+    x = y = None
+    if ctx.personalize_batch:
+        x, y = ctx.train_batch(steps=(steps,))
+    p, loss = params, None
+    for s in range(steps):
+        first = s == 0 and not stacked
+        if x is None:
+            g, l = engine.full_grad(p, ctx.data.train, shared=first)
+        else:
+            g, l = engine.grad(stack(p, len(x)) if first else p, x[:, s], y[:, s])
+        p = sgd(p, g, lr)  # step 0 broadcasts the shared params to [C, ...]
+        loss = l if loss is None else loss
+    return p, loss
+
+
+def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float, epochs: int,
+                    stacked: bool = False) -> tuple[Params, None]:
+    """Every client's model after `epochs` passes of minibatch SGD of `lr` over its own TRAINING rows,
+    from the shared `params` (`stacked`: from each client's own): each pass a fresh shuffle cut into
+    floor(n_c / B) minibatches of B rows (B = personalize_batch, else the run's batch_size; the last
+    partial batch dropped, as a DataLoader with drop_last), so clients take different numbers of
+    steps. All clients step together for the largest client's count; a client's update is
+    multiplied by 0 after its own last step (exact). Clients with fewer than B rows are not
+    fine-tuned."""
+    split = ctx.data.train
+    B = ctx.personalize_batch or ctx.batch_size
+    steps = split.sizes.cpu() // B  # [C] steps per epoch (sizes are host-known: no device sync)
+    S = max(int(steps.max()), 1)
+    everyone = torch.arange(split.num_clients)
+    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs, S, B)
+    live = (torch.arange(S).view(1, -1) < steps.view(-1, 1)).to(split.x.device)  # [C, S]
+    p = params if stacked else stack(params, split.num_clients)
+    for e in range(epochs):
+        for s in range(S):
+            x, y = split.rows(idx[:, e, s])
+            g, _ = engine.grad(p, x, y)
+            on = live[:, s]
+            p = {k: p[k] - lr * per_client(on, p[k]) * g[k] for k in p}
+    return p, None
+
+
+def one_step_adapt(engine: Engine, params: Params, train, lr: float, batch=None) -> tuple[Params, Tensor]:
+    """Every client's model after one gradient step of `lr` from the shared `params` on its own
+    TRAINING rows, all of them or the given minibatch (Per-FedAvg's one-step personalization).
+    Also returns the shared model's per-client loss on those rows."""
+    if batch is None:
+        grads, loss = engine.full_grad(params, train, shared=True)
+    else:
+        grads, loss = engine.grad(stack(params, len(batch[0])), *batch)
+    return sgd(params, grads, lr), loss
+
+
+def onboarding_batches(ctx: EvalContext, new: Tensor, steps: int | None) -> list[list[tuple[Tensor, Tensor]]]:
+    """The minibatches the held-out clients `new` fit on: `steps` (None: tau, one round's) draws of
+    the run's batch_size TRAINING rows each, from the evaluation's random stream."""
+    steps = steps or ctx.tau
+    x, y = ctx.train_batch(ctx.batch_size, steps=(steps,), clients=new)
+    return [[(x[:, s], y[:, s])] for s in range(steps)]
