@@ -1,7 +1,7 @@
 """Rounds of phases (Algorithm.phases): per-client step counts in epochs of each client's own rows,
 beside fixed-length phases, run as one masked computation (fedrun.simulate.sample_phases and
-local_training). On the golden clients (12, 16, 20 and 8 training rows) with batches of 4, an epoch
-is 3, 4, 5 and 2 steps."""
+local_training). On the golden clients (12, 16, 20 and 8 training rows) with batches of 5, an epoch
+is 2, 3, 4 and 1 steps (the partial last minibatch dropped)."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +13,7 @@ from fedrun.models import MLP
 from fedrun.simulate import Progress, Replica, Schedule, sample_phases, simulate, simulate_group
 from test_golden_pfedme import golden_data
 
-PER_EPOCH = torch.tensor([3, 4, 5, 2])
+PER_EPOCH = torch.tensor([2, 3, 4, 1])
 
 
 class TwoPhases(FedAvg):
@@ -38,19 +38,19 @@ class TwoPhases(FedAvg):
         return type(new)(new.params, new.extra, {**new.clients, "n": counts})
 
 
-SCHED = Schedule(rounds=3, tau=2, clients_per_round=4, batch_size=4, eval_every=3)
+SCHED = Schedule(rounds=3, tau=2, clients_per_round=4, batch_size=5, eval_every=3)
 
 
 def test_epochs_walk_each_clients_own_rows_and_count_its_own_steps():
     data = golden_data()
     clients, _, (first, second) = sample_phases(data, SCHED, TwoPhases(lr=0.1).phases(), seed=0, rnd=1)
-    assert first.idx.shape == (4, 2 * 5, 1, 4) and second.idx.shape == (4, 3, 1, 4) and second.live is None
+    assert first.idx.shape == (4, 2 * 4, 1, 5) and second.idx.shape == (4, 3, 1, 5) and second.live is None
     assert first.live.sum(1).tolist() == (2 * PER_EPOCH).tolist()
     for c in range(4):
         lo, n = int(data.train.offsets[c]), int(data.train.sizes[c])
         for e in range(2):  # one epoch: distinct rows of the client's own, the partial last batch dropped
-            rows = first.idx[c, e * 5:(e + 1) * 5][first.live[c, e * 5:(e + 1) * 5]].flatten()
-            assert len(set(rows.tolist())) == len(rows) == PER_EPOCH[c] * 4
+            rows = first.idx[c, e * 4:(e + 1) * 4][first.live[c, e * 4:(e + 1) * 4]].flatten()
+            assert len(set(rows.tolist())) == len(rows) == PER_EPOCH[c] * 5
             assert lo <= rows.min() and rows.max() < lo + n
     torch.manual_seed(0)
     model = MLP(12, 4, hidden=[8])
