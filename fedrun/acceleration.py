@@ -1,7 +1,10 @@
 """How a round's local steps execute: `compile=` and `precision=` (README "Speed on a GPU").
 
 A round's local training is `tau` calls of the algorithm's `client_step` on minibatch rows drawn
-up front (fedrun.simulate.sample_round), so its shapes are the same every round. Three ways to run it:
+up front (fedrun.simulate.sample_round), or, for an algorithm whose round is phases
+(Algorithm.phases), each phase's steps with a per-client mask (fedrun.simulate.sample_phases: an
+epochs phase runs as many steps as the largest training client needs), so its shapes are the same
+every round. Three ways to run it:
 
   none      eager PyTorch, one kernel launch per operation (the reference)
   default   `torch.compile` of one local step (gather the step's rows, augment, client_step):
@@ -30,7 +33,7 @@ import sys
 from typing import Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from .errors import ConfigError
 
@@ -88,7 +91,7 @@ class LocalSteps:
     def __call__(self, algo, engine, local, data, idx, rnd, aug=None):
         from .simulate import local_training  # (simulate imports this module)
 
-        device = idx.device
+        device = tree_leaves(idx)[0].device  # (idx: a tensor, or a round of phases' PhaseDraws)
         if self.compile == "graphs" and self._eager_why is None:
             if getattr(algo, "step_uses_round", False):
                 self._fall_back(f"algo={algo.name}'s local step changes with the round number "
@@ -132,11 +135,12 @@ class LocalSteps:
     def _replay(self, algo, engine, local, data, idx, rnd, aug):
         from .simulate import local_training
 
+        device = tree_leaves(idx)[0].device
         leaves, spec = tree_flatten((local, idx, aug))
         tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]  # (aug may be None)
         # (augmentation params are drawn on the CPU: a host-to-device copy cannot be captured)
         for i in tensors:
-            leaves[i] = leaves[i].to(idx.device, non_blocking=True)
+            leaves[i] = leaves[i].to(device, non_blocking=True)
         key = (id(algo), id(engine), id(data), str(spec), tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensors))
         entry = self._graphs.get(key)
         if entry is None:
@@ -146,7 +150,7 @@ class LocalSteps:
             def run():
                 s_local, s_idx, s_aug = tree_unflatten(static, spec)
                 return local_training(algo, engine, s_local, data, s_idx, rnd, s_aug)
-            with precision_scope(self.precision, idx.device):
+            with precision_scope(self.precision, device):
                 replay, out = self._capture(run)
             entry = self._graphs[key] = (replay, static, out)
             self.captures += 1

@@ -5,14 +5,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .algorithms.base import Algorithm, EvalContext, Local, ServerState
+from .algorithms.base import Algorithm, EvalContext, Local, Phase, ServerState
 from .clock import RoundClock, hms
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
@@ -65,51 +65,145 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
     `train_all`), and row indices [m, tau, k, B] of every minibatch of the round, drawn as
     `sched.sampling` says."""
     g = round_generator(seed, rnd)
-    clients = torch.randperm(data.num_train_clients, generator=g)[: sched.clients_per_round].sort().values  # held-out clients never
+    clients = _round_clients(data, sched, g)
     shape = (sched.tau, k, sched.batch_size)
-    split = data.train
+    return _with_rest(data, clients, lambda cs: _draw_rows(data.train, sched.sampling, cs, shape, g), train_all)
 
-    def draw(cs: torch.Tensor) -> torch.Tensor:
-        if sched.sampling == "epochs":  # the round walks shuffled passes over the client's rows
-            return split.shuffled_indices(cs, 1, math.prod(shape), g).view(len(cs), *shape)
-        if sched.sampling == "steps":  # each step's k batches: distinct rows of a fresh shuffle
-            return split.shuffled_indices(cs, sched.tau, k * sched.batch_size, g).view(len(cs), *shape)
-        return split.sample_indices(cs.to(split.x.device), torch.rand(len(cs), *shape, generator=g).to(split.x.device))
 
-    idx = draw(clients)
+def _round_clients(data: FederatedData, sched: Schedule, g: torch.Generator) -> torch.Tensor:
+    return torch.randperm(data.num_train_clients, generator=g)[: sched.clients_per_round].sort().values  # held-out clients never
+
+
+def _draw_rows(split, sampling: str, cs: torch.Tensor, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Row indices [len(cs), *shape] (shape: steps, k, B) drawn as `sampling` says."""
+    if sampling == "epochs":  # the round walks shuffled passes over the client's rows
+        return split.shuffled_indices(cs, 1, math.prod(shape), g).view(len(cs), *shape)
+    if sampling == "steps":  # each step's k batches: distinct rows of a fresh shuffle
+        return split.shuffled_indices(cs, shape[0], math.prod(shape[1:]), g).view(len(cs), *shape)
+    return split.sample_indices(cs.to(split.x.device), torch.rand(len(cs), *shape, generator=g).to(split.x.device))
+
+
+def _with_rest(data: FederatedData, clients: torch.Tensor, draw: Callable, train_all: bool = False):
+    """(clients, trained, draws) with `draw(cs)` (a tensor, or a tree of them, leading dim = clients)
+    for the sampled clients, then, with `train_all`, for the others (so the sampled clients train on
+    the same batches either way)."""
+    out = draw(clients)
     trained = clients
-    if train_all:  # the others' draws come after, so the sampled clients train on the same batches
+    if train_all:
         trained = torch.arange(data.num_train_clients)
         rest = torch.ones(len(trained), dtype=torch.bool)
         rest[clients] = False
-        idx_all = torch.empty(len(trained), *shape, dtype=idx.dtype, device=idx.device)
-        idx_all[clients.to(idx.device)] = idx
-        idx_all[rest.to(idx.device)] = draw(trained[rest])
-        idx = idx_all
-    dev = split.x.device
-    return clients.to(dev), trained.to(dev), idx
+        others = draw(trained[rest])
+
+        def merge(mine, theirs):
+            full = torch.empty(len(trained), *mine.shape[1:], dtype=mine.dtype, device=mine.device)
+            full[clients.to(mine.device)] = mine
+            full[rest.to(mine.device)] = theirs
+            return full
+        out = tree_map(merge, out, others)
+    dev = data.train.x.device
+    return clients.to(dev), trained.to(dev), out
+
+
+class PhaseDraw(NamedTuple):
+    """One phase's minibatches for a round's clients: row indices [m, S, k, B], which steps each
+    client takes (`live` [m, S] bool; None: all S) and the augmentation params of the rows (or None)."""
+
+    idx: torch.Tensor
+    live: torch.Tensor | None
+    aug: tuple | None = None
+
+
+def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...], seed: int, rnd: int,
+                  train_all: bool = False):
+    """`sample_round` for a round of `phases` (Algorithm.phases): the same clients, then per phase in
+    order a PhaseDraw (its aug None). A `steps` phase draws its [m, steps, k, B] as `sched.sampling`
+    says; an `epochs` phase walks `epochs` fresh shuffles of each client's rows, client c taking
+    floor(n_c / B) minibatches of each (distinct rows, the partial last one dropped). Its S is
+    `epochs` x the largest such count among ALL training clients, so a round's shapes are the same
+    every round (and for every seed); `live` marks each client's own steps."""
+    g = round_generator(seed, rnd)
+    clients = _round_clients(data, sched, g)
+    split, B = data.train, sched.batch_size
+    per_pass = split.sizes.cpu()[: data.num_train_clients] // B  # [C] minibatches per epoch (host-known)
+    longest = int(per_pass.max())
+
+    def draw(cs: torch.Tensor) -> tuple:
+        out = []
+        for ph in phases:
+            if ph.epochs is None:
+                out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None))
+                continue
+            m, S = len(cs), ph.epochs * longest
+            if S == 0:  # no client has a whole minibatch: the phase trains nothing
+                out.append((torch.zeros(m, 0, 1, B, dtype=torch.long, device=split.x.device),
+                            torch.zeros(m, 0, dtype=torch.bool, device=split.x.device)))
+                continue
+            idx = split.shuffled_indices(cs, ph.epochs, longest * B, g).view(m, S, 1, B)
+            live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
+            out.append((idx, live.reshape(m, S).to(split.x.device)))
+        return tuple(out)
+
+    clients, trained, out = _with_rest(data, clients, draw, train_all)
+    return clients, trained, tuple(PhaseDraw(idx, live) for idx, live in out)
+
+
+def round_draws(algo: Algorithm, data: FederatedData, sched: Schedule, seed: int, rnd: int):
+    """(clients, trained, idx, aug) of one replica's round, as `local_training` takes them: for the
+    usual round (`algo.phases()` None) idx [m, tau, k, B] of `sample_round` and its augmentation
+    params; for a round of phases, idx is a tuple of PhaseDraw (each with its augmentation) and aug None.
+    Augmentation params come from stream 2 of (seed, round)."""
+    phases = algo.phases()
+    gen = round_generator(seed, rnd, stream=2)
+    if phases is None:
+        clients, trained, idx = sample_round(data, sched, algo.batches_per_step, seed, rnd, algo.train_all)
+        return clients, trained, idx, draw_augmentation(data.augment, tuple(idx.shape), gen)
+    clients, trained, draws = sample_phases(data, sched, phases, seed, rnd, algo.train_all)
+    return clients, trained, tuple(d._replace(aug=draw_augmentation(data.augment, tuple(d.idx.shape), gen))
+                                   for d in draws), None
 
 
 def one_step(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
-             aug: tuple | None = None) -> Local:
+             aug: tuple | None = None, fn: Callable | None = None, live: torch.Tensor | None = None) -> Local:
     """One local step for all training clients: gather every client's batches `idx` [m, k, B] in one
     op, augment them with the step's pre-drawn `aug` params when the data has an augmentation, and
-    call the algorithm's `client_step` (what `compile=default` compiles)."""
+    call the algorithm's `client_step` (or a phase's step `fn`); with `live` [m] bool, the clients
+    whose phase is over keep their Local as it was (what `compile=default` compiles)."""
     xb, yb = data.train.rows(idx)
     if aug is not None:
         xb = apply_augmentation(data.augment, xb, aug, data.augment_fill)
-    return algo.client_step(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[1])], rnd)
+    new = (fn or algo.client_step)(engine, local, [(xb[:, j], yb[:, j]) for j in range(idx.shape[1])], rnd)
+    if live is None:
+        return new
+    return tree_map(lambda n, o: n if n is o else torch.where(live.view(-1, *[1] * (n.dim() - 1)), n, o), new, local)
 
 
-def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
+def local_training(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx, rnd: int,
                    aug: tuple | None = None, step: Callable | None = None) -> Local:
-    """tau local steps for all training clients (`one_step` each, or `step`: its compiled form)."""
+    """The round's local steps for all training clients (`one_step` each, or `step`: its compiled
+    form): tau of them for idx [m, tau, k, B], or, for idx a tuple of PhaseDraw (`round_draws`),
+    each of `algo.phases()` in turn for its own steps."""
     step = step or one_step
-    for s in range(idx.shape[1]):
-        # (contiguous: a compiled step's guards would otherwise see a new stride each step)
-        local = step(algo, engine, local, data, idx[:, s].contiguous(), rnd,
-                     None if aug is None else tuple(a[:, s].contiguous() for a in aug))
+    if isinstance(idx, torch.Tensor):
+        for s in range(idx.shape[1]):
+            # (contiguous: a compiled step's guards would otherwise see a new stride each step)
+            local = step(algo, engine, local, data, idx[:, s].contiguous(), rnd,
+                         None if aug is None else tuple(a[:, s].contiguous() for a in aug))
+        return local
+    for phase, d in zip(algo.phases(), idx, strict=True):
+        for s in range(d.idx.shape[1]):
+            local = step(algo, engine, local, data, d.idx[:, s].contiguous(), rnd,
+                         None if d.aug is None else tuple(a[:, s].contiguous() for a in d.aug),
+                         phase.step, None if d.live is None else d.live[:, s].contiguous())
     return local
+
+
+def cat_clients(parts: list):
+    """Several replicas' trees (Local, draws; leading dim = clients) as one, joined along the client
+    dimension (a round of phases: every replica's S is the same, set by all training clients)."""
+    if len(parts) == 1:
+        return parts[0]
+    return tree_map(lambda *vs: vs[0] if vs[0] is None else torch.cat(vs), *parts)
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -131,12 +225,13 @@ class ChunkedTraining:
 
     def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
                  aug: tuple | None = None) -> Local:
-        m = idx.shape[0]
+        m = tree_leaves(idx)[0].shape[0]  # (idx: a tensor, or a tuple of PhaseDraw)
         while True:
             size = min(self.size or m, m)
             try:
                 parts = [
-                    self.steps(algo, engine, tree_map(lambda v: v[i : i + size], local), data, idx[i : i + size], rnd,
+                    self.steps(algo, engine, tree_map(lambda v: v[i : i + size], local), data,
+                               tree_map(lambda v: v if v is None else v[i : i + size], idx), rnd,
                                None if aug is None else tuple(a[i : i + size] for a in aug))
                     for i in range(0, m, size)
                 ]
@@ -251,20 +346,13 @@ def simulate_group(
         if not active:
             break
         t0, eval_s = time.perf_counter(), 0.0
-        draws = [sample_round(data, sched, algo.batches_per_step, r.seed, rnd, algo.train_all) for r in active]
-        augs = [draw_augmentation(data.augment, tuple(idx.shape), round_generator(r.seed, rnd, stream=2))
-                for r, (_, _, idx) in zip(active, draws)]
-        locals_ = [algo.client_init(r.at.state, trained, rnd) for r, (_, trained, _) in zip(active, draws)]
-        if len(active) == 1:
-            local, idx, aug = locals_[0], draws[0][2], augs[0]
-        else:
-            local = tree_map(lambda *vs: torch.cat(vs), *locals_)
-            idx = torch.cat([d[2] for d in draws])
-            aug = None if augs[0] is None else tuple(torch.cat(parts) for parts in zip(*augs))
+        draws = [round_draws(algo, data, sched, r.seed, rnd) for r in active]
+        locals_ = [algo.client_init(r.at.state, trained, rnd) for r, (_, trained, _, _) in zip(active, draws)]
+        local, idx, aug = (cat_clients(parts) for parts in (locals_, [d[2] for d in draws], [d[3] for d in draws]))
         local = train(algo, engine, local, data, idx, rnd, aug)
         bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
         offset = 0
-        for r, (clients, trained, _) in zip(active, draws):
+        for r, (clients, trained, _, _) in zip(active, draws):
             n = len(trained)
             mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + n], local)
             bad = [i - offset for i in bad_all if offset <= i < offset + n]

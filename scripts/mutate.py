@@ -37,6 +37,7 @@ class Mutant:
 
 
 AGREE = "tests/algorithms/test_branches_agree.py"
+EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
 PARTS, COMPOSED, PTESTS = "fedrun/data/partitioners.py", "fedrun/data/composed.py", "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
@@ -172,6 +173,24 @@ MUTANTS = [
     Mutant("compiled-step-round-fixed", "fedrun/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
+    # rounds of phases, local work in epochs (issue 34 item 6)
+    Mutant("fedrep-epochs-body-first", "fedrun/algorithms/fedrep.py",
+           "return Phase(self.head_step, epochs=self.head_epochs), Phase(self.body_step, epochs=self.local_epochs)",
+           "return Phase(self.body_step, epochs=self.local_epochs), Phase(self.head_step, epochs=self.head_epochs)",
+           (EPOCH_TRACES, "-k", "fedrep"), "FedRep in epochs: the body's epochs before the head's"),
+    Mutant("ditto-epochs-personal-dropped", "fedrun/algorithms/ditto.py",
+           "Phase(self.personal_step, epochs=self.personal_epochs)", "Phase(self.personal_step, epochs=0)",
+           (EPOCH_TRACES, "-k", "ditto"), "Ditto in epochs: the personal model's epochs dropped"),
+    Mutant("finetune-epochs-one-short", "fedrun/algorithms/personalize.py",
+           "    for e in range(epochs):", "    for e in range(epochs - 1):",
+           (EPOCH_TRACES, "-k", "fedbabu"), "fine-tuning in epochs (FedBABU's): one pass short"),
+    Mutant("phases-mask-off", "fedrun/simulate.py",
+           "    if live is None:\n        return new", "    if True:\n        return new",
+           (EPOCH_TRACES,), "rounds of phases: every client takes the largest client's steps (no mask)"),
+    Mutant("epochs-partial-batch-kept", "fedrun/simulate.py",
+           "per_pass = split.sizes.cpu()[: data.num_train_clients] // B",
+           "per_pass = -(-split.sizes.cpu()[: data.num_train_clients] // B)",
+           ("tests/test_phases.py",), "epochs phases: a pass keeps its partial last minibatch (no drop_last)"),
 ]
 
 

@@ -12,6 +12,11 @@ models, APFL's alphas, FedBN's BatchNorm layers with their running statistics),
 is float64 (BatchNorm over 4 rows amplifies float32 rounding past that tolerance: PFLlib moved by 7e-6
 between 1 and several threads), replayed in float64 to TOL64.
 protocol=official: aggregation weighted by clients' training rows, as PFLlib's receive_models does.
+
+The `_epochs` traces (record_pfllib.py --epochs) record FedRep, Ditto and FedBABU with their local
+work in epochs at PFLlib's defaults; fedrun replays them with `algo.local_epochs` (and FedRep's
+`head_epochs`, Ditto's `personal_epochs`, FedBABU's `finetune_epochs`), its rounds of phases fed the
+recorded passes (by replacing `fedrun.simulate.sample_phases`), and FedBABU's fine-tuned models too.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import fedrun.simulate
 from fedrun.cli import CONF_DIR, schedule, validate
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
+from fedrun.algorithms.base import EvalContext
 import helpers
 from test_golden_pfedme import golden_data
 
@@ -53,24 +59,43 @@ OPTIONS = {
     "fedbn": lambda a: ["algo.lr=0.1"],
 }
 
+# the same for the traces of local work in epochs: name -> options (the trace's args)
+EPOCH_OPTIONS = {
+    "fedrep": lambda a: ["algo.lr=0.1", "algo.local_epochs=1", f"algo.head_epochs={a['plocal_epochs']}"],
+    "ditto": lambda a: ["algo.lr=0.1", "algo.personal_lr=0.1", f"algo.lam={a['mu']}", "algo.local_epochs=1",
+                        f"algo.personal_epochs={a['plocal_epochs']}"],
+    "fedbabu": lambda a: ["algo.beta=0.1", "algo.alpha=0.1", "algo.local_epochs=1",
+                          f"algo.finetune_epochs={a['fine_tuning_epochs']}"],
+}
+
 
 def names_of(algo: str) -> dict:
     return BN_NAMES if algo == "fedbn" else NAMES
 
 
-def load(algo: str) -> dict:
-    with open(os.path.join(FIXTURES, f"pfllib_{algo}.json")) as f:
+def load(name: str) -> dict:
+    with open(os.path.join(FIXTURES, f"pfllib_{name}.json")) as f:
         return json.load(f)
+
+
+def padded_passes(passes: list, epochs: int, longest: int, offset: int) -> tuple[list, list]:
+    """A client's recorded passes (lists of minibatches of row indices) as `epochs` blocks of `longest`
+    minibatches (rows + offset) and which of them it takes: its own, then its first repeated, not taken."""
+    idx, live = [], []
+    for rows in passes[:epochs]:
+        idx += [[r + offset for r in b] for b in rows] + [[r + offset for r in rows[0]]] * (longest - len(rows))
+        live += [True] * len(rows) + [False] * (longest - len(rows))
+    return idx, live
 
 
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     """fedrun on the trace's problem with its clients and minibatches; the state after every round."""
     a, algo = trace["args"], trace["algorithm"]
-    phases = trace["phases"]
-    tau = sum(n for _, n in phases) if algo == "fedrep" else phases[0][1]
+    phases, epochs = trace["phases"], trace.get("unit") == "epochs"
+    tau = 1 if epochs else sum(n for _, n in phases) if algo == "fedrep" else phases[0][1]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
-            "protocol=official", f"algo={algo}", *OPTIONS[algo](a), "model=mlp_bn" if algo == "fedbn" else "model=dnn",
+            "protocol=official", f"algo={algo}", *(EPOCH_OPTIONS if epochs else OPTIONS)[algo](a), "model=mlp_bn" if algo == "fedbn" else "model=dnn",
             "model.hidden=[8]", "model.activation=relu",
             f"rounds={a['rounds']}", f"tau={tau}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
             "frac=null", "device=cpu", f"engine={engine}", *extra])
@@ -101,11 +126,42 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         assert idx.shape == (len(clients), sched.tau, k, sched.batch_size)
         return clients, clients, idx
 
+    def sample_phases(data, sched, phases, seed, rnd, train_all=False):
+        it, longest = its[rnd - 1], int((data.train.sizes // sched.batch_size).max())
+        clients, out, first = torch.tensor(it["selected"]), [], 0
+        for ph in phases:
+            parts = [padded_passes(it["batches"][str(c)][first:], ph.epochs, longest, int(data.train.offsets[c]))
+                     for c in it["selected"]]
+            out.append(fedrun.simulate.PhaseDraw(torch.tensor([p[0] for p in parts]).unsqueeze(2),
+                                                 torch.tensor([p[1] for p in parts])))
+            first += ph.epochs
+        assert all(first == len(it["batches"][str(c)]) for c in it["selected"])  # every recorded pass used
+        return clients, clients, tuple(out)
+
     states = []
-    with mock.patch.object(fedrun.simulate, "sample_round", sample_round):
-        fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
+    engine = ENGINES[cfg.engine](model)
+    with mock.patch.object(fedrun.simulate, "sample_round", sample_round), \
+            mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
+        fedrun.simulate.simulate(algorithm, engine, data, params, schedule(cfg, data.num_clients),
                                  cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
+    if "finetune" in trace:  # FedBABU: every client's model fine-tuned from the final one on its recorded passes
+        states.append(finetuned(trace, algorithm, engine, data, states[-1], cfg.batch_size))
     return states
+
+
+def finetuned(trace: dict, algorithm, engine, data, state, batch_size: int) -> dict:
+    """The models fedrun serves after the final round (its test-time fine-tuning) on the trace's passes."""
+    passes = trace["finetune"]["passes"]
+    longest = int((data.train.sizes // batch_size).max())
+
+    def shuffled_indices(clients, blocks, length, gen):
+        rows = [padded_passes(passes[str(c)], blocks, longest, int(data.train.offsets[c]))[0] for c in clients.tolist()]
+        return torch.tensor(rows).view(len(rows), blocks, length)
+
+    ctx = EvalContext(data, torch.Generator(), batch_size, 1)
+    with mock.patch.object(data.train, "shuffled_indices", shuffled_indices):
+        served, _ = algorithm.finetune_served(engine, state, ctx, *algorithm.personalize(engine, state, ctx))
+    return served
 
 
 def compare(trace: dict, states: list) -> dict[str, float]:
@@ -124,6 +180,11 @@ def compare(trace: dict, states: list) -> dict[str, float]:
         compare.max_abs = max(compare.max_abs, float(d.max(initial=0)))
         worst[key] = max(worst.get(key, -np.inf), float((d - atol - rtol * np.abs(ref)).max()))
 
+    if "finetune" in trace:  # the fine-tuned models, after the rounds' states
+        states, served = states[:-1], states[-1]
+        for c, models in trace["finetune"]["clients"].items():
+            for name, v in models.items():
+                close("finetuned", v, served[NAMES[name]][int(c)])
     for it, state in zip(trace["iterations"], states):
         for name, v in it["server"].items():  # the shared part PFLlib's server holds
             if NAMES[name] in state.params:  # (FedBN: the server's BatchNorm buffers are not compared:
@@ -154,6 +215,15 @@ def test_official_protocol_replays_pfllib(algo):
         assert len(worst) == 2  # the per-client part was compared too
     if algo == "apfl":
         assert set(worst) == {"server", "v", "alpha"}
+
+
+@pytest.mark.parametrize("algo", ["fedrep", "ditto", "fedbabu"])
+def test_local_work_in_epochs_replays_pfllib(algo):
+    trace = load(f"{algo}_epochs")
+    worst = compare(trace, replay(trace))
+    assert set(worst) == {"fedrep": {"server", "part"}, "ditto": {"server", "personal"},
+                          "fedbabu": {"server", "finetuned"}}[algo]
+    assert all(v <= 0 for v in worst.values()), worst
 
 
 def test_apfl_the_paper_rule_is_not_pfllibs():

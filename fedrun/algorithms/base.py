@@ -9,6 +9,7 @@ variates), so it all lives on the device and is checkpointed with the run. A rou
   init(params, num_clients)                     -> ServerState
   client_init(state, clients, rnd)              -> Local     gather the round's starting point
   client_step(engine, local, batches, rnd)      -> Local     one local step for ALL clients at once
+  phases()                                      -> None, or the round as Phases (see `Phase`)
   server_update(state, local, clients, selected, weights) -> ServerState
   personalize(engine, state, ctx)               -> (served or None, train loss or None)
   score(engine, served, split)                  -> (per-client summed loss, number correct)
@@ -27,6 +28,7 @@ The generic `Algorithm` handles models without BatchNorm (their state is their p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -41,6 +43,31 @@ from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of a client's local round, run for all the round's clients at once.
+
+    Its length is `steps` (every client the same), or `epochs` passes over each client's OWN training
+    rows: each pass a fresh shuffle cut into floor(n_c / batch_size) minibatches, the last partial one
+    dropped (a shuffling DataLoader with drop_last, as PFLlib's clients use), so clients take
+    different numbers of steps. Each step calls `step(engine, local, batches, rnd)` (the signature
+    of `client_step`) with `batches` minibatches per client. The round loop runs every client for the
+    most steps any training client takes and keeps a client's whole Local unchanged (torch.where,
+    exact) at the steps past its own last one: still one vectorized computation.
+    """
+
+    step: Callable
+    steps: int | None = None
+    epochs: int | None = None
+    batches: int = 1
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("a Phase has either steps or epochs")
+        if self.epochs is not None and self.batches != 1:
+            raise ValueError("an epochs Phase walks one minibatch per step")
 
 
 @dataclass
@@ -118,6 +145,12 @@ class Algorithm(metaclass=AlgorithmMeta):
 
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         raise NotImplementedError
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        """The round's local work as a sequence of phases of their own lengths (in steps or in epochs
+        of each client's rows), each with its own step function; None (the default): `tau` calls of
+        `client_step`, each with `batches_per_step` minibatches drawn as `sampling=` says."""
+        return None
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

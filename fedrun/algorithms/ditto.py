@@ -8,6 +8,11 @@ anchored at the round's server model w^t. Each local step draws two independent 
 the global step, D' for the personal step (the reference code passes over its loader separately for
 the two). lam = 0: v_i is a purely local model.
 
+With `local_epochs` set, the round counts in epochs of each client's own rows, as PFLlib's
+clientDitto does: first `personal_epochs` passes of the personal step (its ptrain, plocal_epochs),
+then `local_epochs` passes of the global model's step (its train), each step on one minibatch
+(`base.Phase`; tau is not used).
+
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back, so unsampled clients keep theirs): the personal models, `clients["personal"]`, started from the initial model.
 """
@@ -17,8 +22,8 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, scatter, select, sgd, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, ServerState
-from .checks import check_optional_int, check_positive
+from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
 
@@ -26,14 +31,37 @@ class Ditto(Algorithm):
     name = "ditto"
     batches_per_step = 2  # D for the global model's step, D' for the personal model's
 
-    def __init__(self, lr: float, personal_lr: float, lam: float, new_client_steps: int | None,
-                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, personal_lr: float, lam: float, local_epochs: int | None, personal_epochs: int,
+                 new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
+                 finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.personal_lr", personal_lr)
         check_positive("algo.lam", lam, allow_zero=True)
         check_optional_int("algo.new_client_steps", new_client_steps)
+        check_optional_int("algo.local_epochs", local_epochs)
+        check_int("algo.personal_epochs", personal_epochs, 0)
         self.lr, self.personal_lr, self.lam, self.new_client_steps = lr, personal_lr, lam, new_client_steps
+        self.local_epochs, self.personal_epochs = local_epochs, personal_epochs
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        if self.local_epochs is None:
+            return None
+        return Phase(self.personal_step, epochs=self.personal_epochs), Phase(self.global_step, epochs=self.local_epochs)
+
+    def personal_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        """v <- v - personal_lr (grad f_i(v; D) + lam (v - w^t))."""
+        (x, y), = batches
+        v, anchor = local["personal"], local["anchor"]
+        gv, _ = engine.grad(v, x, y)
+        if self.lam:
+            gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
+        return {**local, "personal": sgd(v, gv, self.personal_lr)}
+
+    def global_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        g, _ = engine.grad(local["params"], x, y)
+        return {**local, "params": sgd(local["params"], g, self.lr)}
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"personal": stack(params, num_clients)})

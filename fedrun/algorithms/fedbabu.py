@@ -1,7 +1,11 @@
 """FedBABU (Oh, Kim, Yun, ICLR 2022): FedAvg with the head (the output layer, `engine.tree.head_names`)
 frozen at its (random) initial value during training; only the body learns and is averaged. Test
 time: the whole model is fine-tuned, `finetune_steps` SGD steps of lr `alpha` on the client's
-training rows. The `global_*` metrics score the server model (its head the initial one)."""
+training rows. The `global_*` metrics score the server model (its head the initial one).
+
+With `local_epochs` set, a round is `local_epochs` passes over each client's own rows (PFLlib's
+clientBABU.train, local_epochs 1 by default; `base.Phase`; tau is not used); its fine-tuning in
+epochs is `finetune_epochs` (PFLlib's fine_tuning_epochs, 10 by default, lr alpha)."""
 from __future__ import annotations
 
 import torch
@@ -9,8 +13,8 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, head_names, select, weighted_mean
-from .base import Local, ServerState
-from .checks import require_body
+from .base import Local, Phase, ServerState
+from .checks import check_optional_int, require_body
 from .fedavg import AveragedSGD
 
 
@@ -18,9 +22,14 @@ class FedBABU(AveragedSGD):
     name = "fedbabu"
     agreement_options = dict(beta=0.1, alpha=0.1, finetune_steps=3)  # fedrun.bench.agreement
 
-    def __init__(self, lr: float, beta: float | None, alpha: float | None, finetune_steps: int,
-                 finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, beta: float | None, alpha: float | None, local_epochs: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
         super().__init__(lr, beta, alpha, finetune_steps, finetune_epochs, finetune_lr)
+        check_optional_int("algo.local_epochs", local_epochs)
+        self.local_epochs = local_epochs
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)

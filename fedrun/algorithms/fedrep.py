@@ -1,8 +1,12 @@
 """FedRep (Collins, Hassani, Mokhtari, Shakkottai, ICML 2021, Alg. 1): each round, the first
 `head_steps` local steps train the client's HEAD only (body frozen), the remaining `tau - head_steps`
 steps train the BODY only (head frozen), both with lr `lr`; the server averages the body; each
-client keeps its head (`bodyhead.PartSharing`). (The paper counts these in epochs, 10 for the head
-and 1 for the body; here they are steps of the round's tau.)
+client keeps its head (`bodyhead.PartSharing`). These are steps of the round's tau (the default).
+
+With `local_epochs` set, the round counts in epochs of each client's own rows, as the paper (10 head
+epochs, 1 body epoch) and PFLlib's clientRep (plocal_epochs head epochs, then local_epochs body
+epochs; both 1 by default) do: `head_epochs` passes training the head, then `local_epochs` passes
+training the body (`base.Phase`; tau is not used).
 
 A step computes every parameter's gradient from one backward pass and masks the update of the part
 the phase freezes (a per-client step counter in the round's state, compared on the device; no host
@@ -15,9 +19,9 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import head_names, per_client
-from .base import Local, ServerState
+from .base import Local, Phase, ServerState
 from .bodyhead import PartSharing
-from .checks import check_int
+from .checks import check_int, check_optional_int
 
 
 class FedRep(PartSharing):
@@ -25,11 +29,33 @@ class FedRep(PartSharing):
     personal_part = "head"
     agreement_options = dict(lr=0.1, head_steps=1)  # fedrun.bench.agreement: both phases in tau=2
 
-    def __init__(self, lr: float, head_steps: int, new_client_steps: int | None,
-                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+    def __init__(self, lr: float, head_steps: int, local_epochs: int | None, head_epochs: int,
+                 new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
+                 finetune_lr: float | None):
         super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_int("algo.head_steps", head_steps, 0)
-        self.head_steps = head_steps
+        check_optional_int("algo.local_epochs", local_epochs)
+        check_int("algo.head_epochs", head_epochs, 0)
+        self.head_steps, self.local_epochs, self.head_epochs = head_steps, local_epochs, head_epochs
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        if self.local_epochs is None:
+            return None
+        return Phase(self.head_step, epochs=self.head_epochs), Phase(self.body_step, epochs=self.local_epochs)
+
+    def head_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return self._part_step(engine, local, batches, head=True)
+
+    def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return self._part_step(engine, local, batches, head=False)
+
+    def _part_step(self, engine: Engine, local: Local, batches, head: bool) -> Local:
+        """One SGD step of lr on the head (or the body) only, the other part frozen."""
+        (x, y), = batches
+        p = local["params"]
+        g, _ = engine.grad(p, x, y)
+        names = set(head_names(p))
+        return {**local, "params": {k: torch.add(p[k], g[k], alpha=-self.lr) if (k in names) == head else p[k] for k in p}}
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)

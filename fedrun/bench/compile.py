@@ -108,9 +108,8 @@ def setting(name: str, device: str, tmp: str, small: bool = False) -> Setting:
 def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
     """Rounds `first`..`first + rounds - 1` of training (no evaluation) of `s.seeds` replicas trained
     together, as fedrun.simulate.simulate_group does; returns (seconds, final server states)."""
-    from ..data.augment import draw_augmentation
     from ..engine import ENGINES, params_of
-    from ..simulate import _nonfinite_clients, round_generator, sample_round
+    from ..simulate import _nonfinite_clients, cat_clients, round_draws
 
     device = s.data.train.x.device
     states = []
@@ -124,18 +123,13 @@ def train_rounds(s: Setting, steps, rounds: int, first: int = 1):
     sync(device)
     t0 = time.perf_counter()
     for rnd in range(first, first + rounds):
-        draws = [sample_round(s.data, s.sched, s.algo.batches_per_step, seed, rnd, s.algo.train_all)
-                 for seed in range(s.seeds)]
-        augs = [draw_augmentation(s.data.augment, tuple(d[2].shape), round_generator(seed, rnd, 2))
-                for seed, d in enumerate(draws)]
+        draws = [round_draws(s.algo, s.data, s.sched, seed, rnd) for seed in range(s.seeds)]
         locals_ = [s.algo.client_init(st, d[1], rnd) for st, d in zip(states, draws)]
-        local = locals_[0] if s.seeds == 1 else tree_map(lambda *v: torch.cat(v), *locals_)
-        idx = torch.cat([d[2] for d in draws])
-        aug = None if augs[0] is None else tuple(torch.cat(p) for p in zip(*augs))
+        local, idx, aug = (cat_clients(parts) for parts in (locals_, [d[2] for d in draws], [d[3] for d in draws]))
         local = steps(s.algo, engine, local, s.data, idx, rnd, aug)
         _nonfinite_clients(local)
         off = 0
-        for i, (clients, trained, _) in enumerate(draws):
+        for i, (clients, trained, _, _) in enumerate(draws):
             mine = local if s.seeds == 1 else tree_map(lambda v: v[off: off + len(trained)], local)
             off += len(trained)
             states[i] = s.algo.server_update(states[i], mine, trained, torch.searchsorted(trained, clients), None)

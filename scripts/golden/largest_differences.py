@@ -32,7 +32,7 @@ def main(argv=None) -> int:
             worst = pfedme.compare(trace, pfedme.replay(trace, [f"engine={e}"]))
             got.append(f"{pfedme.compare.max_abs:.2g}" + (" (MISMATCH)" if pfedme.mismatched(worst) else ""))
         print(f"| {name} | float32 | {pfedme.ATOL:g} + {pfedme.RTOL:g} ref | " + " | ".join(got) + " |")
-    for algo in pfllib.ALGOS:
+    for algo in [*pfllib.ALGOS, *(f"{a}_epochs" for a in pfllib.EPOCH_OPTIONS)]:
         trace, got = pfllib.load(algo), []
         f32 = trace.get("dtype", "float32") == "float32"
         rtol, atol = (pfllib.RTOL, pfllib.ATOL) if f32 else pfllib.TOL64

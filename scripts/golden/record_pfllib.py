@@ -35,6 +35,17 @@ float32 PFLlib itself moved by 7e-6 between one thread and several, and fedrun's
 What is recorded: per round the selected clients, every minibatch's row indices per client and
 phase, the server model after aggregation (all entries) and every client's model(s) after the
 round (all entries: PFLlib's model, and Ditto's and APFL's model_per; APFL's alpha).
+
+`--epochs` records FedRep, Ditto and FedBABU with their local work in EPOCHS instead, at PFLlib's
+defaults (local_epochs 1, plocal_epochs 1, fine_tuning_epochs 10), as pfllib_<algo>_epochs.json:
+every pass over a client's loader (`for x, y in trainloader`) is a fresh seeded permutation of ALL
+its rows cut into floor(n / 4) minibatches (a shuffling DataLoader with drop_last; the clients have
+12, 16, 20 and 8 rows, so 3, 4, 5 and 2 steps a pass), recorded per client in the order PFLlib's
+client walks them (FedRep: its head passes, then its body passes; Ditto: ptrain's, then train's).
+FedBABU: after the last round the server's send_models gives every client the final global body
+(PFLlib's own loop fine-tunes each client's model as it last stood: the selected clients' own
+bodies), then each client's fine_tune() runs (its whole model, fine_tuning_epochs passes, lr 0.1);
+the fine-tuned models and their passes are recorded.
 """
 from __future__ import annotations
 
@@ -66,6 +77,29 @@ RUNS = {
     "apfl": ("clientapfl", "clientAPFL", "serverapfl", "APFL", dict(alpha=0.5), [("train", 3)]),
     "fedbn": ("clientbn", "clientBN", "serverbn", "FedBN", {}, [("train", 3)]),
 }
+
+# algo -> (client module, class, server module, class, extra args, phases as (name, epochs)): --epochs
+EPOCH_RUNS = {
+    "fedrep": ("clientrep", "clientRep", "serverrep", "FedRep", dict(plocal_epochs=1), [("head", 1), ("body", 1)]),
+    "ditto": ("clientditto", "clientDitto", "serverditto", "Ditto", dict(mu=0.5, plocal_epochs=1),
+              [("personal", 1), ("train", 1)]),
+    "fedbabu": ("clientbabu", "clientBABU", "serverbabu", "FedBABU", dict(fine_tuning_epochs=10), [("train", 1)]),
+}
+
+
+class Shuffling:
+    """A stand-in shuffling DataLoader(drop_last=True): each `for ... in` over it is a fresh permutation
+    of the client's rows (from the recorder's generator) cut into floor(n / BATCH) minibatches; the
+    pass's row indices are appended to `log`."""
+
+    def __init__(self, x, y, rng, log):
+        self.x, self.y, self.rng, self.log = x, y, rng, log
+
+    def __iter__(self):
+        n = len(self.y)
+        rows = self.rng.permutation(n)[: n // BATCH * BATCH].reshape(-1, BATCH)
+        self.log.append(rows.tolist())
+        return iter([(self.x[b], self.y[b]) for b in rows])
 
 
 class Passes:
@@ -114,10 +148,10 @@ def state(m: nn.Module) -> dict:
     return {n: p.detach().tolist() for n, p in [*m.named_parameters(), *m.named_buffers()]}
 
 
-def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
+def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False) -> dict:
     import importlib
 
-    cmod, ccls, smod, scls, extra, phases = RUNS[algo]
+    cmod, ccls, smod, scls, extra, phases = (EPOCH_RUNS if epochs else RUNS)[algo]
     Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
     Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
     dtype = torch.float64 if algo == "fedbn" else torch.float32
@@ -147,10 +181,17 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         server.send_models()
         batches = {}
         for i in selected:
+            c = clients[i]
+            if epochs:  # every pass: a fresh shuffle of all the client's rows, recorded as walked
+                batches[str(i)] = log = []
+                c.load_train_data = lambda batch_size=None, i=i, log=log: Shuffling(xs[i], ys[i], rng, log)
+                if algo == "ditto":
+                    c.ptrain()
+                c.train()
+                continue
             mine = {ph: [rng.randint(0, len(ys[i]), size=BATCH).tolist() for _ in range(n)] for ph, n in phases}
             batches[str(i)] = mine
             lists = [[(xs[i][b], ys[i][b]) for b in mine[ph]] for ph, _ in phases]
-            c = clients[i]
             c.load_train_data = lambda batch_size=None, lists=lists: Passes([lists.pop(0)] if algo != "fedrep" else lists)
             if algo == "ditto":
                 c.ptrain()
@@ -169,17 +210,27 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             it["personal"] = {str(i): {n: p.detach().tolist() for n, p in c.model_per.named_parameters()}
                               for i, c in enumerate(clients)}
         trace.append(it)
+    out = {}
+    if epochs and algo == "fedbabu":  # the final global body to every client, then PFLlib's fine-tuning
+        server.send_models()
+        out["finetune"] = {"passes": {}, "clients": {}}
+        for i, c in enumerate(clients):
+            out["finetune"]["passes"][str(i)] = log = []
+            c.load_train_data = lambda batch_size=None, i=i, log=log: Shuffling(xs[i], ys[i], rng, log)
+            c.fine_tune()
+            out["finetune"]["clients"][str(i)] = {n: p.detach().tolist() for n, p in c.model.named_parameters()}
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
             "algorithm": algo, "dtype": str(dtype).removeprefix("torch."), "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
-            "phases": phases, "init": init, "iterations": trace}
+            "phases": phases, **({"unit": "epochs"} if epochs else {}), "init": init, "iterations": trace, **out}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
     ap.add_argument("--out", default=FIXTURES)
-    ap.add_argument("--algorithms", default=",".join(RUNS))
+    ap.add_argument("--algorithms", default=None, help="default: all of RUNS (with --epochs: of EPOCH_RUNS)")
+    ap.add_argument("--epochs", action="store_true", help="local work in epochs (EPOCH_RUNS): pfllib_<algo>_epochs.json")
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
     with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
@@ -187,9 +238,9 @@ def main() -> None:
     with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
         init = json.load(f)["init"]
     torch.set_num_threads(1)
-    for algo in a.algorithms.split(","):
-        out = record(a.pfllib, algo, data, init)
-        path = os.path.join(a.out, f"pfllib_{algo}.json")
+    for algo in (a.algorithms or ",".join(EPOCH_RUNS if a.epochs else RUNS)).split(","):
+        out = record(a.pfllib, algo, data, init, a.epochs)
+        path = os.path.join(a.out, f"pfllib_{algo}{'_epochs' if a.epochs else ''}.json")
         with open(path, "w") as f:
             json.dump(out, f)
         print(f"wrote {path}")

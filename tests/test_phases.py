@@ -1,0 +1,80 @@
+"""Rounds of phases (Algorithm.phases): per-client step counts in epochs of each client's own rows,
+beside fixed-length phases, run as one masked computation (fedrun.simulate.sample_phases and
+local_training). On the golden clients (12, 16, 20 and 8 training rows) with batches of 5, an epoch
+is 2, 3, 4 and 1 steps (the partial last minibatch dropped)."""
+from __future__ import annotations
+
+import torch
+
+from fedrun.algorithms import FedAvg
+from fedrun.algorithms.base import Phase, sgd_step
+from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.models import MLP
+from fedrun.simulate import Progress, Replica, Schedule, sample_phases, simulate, simulate_group
+from test_golden_pfedme import golden_data
+
+PER_EPOCH = torch.tensor([2, 3, 4, 1])
+
+
+class TwoPhases(FedAvg):
+    """FedAvg whose round is 2 epochs of SGD, then 3 steps with a smaller lr; `n` counts each
+    client's steps per phase."""
+
+    def client_init(self, state, clients, rnd):
+        return {**super().client_init(state, clients, rnd), "n": torch.zeros(len(clients), 2)}
+
+    def phases(self):
+        return Phase(self.first, epochs=2), Phase(self.second, steps=3)
+
+    def first(self, engine, local, batches, rnd):
+        return {**sgd_step(engine, local, batches, self.lr), "n": local["n"] + torch.tensor([1.0, 0.0])}
+
+    def second(self, engine, local, batches, rnd):
+        return {**sgd_step(engine, local, batches, self.lr / 2), "n": local["n"] + torch.tensor([0.0, 1.0])}
+
+    def server_update(self, state, local, clients, selected, weights):
+        new = super().server_update(state, local, clients, selected, weights)
+        counts = state.clients.get("n", torch.zeros(4, 2)).index_copy(0, clients, local["n"])
+        return type(new)(new.params, new.extra, {**new.clients, "n": counts})
+
+
+SCHED = Schedule(rounds=3, tau=2, clients_per_round=4, batch_size=5, eval_every=3)
+
+
+def test_epochs_walk_each_clients_own_rows_and_count_its_own_steps():
+    data = golden_data()
+    clients, _, (first, second) = sample_phases(data, SCHED, TwoPhases(lr=0.1).phases(), seed=0, rnd=1)
+    assert first.idx.shape == (4, 2 * 4, 1, 5) and second.idx.shape == (4, 3, 1, 5) and second.live is None
+    assert first.live.sum(1).tolist() == (2 * PER_EPOCH).tolist()
+    for c in range(4):
+        lo, n = int(data.train.offsets[c]), int(data.train.sizes[c])
+        for e in range(2):  # one epoch: distinct rows of the client's own, the partial last batch dropped
+            rows = first.idx[c, e * 4:(e + 1) * 4][first.live[c, e * 4:(e + 1) * 4]].flatten()
+            assert len(set(rows.tolist())) == len(rows) == PER_EPOCH[c] * 5
+            assert lo <= rows.min() and rows.max() < lo + n
+    torch.manual_seed(0)
+    model = MLP(12, 4, hidden=[8])
+    state, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params_of(model), SCHED, seed=0)
+    assert state.clients["n"].tolist() == [[2 * int(p), 3] for p in PER_EPOCH]  # (the last round's)
+
+
+def test_phases_agree_across_engines_grouped_seeds_and_resume():
+    data = golden_data()
+    torch.manual_seed(0)
+    model = MLP(12, 4, hidden=[8])
+    params = params_of(model)
+    ref, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params, SCHED, seed=0)
+    loop, _ = simulate(TwoPhases(lr=0.1), LoopEngine(model), data, params, SCHED, seed=0)
+    other, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params, SCHED, seed=1)
+    for k in ref.params:
+        torch.testing.assert_close(loop.params[k], ref.params[k], rtol=1e-5, atol=1e-6)
+    runs = [Replica(0, params), Replica(1, params)]  # two seeds trained as one computation
+    simulate_group(TwoPhases(lr=0.1), VmapEngine(model), data, runs, SCHED)
+    saved = []
+    simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params, Schedule(**{**SCHED.__dict__, "rounds": 1}), seed=0,
+             on_checkpoint=saved.append)
+    resumed, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params, SCHED, seed=0,
+                          start=Progress(saved[0].state, 1))
+    for k in ref.params:
+        assert torch.equal(runs[0].at.state.params[k], ref.params[k]) and torch.equal(runs[1].at.state.params[k], other.params[k])
+        assert torch.equal(resumed.params[k], ref.params[k])
