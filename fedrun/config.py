@@ -98,20 +98,6 @@ def with_dataset_root(argv: list[str]) -> list[str]:
     return out
 
 
-def with_composed_data(argv: list[str]) -> list[str]:
-    """`argv` plus `data=composed` when it chooses a `dataset=` or a `partition=` (or sets one of their
-    options) and no `data=`; plus `partition=iid` when it names a dataset but no partition."""
-    keys = [a.partition("=")[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
-    heads = {k.split(".")[0] for k in keys}
-    if not heads & {"dataset", "partition"} or "data" in keys:
-        return list(argv)
-    extra = ["data=composed"] + (["partition=iid"] if "dataset" in keys and "partition" not in keys else [])
-    # right after the last override, so that the overrides stay one run of arguments for Hydra's
-    # parser (`fedrun dataset=mnist partition=iid --cfg job`: appended, it would follow --cfg's value)
-    last = max(i for i, a in enumerate(argv) if "=" in a and not a.startswith("-"))
-    return [*argv[:last + 1], *extra, *argv[last + 1:]]
-
-
 def import_problem(target: str, key: str = "") -> str | None:
     """One line saying why the `_target_` `target` (module.name) cannot be imported, else None: the
     module not on Python's search path (which folders that is, and the fix), a module it needs
@@ -159,7 +145,7 @@ def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     for root in roots or [CONF_DIR]:
         folder = os.path.join(root, group)
         if os.path.isdir(folder):
-            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")}
+            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")}  # _x.yaml: included by others
     return sorted(names)
 
 
@@ -293,6 +279,8 @@ def instantiate_checked(node: DictConfig, **kwargs):
         if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
             raise ConfigError(problem) from e
         cause = e.__cause__ or e
+        while isinstance(cause, InstantiationException) and cause.__cause__:  # a nested node's (data.dataset's)
+            cause = cause.__cause__
         if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
             # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
             raise ConfigError(str(cause).splitlines()[0]) from cause

@@ -21,8 +21,8 @@ from fedrun.cli import CONF_DIR
 from fedrun.data import cifar
 from fedrun.errors import DataMissingError
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
-from fedrun.data.partitions import _spread_extras, alid_permutations, class_lists, deal_classes
-from fedrun.data.sources import CIFAR_FILES, load_cifar
+from fedrun.data.partitioners.paper import _spread_extras, alid_permutations, class_lists, deal_classes
+from fedrun.data.datasets.cifar import CIFAR_FILES, load_cifar
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import CNN, MLP, MLR
 from helpers import write_cifar

@@ -17,10 +17,10 @@ import torch
 import fedrun.data as fdata
 from fedrun.data import ClientSplit, generate_synthetic, mnist_perfedavg, mnist_pfedme
 from fedrun.errors import DataMissingError
-from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
+from fedrun.data.partitioners.paper import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
                                     pfedme_mnist, split_train_test)
-from fedrun.data.sources import MNIST_FILES, load_mnist
-from fedrun.data.synthetic import rows_digest
+from fedrun.data.datasets.idx import MNIST_FILES, load_mnist
+from fedrun.data.datasets.synthetic import rows_digest
 from helpers import FIXTURES, write_mnist_idx
 
 
