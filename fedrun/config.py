@@ -81,7 +81,7 @@ def with_dataset_root(argv: list[str]) -> list[str]:
                         chosen = str(v)
     choices = next((a.partition("=")[2].split(",") for a, k in zip(argv, keys) if k == "data"), [chosen])
     try:
-        if not all(c != "composed" and "root" in load_conf(group_file("data", c, roots)) for c in choices):
+        if not all("root" in load_conf(group_file("data", c, roots)) for c in choices):
             return list(argv)
     except FileNotFoundError:  # an unknown data= choice: precheck names it
         return list(argv)
@@ -255,6 +255,18 @@ def read_yaml(path: str):
 
 
 _CONF_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
+
+
+def group_conf(group: str, name: str, roots: list[str] | None = None):
+    """Option `name` of `group` as Hydra composes it: the same-group files its defaults list names
+    (e.g. conf/partition/_split.yaml, the options every partition shares) merged under its own keys,
+    without the defaults list."""
+    from omegaconf import OmegaConf
+
+    cfg = load_conf(group_file(group, name, roots))
+    base = [group_conf(group, d, roots) for d in cfg.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    cfg.pop("defaults", None)
+    return OmegaConf.merge(*base, cfg) if base else cfg
 
 
 def load_conf(path: str):

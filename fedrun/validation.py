@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
 from .algorithms.base import check_choice
-from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, instantiate_checked, load_conf,
+from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked, load_conf,
                      search_roots)
 from .device import cpu_threads, physical_memory, resolve_device
 from .errors import ConfigError
@@ -252,7 +252,7 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             if not (choices[head] or defaults[head]):
                 return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
             for name in swept.get(head) or [choices[head] or defaults[head]]:
-                group_cfg = load_conf(group_file(head, name, roots))
+                group_cfg = group_conf(head, name, roots)
                 if rest.split(".")[0] not in group_cfg:
                     known = sorted(k for k in group_cfg if not str(k).startswith("_"))
                     return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"

@@ -7,9 +7,8 @@ from __future__ import annotations
 from ..errors import DataMissingError
 from .augment import augment
 from .cache import file_digests
-from .composed import composed
 from .federated import ClientSplit, FederatedData
 from .presets import cifar, mnist_perfedavg, mnist_pfedme, mnist_pfedme_authors, synthetic
 
-__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "composed", "file_digests", "synthetic",
+__all__ = ["ClientSplit", "FederatedData", "DataMissingError", "augment", "file_digests", "synthetic",
            "mnist_perfedavg", "mnist_pfedme", "mnist_pfedme_authors", "cifar"]

@@ -120,7 +120,7 @@ def test_a_corrupt_cifar_file_names_itself_and_the_fix(tmp_path, damage, says):
 
 @pytest.mark.parametrize("damage, says", [
     (lambda raw: raw[:-100], "but its header"),
-    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "not an MNIST idx file"),
+    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "not an idx file of bytes"),
     (lambda raw: raw[:6], "truncated in its header"),
 ])
 def test_a_corrupt_mnist_file_names_itself_and_the_fix(tmp_path, damage, says):

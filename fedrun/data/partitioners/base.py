@@ -168,7 +168,14 @@ class Partitioner:
     needs_groups = False  # True: `__call__` needs the rows' natural groups (the dataset must have them)
 
     def __init__(self, num_clients: int | None = None, holdout=0, test: str = "split", train_frac: float = 0.75,
-                 seed: int = 0) -> None:
+                 seed: int = 0, **unknown) -> None:
+        if unknown:  # a key its yaml lacks (a user's own partition yaml, or a Python caller's typo)
+            import inspect
+
+            known = {*inspect.signature(type(self).__init__).parameters, *inspect.signature(Partitioner.__init__).parameters}
+            known -= {"self", "split", "unknown"} | ({"num_clients"} if num_clients is None else set())
+            raise PartitionError(f"partition.{sorted(unknown)[0]} is not an option of partition={self.name}; "
+                                 f"its options: {', '.join(sorted(known))}")
         self.num_clients = None if num_clients is None else _int("num_clients", num_clients, 1)
         if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or holdout < 0 or \
                 (isinstance(holdout, float) and holdout >= 1):

@@ -521,9 +521,10 @@ class PfedmeAuthors(_Paper):
     name = "pfedme_authors"
 
     def __init__(self, num_clients: int = 20, labels_per_client: int = 2, seed: int = 1, train_frac: float = 0.75) -> None:
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 10 or num_clients % 10:
+            raise ValueError(f"mnist_pfedme_authors: data.num_clients={num_clients!r}: the authors' generator needs a "
+                             f"positive multiple of 10")
         super().__init__(num_clients, seed)
-        if num_clients % 10:
-            raise ValueError(f"data.num_clients={num_clients}: the authors' generator needs a positive multiple of 10")
         self.labels_per_client = _labels_per_client(labels_per_client)
         self.train_frac = _train_frac(train_frac)
 
