@@ -264,7 +264,8 @@ def group_conf(group: str, name: str, roots: list[str] | None = None):
     from omegaconf import OmegaConf
 
     cfg = load_conf(group_file(group, name, roots))
-    base = [group_conf(group, d, roots) for d in cfg.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    base = [group_conf(group, d, roots) for d in cfg.get("defaults", [])
+            if isinstance(d, str) and d.startswith("_") and d != "_self_"]  # _x.yaml: fedrun's shared nodes
     cfg.pop("defaults", None)
     return OmegaConf.merge(*base, cfg) if base else cfg
 

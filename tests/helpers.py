@@ -214,17 +214,11 @@ def built(group: str, options: dict):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from fedrun.config import CONF_DIR
+    from fedrun.config import group_conf
 
     options = dict(options)
     name = options.pop("name") if group == "partition" else options["name"]
-    path = os.path.join(CONF_DIR, group, f"{name}.yaml")
-    if not os.path.exists(path):
-        raise ValueError(f"{group}.name={name!r}: no conf/{group}/{name}.yaml")
-    node = OmegaConf.load(path)
-    node.pop("defaults", None)
-    if group == "partition":
-        node = OmegaConf.merge(OmegaConf.load(os.path.join(CONF_DIR, group, "_split.yaml")), node)
+    node = group_conf(group, name)  # with the shared options it includes (partition: _split.yaml)
     try:
         return instantiate(OmegaConf.merge(node, options))
     except InstantiationException as e:
