@@ -19,17 +19,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .errors import ConfigError
-from .config import CONF_DIR, GROUPS, PRESETS, with_composed_data, with_dataset_root, with_env_searchpath  # noqa: F401 - re-exported
+from .config import CONF_DIR, GROUPS, PRESETS, with_dataset_root, with_env_searchpath  # noqa: F401 - re-exported
 from .errors import DataMissingError
 from .device import resolve_device  # noqa: F401 - re-exported
 from .outputs import write_atomic
 from .resume import RESUMABLE_CHANGES, find_resume_point, fingerprint  # noqa: F401 - re-exported
 from .runner import discard_empty, exit_status, hydra_record, keep_failure, on_sigterm, run
 from .simulate import Diverged
-from .validation import DATA_INTS, precheck, schedule, validate  # noqa: F401
+from .validation import precheck, schedule, validate  # noqa: F401
 
 __all__ = ["main", "run", "precheck", "validate", "schedule", "fingerprint", "find_resume_point", "resolve_device",
-           "CONF_DIR", "GROUPS", "PRESETS", "RESUMABLE_CHANGES", "DATA_INTS"]
+           "CONF_DIR", "GROUPS", "PRESETS", "RESUMABLE_CHANGES"]
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
@@ -231,7 +231,6 @@ def discard_new_folders(out_dir: str) -> None:
 def main() -> None:
     sys.argv[1:] = with_env_searchpath(sys.argv[1:])  # $FEDRUN_CONF_PATH: the user's config folders
     sys.argv[1:] = with_dataset_root(sys.argv[1:])  # dataset.root=DIR for a data= preset: its data.root
-    sys.argv[1:] = with_composed_data(sys.argv[1:])  # dataset=... partition=...: data=composed
     wants_help = any(a in ("--help", "-h") for a in sys.argv[1:])
     # (`partition=dirichlet --help` alone explains it: not a complete run's options)
     problem = precheck(sys.argv[1:], complete=not wants_help) or _launcher_problem(sys.argv[1:])

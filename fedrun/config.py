@@ -81,7 +81,7 @@ def with_dataset_root(argv: list[str]) -> list[str]:
                         chosen = str(v)
     choices = next((a.partition("=")[2].split(",") for a, k in zip(argv, keys) if k == "data"), [chosen])
     try:
-        if not all(c != "composed" and "root" in load_conf(group_file("data", c, roots)) for c in choices):
+        if not all("root" in load_conf(group_file("data", c, roots)) for c in choices):
             return list(argv)
     except FileNotFoundError:  # an unknown data= choice: precheck names it
         return list(argv)
@@ -96,20 +96,6 @@ def with_dataset_root(argv: list[str]) -> list[str]:
                 a = f"{a.partition('=')[0]}=[{','.join([*names, 'data.root'])}]"
         out.append(a)
     return out
-
-
-def with_composed_data(argv: list[str]) -> list[str]:
-    """`argv` plus `data=composed` when it chooses a `dataset=` or a `partition=` (or sets one of their
-    options) and no `data=`; plus `partition=iid` when it names a dataset but no partition."""
-    keys = [a.partition("=")[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
-    heads = {k.split(".")[0] for k in keys}
-    if not heads & {"dataset", "partition"} or "data" in keys:
-        return list(argv)
-    extra = ["data=composed"] + (["partition=iid"] if "dataset" in keys and "partition" not in keys else [])
-    # right after the last override, so that the overrides stay one run of arguments for Hydra's
-    # parser (`fedrun dataset=mnist partition=iid --cfg job`: appended, it would follow --cfg's value)
-    last = max(i for i, a in enumerate(argv) if "=" in a and not a.startswith("-"))
-    return [*argv[:last + 1], *extra, *argv[last + 1:]]
 
 
 def import_problem(target: str, key: str = "") -> str | None:
@@ -159,7 +145,7 @@ def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     for root in roots or [CONF_DIR]:
         folder = os.path.join(root, group)
         if os.path.isdir(folder):
-            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")}
+            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")}  # _x.yaml: included by others
     return sorted(names)
 
 
@@ -271,6 +257,19 @@ def read_yaml(path: str):
 _CONF_CACHE: dict[str, tuple[tuple[int, int], object]] = {}
 
 
+def group_conf(group: str, name: str, roots: list[str] | None = None):
+    """Option `name` of `group` as Hydra composes it: the same-group files its defaults list names
+    (e.g. conf/partition/_split.yaml, the options every partition shares) merged under its own keys,
+    without the defaults list."""
+    from omegaconf import OmegaConf
+
+    cfg = load_conf(group_file(group, name, roots))
+    base = [group_conf(group, d, roots) for d in cfg.get("defaults", [])
+            if isinstance(d, str) and d.startswith("_") and d != "_self_"]  # _x.yaml: fedrun's shared nodes
+    cfg.pop("defaults", None)
+    return OmegaConf.merge(*base, cfg) if base else cfg
+
+
 def load_conf(path: str):
     """OmegaConf.load(path), each file parsed once per process while it is unchanged (keyed by its
     modification time and size): the shipped yamls are read again for every job of a sweep. A new
@@ -293,6 +292,8 @@ def instantiate_checked(node: DictConfig, **kwargs):
         if problem:  # a user's `_target_` that does not import: Hydra's "Error locating target" in one line
             raise ConfigError(problem) from e
         cause = e.__cause__ or e
+        while isinstance(cause, InstantiationException) and cause.__cause__:  # a nested node's (data.dataset's)
+            cause = cause.__cause__
         if isinstance(cause, (ConfigError, DataMissingError, ValueError, TypeError, RuntimeError)):  # bad values
             # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
             raise ConfigError(str(cause).splitlines()[0]) from cause

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
     from .args import ArgumentParser
-    from .config import CONF_DIR, instantiate_checked, with_composed_data, with_env_searchpath
+    from .config import CONF_DIR, instantiate_checked, with_env_searchpath
     from .outputs import cannot_write, write_partition
     from .plots import plot_partition
     from .validation import job_problems, precheck
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.clients < 0:
         ap.refuse("--clients", args.clients, "must be at least 0 (0: no client lines)")
-    overrides = with_composed_data(with_env_searchpath(args.overrides))
+    overrides = with_env_searchpath(args.overrides)
     problem = precheck(overrides)
     if problem:
         print(f"fedrun-data: error: {problem}", file=sys.stderr)

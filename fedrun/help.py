@@ -179,6 +179,11 @@ def help_text(argv: list[str]) -> str:
             continue
         path = group_file(group, name, roots)
         header, opts = read_yaml_doc(path)
+        included = [d for d in OmegaConf.load(path).get("defaults", []) if isinstance(d, str) and d.startswith("_")
+                    and d != "_self_"]
+        for d in reversed(included):  # the shared options it includes (conf/partition/_split.yaml) before its own
+            own = {k for k, _, _ in opts}
+            opts = [o for o in read_yaml_doc(group_file(group, d, roots))[1] if o[0] not in own] + opts
         lines += ["", f"{group}={name} ({group}/{name}.yaml):"]
         lines += ["  " + h for h in header]
         if opts:

@@ -8,7 +8,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
 from .algorithms.checks import check_choice
-from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_file, group_options, instantiate_checked, load_conf,
+from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
+                     load_conf,
                      search_roots)
 from .device import cpu_threads, physical_memory, resolve_device
 from .errors import ConfigError
@@ -94,9 +95,6 @@ def _cache_dir(cfg: DictConfig) -> list[str]:
     return out
 
 
-DATA_INTS = ("num_clients", "dim", "num_classes", "n", "a", "test_a", "chunk_len", "seed", "size_factor")
-
-
 def validate(cfg: DictConfig) -> list[str]:
     """Every problem with the options that can be checked before any work starts, one line each."""
     problems: list[str] = []
@@ -135,16 +133,6 @@ def validate(cfg: DictConfig) -> list[str]:
     if device is not None:
         check(acceleration.check, cfg.get("compile", "none"), cfg.get("precision", "fp32"), device)
     check(cpu_threads, cfg.get("threads", "auto"))
-    for key in DATA_INTS:
-        v = cfg.data.get(key)
-        if key in cfg.data and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "seed" else 1)):
-            problems.append(f"data.{key}={v!r} must be an integer >= {0 if key == 'seed' else 1}")
-    if "train_frac" in cfg.data and not (isinstance(cfg.data.train_frac, (int, float)) and 0 < cfg.data.train_frac < 1):
-        problems.append(f"data.train_frac={cfg.data.train_frac!r} must be a fraction in (0, 1)")
-    for key in ("alpha", "beta"):
-        v = cfg.data.get(key)
-        if key in cfg.data and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-            problems.append(f"data.{key}={v!r} must be a number >= 0")
     problems += trackers.check(cfg)
     built = {}
 
@@ -244,13 +232,14 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
                 group = k.replace("override", "").strip(" /")
                 if group in GROUPS and choices[group] is None:
                     choices[group] = v
-    if (choices["dataset"] or choices["partition"]) and choices["data"] not in (None, "composed"):
+    # dataset= and partition= are read by the data configs that interpolate them (conf/data/composed.yaml)
+    reads = lambda data: "${dataset}" in open(group_file("data", data, roots)).read()
+    if choices["data"] and (choices["dataset"] or choices["partition"]) and not reads(choices["data"]):
         return (f"dataset=/partition= compose their own data and cannot go with data={choices['data']}; drop data= "
                 f"(the old data= settings stay as they are)")
-    if complete and (choices["data"] == "composed" or choices["dataset"] or choices["partition"]):
-        for g in ("dataset", "partition"):
-            if not choices[g]:
-                return f"data=composed needs {g}=<option>; choose one of: {', '.join(group_options(g, roots))}"
+    if complete and not choices["dataset"] and (choices["partition"] or (choices["data"] and reads(choices["data"]))):
+        return (f"data={choices['data'] or 'composed'} needs dataset=<option>; choose one of: "
+                f"{', '.join(group_options('dataset', roots))}")
     top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
     defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
     for arg in argv:  # +key=value too: fedrun reads no option its configs lack (it would be recorded, not used)
@@ -264,7 +253,7 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             if not (choices[head] or defaults[head]):
                 return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
             for name in swept.get(head) or [choices[head] or defaults[head]]:
-                group_cfg = load_conf(group_file(head, name, roots))
+                group_cfg = group_conf(head, name, roots)
                 if rest.split(".")[0] not in group_cfg:
                     known = sorted(k for k in group_cfg if not str(k).startswith("_"))
                     return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"

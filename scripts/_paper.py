@@ -96,7 +96,7 @@ def mnist_labels(root: str, download: bool = True):
     """(train labels, test labels) of the MNIST in root/MNIST/raw (downloaded there if absent and
     `download`); exits with one line if it is not there."""
     from fedrun.errors import DataMissingError
-    from fedrun.data.sources import load_mnist
+    from fedrun.data.datasets.idx import load_mnist
 
     try:
         _, tr, _, te = load_mnist(root, download=download)
@@ -114,7 +114,7 @@ def describe_data(root: str, tr, te) -> None:
 def fitting_a(tr, te, n: int, wanted: int) -> int:
     """The largest a <= wanted for which the training AND the test split fit (fedrun derives the test
     split's a from a, scaled by |test| / |train|, as fedrun.data.mnist_perfedavg does)."""
-    from fedrun.data.partitions import max_fitting_a
+    from fedrun.data.partitioners.paper import max_fitting_a
 
     a = min(wanted, max_fitting_a(tr, n))
     test_fit = max_fitting_a(te, n)
@@ -124,7 +124,7 @@ def fitting_a(tr, te, n: int, wanted: int) -> int:
         fail(f"the MNIST in use is too small for n={n} users (no a >= 2 fits)")
     if a != wanted:
         print(f"note: a={wanted} does not fit this MNIST with n={n} users; using a={a}, the largest that fits "
-              f"(fedrun.data.partitions.max_fitting_a on the training and test labels)")
+              f"(fedrun.data.partitioners.paper.max_fitting_a on the training and test labels)")
     return a
 
 
@@ -165,13 +165,13 @@ def pct(x) -> str:
 
 
 def write_tiny_cifar(root: str, num_classes: int, train_per_class: int, test_per_class: int, seed: int = 0) -> str:
-    """Random images in CIFAR's python-pickle layout under root (as fedrun.data.sources.load_cifar
+    """Random images in CIFAR's python-pickle layout under root (as fedrun.data.datasets.cifar.load_cifar
     reads them), `train_per_class` / `test_per_class` of every class: data for smoke tests only."""
     import pickle
 
     import numpy as np
 
-    from fedrun.data.sources import CIFAR_FILES
+    from fedrun.data.datasets.cifar import CIFAR_FILES
 
     folder, train_files, test_files, key = CIFAR_FILES[num_classes]
     rng = np.random.RandomState(seed)

@@ -38,7 +38,8 @@ class Mutant:
 
 AGREE = "tests/algorithms/test_branches_agree.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
-PARTS, COMPOSED, PTESTS = "fedrun/data/partitioners.py", "fedrun/data/composed.py", "tests/data/test_partitioners.py"
+PARTS, PAPER, SHARED = "fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py", "fedrun/data/partitioners/base.py"
+PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
     Mutant("vmap-vag-mean", "fedrun/engine/vmap.py",
@@ -75,7 +76,7 @@ MUTANTS = [
     Mutant("exact-hvp-sign", "fedrun/algorithms/perfedavg.py",
            "g2 = {k: g2[k] - self.alpha * hv[k] for k in params}", "g2 = {k: g2[k] + self.alpha * hv[k] for k in params}",
            ("tests/algorithms/test_perfedavg.py", "-k", "quadratic or delta"), "Per-FedAvg exact: HVP sign flipped"),
-    Mutant("synthetic-cut-seed", "fedrun/data/synthetic.py",
+    Mutant("synthetic-cut-seed", "fedrun/data/datasets/synthetic.py",
            "perm = np.random.default_rng([seed, k, SHUFFLE_STREAM]).permutation(len(y))",
            "perm = np.random.default_rng([seed, k + 1, SHUFFLE_STREAM]).permutation(len(y))",
            ("tests/test_draws_pinned.py",),
@@ -139,24 +140,24 @@ MUTANTS = [
            (PTESTS,), "partition=mixture: an iid share smaller than the clients goes to nobody (the red team's 70 rows)"),
     Mutant("mixture-iid-frac-ignored", PARTS, "k = int(round(iid_frac * n))", "k = int(round(0.5 * n))", (PTESTS,),
            "partition=mixture deals half the rows iid whatever iid_frac says"),
-    Mutant("perfedavg-split-unseeded", COMPOSED, "return perfedavg_mnist(labels, num_clients, a, _rs(rng))",
-           "return perfedavg_mnist(labels, num_clients, a, np.random.RandomState(0))", (PTESTS,),
+    Mutant("perfedavg-split-unseeded", PAPER, "return perfedavg_mnist(labels, self.num_clients, self.a, _rs(rng))",
+           "return perfedavg_mnist(labels, self.num_clients, self.a, np.random.RandomState(0))", (PTESTS,),
            "partition=perfedavg_split drawn with seed 0 whatever the seed"),
-    Mutant("pfedme-labels-unseeded", COMPOSED, "return pfedme_mnist(labels, num_clients, labels_per_client, _rs(rng))",
-           "return pfedme_mnist(labels, num_clients, labels_per_client, np.random.RandomState(0))", (PTESTS,),
+    Mutant("pfedme-labels-unseeded", PAPER, "return pfedme_mnist(labels, self.num_clients, self.labels_per_client, _rs(rng))",
+           "return pfedme_mnist(labels, self.num_clients, self.labels_per_client, np.random.RandomState(0))", (PTESTS,),
            "partition=pfedme_labels drawn with seed 0 whatever the seed"),
-    Mutant("acid-unseeded", COMPOSED, "    rs = _rs(rng)\n", "    rs = np.random.RandomState(0)\n", (PTESTS,),
+    Mutant("acid-unseeded", PAPER, "        rs = _rs(rng)\n", "        rs = np.random.RandomState(0)\n", (PTESTS,),
            "partition=acid drawn with seed 0 whatever the seed"),
     Mutant("natural-rows-to-wrong-writers", PARTS, "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))",
            "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels))[::-1])", (PTESTS,),
            "partition=natural gives a writer's rows to another writer"),
-    Mutant("composed-partition-seed-ignored", COMPOSED, 'rng = np.random.default_rng([int(partition.get("seed", 0)), 23])',
+    Mutant("composed-partition-seed-ignored", SHARED, "rng = np.random.default_rng([self.seed, 23])",
            "rng = np.random.default_rng([0, 23])", (PTESTS,),
            "every composed partition drawn with seed 0 whatever partition.seed says (issue 38's survivor)"),
-    Mutant("holdout-rounding-to-none-accepted", PARTS,
+    Mutant("holdout-rounding-to-none-accepted", SHARED,
            "if isinstance(holdout, float) and 0 < holdout < 1 and not 0 < count < num_clients:", "if False:", (PTESTS,),
            "partition.holdout=0.004 of 100 clients holds out nobody without a word"),
-    Mutant("stratified-split-unshuffled", COMPOSED, "order = np.lexsort((rng.random(n_rows), labels, owner))",
+    Mutant("stratified-split-unshuffled", SHARED, "order = np.lexsort((rng.random(n_rows), labels, owner))",
            "order = np.lexsort((np.arange(n_rows), labels, owner))", (PTESTS,),
            "test=split: a client's test rows no longer drawn at random within a label"),
     Mutant("nonfinite-guard-off", "fedrun/simulate.py",

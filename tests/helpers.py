@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from torch import nn
 
 from fedrun.cli import CONF_DIR
-from fedrun.data.sources import CIFAR_FILES
+from fedrun.data.datasets.cifar import CIFAR_FILES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")  # data recorded from the authors' code (scripts/ record them)
@@ -204,3 +204,32 @@ def write_leaf(root, writers: int = 6, seed: int = 0) -> None:
                 u: {"x": rng.rand(per, 784).round(3).tolist(), "y": rng.randint(0, 62, per).tolist()} for u in chunk}}
             with open(os.path.join(folder, f"all_data_{i}_niid_{split}.json"), "w") as f:
                 json.dump(blob, f)
+
+
+def built(group: str, options: dict):
+    """The object `conf/<group>/<name>.yaml` instantiates (group: dataset | partition; `name` picks
+    the yaml, the other options override it), as `fedrun dataset=... partition=...` builds it; a bad
+    option raises the class's own error."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from fedrun.config import group_conf
+
+    options = dict(options)
+    name = options.pop("name") if group == "partition" else options["name"]
+    node = group_conf(group, name)  # with the shared options it includes (partition: _split.yaml)
+    try:
+        return instantiate(OmegaConf.merge(node, options))
+    except InstantiationException as e:
+        cause = e
+        while isinstance(cause, InstantiationException) and cause.__cause__:
+            cause = cause.__cause__
+        raise cause from None
+
+
+def compose_data(dataset: dict, partition: dict, cache_dir: str | None = None, chunk_len: int = 256):
+    """fedrun.data.composed of the dataset and partition `built` from their yamls and `options`."""
+    from fedrun.data.composed import composed
+
+    return composed(built("dataset", dataset), built("partition", partition), cache_dir, chunk_len)

@@ -217,14 +217,15 @@ def _yaml_options(path) -> dict:
 
 
 def _group_yamls() -> list[tuple[str, str, str]]:
-    """(group, choice, path) of every yaml of conf/ but config.yaml: groups, hydra/launcher, presets."""
+    """(group, choice, path) of every yaml of conf/ but config.yaml: groups, hydra/launcher, presets (not
+    _x.yaml, the nodes other yamls of the group include: conf/partition/_split.yaml)."""
     import glob
     import os
 
     out = []
     for path in sorted(glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True)):
         group = os.path.relpath(os.path.dirname(path), CONF_DIR).replace(os.sep, "/")
-        if group != ".":
+        if group != "." and not os.path.basename(path).startswith("_"):
             out.append((group, os.path.basename(path)[:-len(".yaml")], path))
     return out
 

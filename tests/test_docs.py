@@ -23,16 +23,27 @@ def test_readme_is_short_and_its_test_command_is_what_ci_runs():
     assert ci and ci[0] in commands, (ci, commands)
 
 
-def test_extending_guide_dataset_example_runs_as_printed(tmp_path, monkeypatch):
-    """docs/extending.md's dataset + partition code and yaml, written out verbatim, run 2 rounds."""
+def test_extending_guide_dataset_and_partition_run_as_printed(tmp_path, monkeypatch):
+    """docs/extending.md's dataset (one module + one yaml) and partition (one module + one yaml), written
+    out verbatim in a folder outside the package and found through hydra.searchpath: `fedrun
+    dataset=blobs partition=by_label` runs 2 rounds, its shared options (partition.holdout) work."""
     doc = _read("docs", "extending.md")
-    section = doc.split("## Add a dataset", 1)[1].split("\n## ", 1)[0]
-    _, folder = _write_example(tmp_path, monkeypatch, section)
-    name = os.path.basename(re.search(r"```yaml\n# (\S+\.yaml)", section).group(1))[:-5]
-    r = fedrun([f"data={name}", "model=mlr", "rounds=2", "clients_per_round=4", "progress=false", "plot=false",
-                f"hydra.searchpath=[file://{folder}]", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    section = doc.split("## Add a dataset or a partition", 1)[1].split("\n## ", 1)[0]
+    for block in re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S):
+        path = tmp_path / re.match(r"# (\S+\.(?:py|yaml))", block).group(1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("my_dataset", "my_partition"):
+        sys.modules.pop(module, None)
+    r = fedrun(["dataset=blobs", "partition=by_label", "partition.holdout=2", "model=mlr", "rounds=2",
+                "clients_per_round=4", "progress=false", "plot=false", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+                f"hydra.run.dir={tmp_path / 'run'}", "cache_dir=null"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3  # header + 2 rounds
+    import pandas as pd
+
+    assert pd.read_csv(tmp_path / "run" / "clients.csv")["heldout"].tolist() == [0] * 6 + [1] * 2
 
 
 def _anchors(text: str) -> set[str]:

@@ -175,7 +175,7 @@ def _damaged_leaf(root, damage):
 
 @pytest.mark.parametrize("damage, says", LEAF_DAMAGE)
 def test_a_corrupt_leaf_json_file_is_one_line_naming_it_and_the_fix(damage, says, tmp_path):
-    from fedrun.data.sources import load_leaf
+    from fedrun.data.datasets.leaf import load_leaf
     from fedrun.errors import DataCorruptError
 
     path = _damaged_leaf(tmp_path, damage)

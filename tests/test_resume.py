@@ -192,8 +192,8 @@ def test_divergence_stops_or_is_recorded(tmp_path):
     (["algo.alpha=abc"], ["algo.alpha='abc' must be a number >= 0"]),
     (["algo.beta=inf"], ["algo.beta=inf must be a finite number > 0"]),  # passed the check, then diverged
     (["algo.alpha=nan"], ["algo.alpha=nan must be a finite number >= 0"]),
-    (["data.num_clients=0"], ["data.num_clients=0 must be an integer >= 1"]),
-    (["data.train_frac=1.5"], ["data.train_frac=1.5 must be a fraction in (0, 1)"]),
+    (["data.num_clients=0"], ["data.num_clients=0: allowed an integer >= 1"]),  # the data preset's own check
+    (["data.train_frac=1.5"], ["data.train_frac=1.5: allowed strictly between 0 and 1"]),
     (["checkpoint_every=-1"], ["checkpoint_every=-1 must be an integer >= 0"]),
     (["on_diverge=ignore"], ["on_diverge='ignore' is not allowed; choose one of: stop, record"]),
     (["batch_size=2.5"], ["batch_size=2.5 must be an integer >= 1"]),

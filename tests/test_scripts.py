@@ -24,7 +24,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from helpers import REPO, fedrun, write_mnist_idx
-from fedrun.data.sources import MNIST_FILES
+from fedrun.data.datasets.idx import MNIST_FILES
 
 SCRIPTS = os.path.join(REPO, "scripts")
 sys.path.insert(0, SCRIPTS)

@@ -10,7 +10,7 @@ import torch
 
 from ..algorithms import build
 from ..data import ClientSplit, FederatedData
-from ..data.sources import CIFAR_FILES
+from ..data.datasets.cifar import CIFAR_FILES
 from ..engine import ENGINES, params_of
 from ..models import MLP
 from ..simulate import Schedule, simulate

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from ..data import partitioners as P
-    from ..data.composed import stratified_split
+    from ..data.partitioners.base import stratified_split
     from ..data.federated import ClientSplit
 
     ap = argparse.ArgumentParser(prog="python -m fedrun.bench.partitions", description=__doc__.split("\n\n")[0])

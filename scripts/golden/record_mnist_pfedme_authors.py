@@ -41,7 +41,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from fedrun.data.sources import load_mnist  # noqa: E402
+from fedrun.data.datasets.idx import load_mnist  # noqa: E402
 from tests.helpers import write_mnist_idx  # noqa: E402
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "mnist_pfedme_authors.json")

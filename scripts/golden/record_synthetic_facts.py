@@ -35,7 +35,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from fedrun.data.synthetic import generate_synthetic, rows_digest  # noqa: E402
+from fedrun.data.datasets.synthetic import generate_synthetic, rows_digest  # noqa: E402
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "synthetic_official.json")
 FEDPROX = dict(num_clients=30, size_factor=1)
@@ -113,7 +113,7 @@ def main() -> None:
     commits = dict(kv.split("=", 1) for kv in args.commits.split(",") if kv)
     out = {"about": "Facts of the official synthetic data, recorded by scripts/golden/record_synthetic_facts.py "
                     "(per client, in order: official train/test sizes, label histogram and digest of its rows, train + test "
-                    "together; digest = fedrun.data.synthetic.rows_digest).",
+                    "together; digest = fedrun.data.datasets.synthetic.rows_digest).",
            "numpy": np.__version__, "sources": {k: commits.get(k) or _commit(v) for k, v in checkouts.items()},
            "variants": {}}
     for name, (repo, rel, seed, settings) in VARIANTS.items():

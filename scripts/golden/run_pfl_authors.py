@@ -71,8 +71,8 @@ def fedrun_setup(method: str, seed: int, data_root: str):
 def their_layout(data, cfg):
     """Per device [0, 1] float32 images (uint8 / 255, as their ToTensor) and float labels [n, 1]; the
     channel mean / std in [0, 1] units."""
-    from fedrun.data import _channel_stats
-    from fedrun.data.sources import load_cifar
+    from fedrun.data.datasets.cifar import channel_stats as _channel_stats
+    from fedrun.data.datasets.cifar import load_cifar
 
     trx = load_cifar(cfg.data.root, 10, False)[0]
     mean, std = _channel_stats(trx)

@@ -17,12 +17,14 @@ from hydra.utils import instantiate
 from torch.func import functional_call, stack_module_state, vmap
 
 import fedrun.data as fdata
+import fedrun.data.datasets.cifar as fcifar
+from fedrun.data.datasets.cifar import channel_stats
 from fedrun.cli import CONF_DIR
 from fedrun.data import cifar
 from fedrun.errors import DataMissingError
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
-from fedrun.data.partitions import _spread_extras, alid_permutations, class_lists, deal_classes
-from fedrun.data.sources import CIFAR_FILES, load_cifar
+from fedrun.data.partitioners.paper import _spread_extras, alid_permutations, class_lists, deal_classes
+from fedrun.data.datasets.cifar import CIFAR_FILES, load_cifar
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import CNN, MLP, MLR
 from helpers import write_cifar
@@ -185,7 +187,7 @@ def test_cifar_pad_fill_is_a_black_pixel_normalized(c10):
     root, (trx, *_) = c10
     kw = dict(num_clients=10, classes_per_client=3, download=False)
     d, m = cifar(root, "cifar10", "acid", **kw), cifar(root, "cifar10", "acid", pad_fill="mean", **kw)
-    mean, std = fdata._channel_stats(trx)
+    mean, std = channel_stats(trx)
     black = (np.zeros(3, dtype=np.float32) - mean.astype(np.float32)) / std.astype(np.float32)
     assert d.augment_fill.dtype == torch.float32 and np.array_equal(d.augment_fill.numpy(), black)
     assert (d.augment_fill < -1).all()  # far from the mean colour (0): CIFAR pixels average ~120 of 255
@@ -225,7 +227,7 @@ def test_cifar_cache_roundtrip(c10, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("load_cifar called although a cache file exists")
 
-    monkeypatch.setattr(fdata, "load_cifar", boom)
+    monkeypatch.setattr(fcifar, "load_cifar", boom)
     d2 = cifar(root, "cifar10", "alid", **kw)
     for a, b in ((d1.train, d2.train), (d1.test, d2.test)):
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.sizes, b.sizes)

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from fedrun.data.sources import CIFAR_FILES, load_cifar, read_cifar_batch
+from fedrun.data.datasets.cifar import CIFAR_FILES, load_cifar, read_cifar_batch
 from fedrun.errors import DataCorruptError, DataMissingError
 from helpers import write_cifar
 
@@ -120,11 +120,11 @@ def test_a_corrupt_cifar_file_names_itself_and_the_fix(tmp_path, damage, says):
 
 @pytest.mark.parametrize("damage, says", [
     (lambda raw: raw[:-100], "but its header"),
-    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "not an MNIST idx file"),
+    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "not an idx file of bytes"),
     (lambda raw: raw[:6], "truncated in its header"),
 ])
 def test_a_corrupt_mnist_file_names_itself_and_the_fix(tmp_path, damage, says):
-    from fedrun.data.sources import load_mnist
+    from fedrun.data.datasets.idx import load_mnist
     from helpers import write_mnist_idx
 
     write_mnist_idx(tmp_path, [0, 1, 2, 3], [1, 2])

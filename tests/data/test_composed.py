@@ -15,11 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedrun.config import with_composed_data
 from fedrun.errors import DataMissingError
-from fedrun.data.composed import composed
-from fedrun.data.sources import idx_files, load_idx, read_idx
-from helpers import _write_idx, fedrun, write_cifar, write_leaf, write_mnist_idx
+from fedrun.data.datasets.idx import idx_files, load_idx, read_idx
+from helpers import _write_idx, compose_data as composed, fedrun, write_cifar, write_leaf, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
 TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))
@@ -110,14 +108,19 @@ def test_composed_cache_serves_the_same_rows(root, tmp_path):
     assert torch.equal(a.train.x, b.train.x) and b.num_holdout == 1
 
 
-def test_dataset_or_partition_picks_data_composed():
-    assert with_composed_data(["dataset=mnist"]) == ["dataset=mnist", "data=composed", "partition=iid"]
-    assert with_composed_data(["dataset=mnist", "partition=shards"])[-1] == "data=composed"
-    assert with_composed_data(["algo=fedavg"]) == ["algo=fedavg"]
-    assert with_composed_data(["data=synthetic", "partition=iid"]) == ["data=synthetic", "partition=iid"]
-    # after the last override, not after a flag's value (Hydra's parser refused "--cfg job data=composed")
-    assert with_composed_data(["-m", "dataset=mnist", "--cfg", "job"]) == [
-        "-m", "dataset=mnist", "data=composed", "partition=iid", "--cfg", "job"]
+def test_a_dataset_choice_composes_data_with_partition_iid_and_no_argv_is_rewritten():
+    """Hydra does it: conf/dataset/*.yaml select data=composed and partition=iid (a partition= of the
+    command line wins), conf/partition/*.yaml select data=composed; the shared options are one node."""
+    from hydra import compose, initialize_config_dir
+
+    from fedrun.config import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base=None):
+        for overrides, partition in ((["dataset=mnist"], "Iid"), (["partition=shards", "dataset=fmnist"], "Shards")):
+            cfg = compose("config", overrides=[*overrides, "partition.holdout=0.2"], return_hydra_config=True)
+            assert cfg.hydra.runtime.choices.data == "composed"
+            assert cfg.data.partition._target_.endswith(partition) and cfg.data.partition.holdout == 0.2
+        assert compose("config").data._target_ == "fedrun.data.presets.synthetic"
 
 
 def test_dataset_and_partition_before_a_flag_compose(tmp_path):
@@ -228,7 +231,7 @@ def test_natural_partition_refused_without_writer_ids(root, tmp_path):
 
 
 def test_stratified_split_sizes_and_labels_follow_train_frac():
-    from fedrun.data.composed import stratified_split
+    from fedrun.data.partitioners import stratified_split
 
     rng = np.random.default_rng(0)
     owner = rng.integers(0, 30, 6000)
@@ -254,8 +257,10 @@ def test_partition_options_checked_before_any_file_is_read(tmp_path):
                       (dict(name="iid", test="both"), "partition.test='both': allowed one of split, dataset")):
         with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
             composed(dict(name="mnist", root=str(tmp_path), download=False), part)
-    with pytest.raises(ValueError, match="dataset.name='svhn': allowed one of mnist, fmnist, emnist, cifar10, cifar100"):
-        composed(dict(name="svhn", root=str(tmp_path)), dict(name="iid"))
+    from fedrun.data.datasets.idx import Idx
+
+    with pytest.raises(ValueError, match="dataset.name='svhn': allowed one of mnist, fmnist, emnist"):
+        Idx("svhn", str(tmp_path))
 
 
 @pytest.mark.parametrize("option, says", [("rounds=abc", "rounds='abc' must be an integer >= 1"),

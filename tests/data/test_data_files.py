@@ -12,10 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from fedrun.data.composed import composed
-from fedrun.data.sources import load_idx, load_mnist
+from fedrun.data.datasets.idx import load_idx, load_mnist
 from fedrun.errors import DataCorruptError, DataMissingError
-from helpers import _write_idx, fedrun, write_mnist_idx
+from helpers import _write_idx, compose_data as composed, fedrun, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
 TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))
@@ -34,26 +33,24 @@ def _one_line(e) -> str:
     return msg
 
 
-@pytest.mark.parametrize("loader", ["dataset=", "data="])
-def test_label_file_one_short_refused_naming_both_files(root, loader):
+def test_label_file_one_short_refused_naming_both_files(root):  # dataset=mnist and data=mnist_*: one reader
     """59,999 labels beside 60,000 images ran on shifted labels: every image after the gap carried
     the next row's label."""
     _write_idx(str(root / RAW / "train-labels-idx1-ubyte"), 0x801, TRAIN[:-1])
     with pytest.raises(DataCorruptError) as e:
-        load_idx(str(root), "mnist", download=False) if loader == "dataset=" else load_mnist(str(root), download=False)
+        load_idx(str(root), "mnist", download=False)
     msg = _one_line(e)
     assert f"{root / RAW / 'train-images-idx3-ubyte'} holds 600 images but " in msg
     assert f"{root / RAW / 'train-labels-idx1-ubyte'} holds 599 labels" in msg
 
 
-@pytest.mark.parametrize("loader", ["dataset=", "data="])
-def test_label_outside_the_classes_refused_naming_the_file(root, loader):
+def test_label_outside_the_classes_refused_naming_the_file(root):
     """One 0xff label byte made a 256-class problem."""
     bad = TEST.copy()
     bad[7] = 255
     _write_idx(str(root / RAW / "t10k-labels-idx1-ubyte"), 0x801, bad)
     with pytest.raises(DataCorruptError) as e:
-        load_idx(str(root), "mnist", download=False) if loader == "dataset=" else load_mnist(str(root), download=False)
+        load_idx(str(root), "mnist", download=False)
     msg = _one_line(e)
     assert msg.startswith(f"{root / RAW / 't10k-labels-idx1-ubyte'} is a label file with label 255 at row 7 (1 row "
                           f"outside ")
@@ -158,7 +155,7 @@ def test_leaf_file_that_contradicts_itself_or_femnist_is_one_line_naming_it(tmp_
     [999, 1] and rows of 10 features were accepted as FEMNIST); a label 99 ended in a 56-line
     `index 99 is out of bounds` at training time; mixed widths and no users in numpy's
     concatenation errors."""
-    from fedrun.data.sources import load_leaf
+    from fedrun.data.datasets.leaf import load_leaf
 
     path = _leaf(tmp_path, change)
     with pytest.raises(DataCorruptError) as e:
@@ -199,7 +196,7 @@ def test_cache_rereads_a_file_repaired_to_the_same_size(root, tmp_path, keep_mti
 
 
 def test_file_digests_hash_an_unchanged_file_once(root, tmp_path, monkeypatch):
-    import fedrun.data as D
+    import fedrun.data.cache as D
 
     paths = {"a": str(root / RAW / "train-labels-idx1-ubyte"), "gone": str(root / "nope")}
     first = D.file_digests(paths, str(tmp_path))
@@ -221,7 +218,7 @@ def _offline(monkeypatch, cls, leave: str):
     monkeypatch.setattr(cls, "download", download)
 
 
-@pytest.mark.parametrize("how", ["dataset=mnist", "dataset=fmnist", "data=mnist_*"])
+@pytest.mark.parametrize("how", ["dataset=mnist", "dataset=fmnist"])  # data=mnist_* read MNIST through dataset=mnist
 def test_a_failed_mnist_download_leaves_no_folder(tmp_path, monkeypatch, how):
     import torchvision.datasets as tv
 
@@ -230,7 +227,7 @@ def test_a_failed_mnist_download_leaves_no_folder(tmp_path, monkeypatch, how):
     (tmp_path / "kept").mkdir()
     root = tmp_path / "kept" / "data"
     with pytest.raises(DataMissingError, match="download failed \\(RuntimeError: Error downloading"):
-        load_mnist(str(root)) if how == "data=mnist_*" else load_idx(str(root), how.split("=")[1])
+        load_idx(str(root), how.split("=")[1])
     assert os.listdir(tmp_path / "kept") == []  # data/, data/MNIST/raw and the partial file removed
 
 
@@ -238,12 +235,12 @@ def test_a_failed_cifar_download_leaves_no_folder_and_names_the_option_used(tmp_
     """The missing-files message said `data.root` for `dataset=cifar10` runs, whose option is dataset.root."""
     import torchvision.datasets as tv
 
-    from fedrun.data.composed import load_rows
+    from fedrun.data.datasets.cifar import Cifar
 
     _offline(monkeypatch, tv.CIFAR10, "cifar-10-python.tar.gz")
     (tmp_path / "mine").mkdir()
     with pytest.raises(DataMissingError) as e:
-        load_rows({"name": "cifar10", "root": str(tmp_path)})
+        Cifar("cifar10", str(tmp_path)).load()
     msg = _one_line(e)
     assert "download failed (RuntimeError" in msg and "point dataset.root (or $FEDRUN_DATA) at the folder" in msg
     assert os.listdir(tmp_path) == ["mine"]  # the tarball removed, what was there kept

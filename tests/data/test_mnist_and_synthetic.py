@@ -15,12 +15,15 @@ import pytest
 import torch
 
 import fedrun.data as fdata
-from fedrun.data import ClientSplit, generate_synthetic, mnist_perfedavg, mnist_pfedme
+import fedrun.data.datasets.synthetic as fsyn
+from fedrun.data import ClientSplit, mnist_perfedavg, mnist_pfedme
+from fedrun.data.datasets.idx import STATS
+from fedrun.data.datasets.synthetic import generate_synthetic
 from fedrun.errors import DataMissingError
-from fedrun.data.partitions import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
+from fedrun.data.partitioners.paper import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
                                     pfedme_mnist, split_train_test)
-from fedrun.data.sources import MNIST_FILES, load_mnist
-from fedrun.data.synthetic import rows_digest
+from fedrun.data.datasets.idx import MNIST_FILES, load_mnist
+from fedrun.data.datasets.synthetic import rows_digest
 from helpers import FIXTURES, write_mnist_idx
 
 
@@ -53,7 +56,7 @@ def _check_perfedavg_structure(counts: np.ndarray, n: int, a: int) -> None:
 
 def _ids_from_x(x: torch.Tensor) -> np.ndarray:
     """Recovers the image ids encoded by `_mnist_images` from normalized flattened features."""
-    px = x[:, :2].numpy().astype(np.float64) * fdata.MNIST_STD + fdata.MNIST_MEAN
+    px = x[:, :2].numpy().astype(np.float64) * STATS['mnist'][1] + STATS['mnist'][0]
     px = np.rint(px * 255.0).astype(np.int64)
     return px[:, 0] + 256 * px[:, 1]
 
@@ -213,7 +216,7 @@ def test_synthetic_bad_settings_one_line_error(bad, option):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. cache of fedrun.data.synthetic
+# 2. the data cache (fedrun.data.cache), through data=synthetic
 # ----------------------------------------------------------------------------------------------
 
 _SMALL = dict(num_clients=5, seed=3, chunk_len=64)
@@ -249,7 +252,7 @@ def test_synthetic_cache_roundtrip(tmp_path, monkeypatch):
     def boom(**kw):
         raise AssertionError("generate_synthetic called although a cache file exists")
 
-    monkeypatch.setattr(fdata, "generate_synthetic", boom)
+    monkeypatch.setattr(fsyn, "generate_synthetic", boom)
     d2 = fdata.synthetic(cache_dir=str(cache), **_SMALL)
     _assert_same_data(d1, d2)
 
@@ -262,9 +265,9 @@ def test_synthetic_cache_never_serves_another_draw_version(tmp_path, monkeypatch
     cache = tmp_path / "cache"
     fdata.synthetic(cache_dir=str(cache), **_SMALL)
     calls = []
-    real = fdata.generate_synthetic
-    monkeypatch.setattr(fdata, "generate_synthetic", lambda **kw: calls.append(kw) or real(**kw))
-    monkeypatch.setattr(fdata, "DRAW_VERSION", fdata.DRAW_VERSION + 1)
+    real = fsyn.generate_synthetic
+    monkeypatch.setattr(fsyn, "generate_synthetic", lambda **kw: calls.append(kw) or real(**kw))
+    monkeypatch.setattr(fsyn, "DRAW_VERSION", fsyn.DRAW_VERSION + 1)
     fdata.synthetic(cache_dir=str(cache), **_SMALL)
     assert len(calls) == 1 and len(os.listdir(cache)) == 2
 
@@ -777,7 +780,7 @@ def test_mnist_pfedme_config_composes():
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])
-    assert cfg.data._target_ == "fedrun.data.mnist_pfedme"
+    assert cfg.data._target_ == "fedrun.data.presets.mnist_pfedme"
     assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.train_frac) == (20, 2, 0.75)
     assert cfg.data.cache_dir == cfg.cache_dir
     import inspect

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedrun.data import mnist_pfedme_authors
-from fedrun.data.partitions import pfedme_mnist_authors
+from fedrun.data.partitioners.paper import pfedme_mnist_authors
 from helpers import FIXTURES, write_mnist_idx
 
 FACTS = json.load(open(os.path.join(FIXTURES, "mnist_pfedme_authors.json")))
@@ -85,6 +85,6 @@ def test_config_composes_with_every_parameter():
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["experiment=pfedme_mnist_dnn_fedavg", "data=mnist_pfedme_authors"])
-    assert cfg.data._target_ == "fedrun.data.mnist_pfedme_authors"
+    assert cfg.data._target_ == "fedrun.data.presets.mnist_pfedme_authors"
     assert (cfg.data.num_clients, cfg.data.labels_per_client, cfg.data.seed, cfg.data.train_frac) == (20, 2, 1, 0.75)
     assert set(cfg.data) - {"_target_"} == set(inspect.signature(mnist_pfedme_authors).parameters)

@@ -9,8 +9,17 @@ import os
 import numpy as np
 import pytest
 
+from fedrun.config import group_options
 from fedrun.data import partitioners as P
-from fedrun.data.composed import PARTITIONS
+from helpers import built
+
+PARTITIONS = group_options("partition")  # every partition= of conf/partition
+
+
+def _partition(name: str, labels, rng, **opts):
+    """The rows of each client under `partition=name` with `opts` (writers: the rows' natural groups)."""
+    writers = opts.pop("writers", None)
+    return built("partition", {"name": name, **opts})(labels, rng, writers)
 
 LABELS = np.random.default_rng(0).permutation(np.repeat(np.arange(10), 300))
 
@@ -29,7 +38,7 @@ CASES = {
 
 
 def _parts(name, seed=0, labels=LABELS):
-    return PARTITIONS[name](labels, np.random.default_rng(seed), **CASES[name])
+    return _partition(name, labels, np.random.default_rng(seed), **CASES[name])
 
 
 def test_every_partition_has_a_case():
@@ -167,7 +176,7 @@ def test_holdout_bad_values_refused(holdout):
 def test_bad_options_name_the_option(name, opts, msg):
     kw = {**CASES[name], **opts}
     with pytest.raises(P.PartitionError, match=msg.replace("(", r"\(").replace(")", r"\)")):
-        PARTITIONS[name](LABELS, np.random.default_rng(0), **kw)
+        _partition(name, LABELS, np.random.default_rng(0), **kw)
 
 
 def test_natural_split_is_one_client_per_writer():
@@ -229,15 +238,13 @@ PARTITION_OPTIONS = {k: {o: v for o, v in opts.items() if o != "writers"} for k,
 
 
 def _composed_lists(name: str, seed: int, test: str = "split"):
-    from fedrun.data.composed import build_partition
-
     writers = CASES["natural"]["writers"].astype(str)
-    partition = {"name": name, "seed": seed, "test": test, **PARTITION_OPTIONS[name]}
+    partition = built("partition", {"name": name, "seed": seed, "test": test, **PARTITION_OPTIONS[name]})
     if test == "split":  # LABELS pooled
-        tr, te, _ = build_partition(partition, LABELS, None, (writers[:2500], writers[2500:]))
+        dealt = partition.deal(LABELS[:2500], LABELS[2500:], (writers[:2500], writers[2500:]))
     else:  # LABELS the training rows, the same labels reversed the dataset's test rows
-        tr, te, _ = build_partition(partition, LABELS, LABELS[::-1].copy(), (writers, writers[::-1].copy()))
-    return tr + te
+        dealt = partition.deal(LABELS, LABELS[::-1].copy(), (writers, writers[::-1].copy()))
+    return dealt.train + dealt.test
 
 
 @pytest.mark.parametrize("test", ["split", "dataset"])
@@ -262,14 +269,14 @@ def test_partition_does_not_depend_on_the_runs_seed():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fedrun.config import CONF_DIR, with_composed_data
+    from fedrun.config import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        seen = [OmegaConf.to_container(compose("config", overrides=with_composed_data(
-            ["dataset=mnist", "partition=dirichlet", f"seed={s}"])).data, resolve=True) for s in (0, 7)]
+        seen = [OmegaConf.to_container(compose("config", overrides=[
+            "dataset=mnist", "partition=dirichlet", f"seed={s}"]).data, resolve=True) for s in (0, 7)]
     assert seen[0] == seen[1] and seen[0]["partition"]["seed"] == 0
     files = glob.glob(os.path.join(CONF_DIR, "partition", "*.yaml"))
-    assert len(files) == len(PARTITIONS)
+    assert len(files) == len(PARTITIONS) + 1  # and _split.yaml, the options they share
     for f in files:
         assert "${" not in open(f).read(), f
 
@@ -302,7 +309,7 @@ def test_iid_and_quantity_clients_label_histograms_match_the_pool(name, opts):
     partitioner that deals rows in order instead of shuffled gives each client a contiguous,
     label-skewed block (the planted bug no test caught). 200 counts, each within 5 sd."""
     labels = np.repeat(np.arange(10), 2000)
-    parts = PARTITIONS[name](labels, np.random.default_rng(0), **opts)
+    parts = _partition(name, labels, np.random.default_rng(0), **opts)
     assert _within_sampling_error(labels, parts) < 5
 
 
@@ -325,19 +332,16 @@ def test_classes_owned_depend_on_the_seed():
                                           ("dirichlet", "raise partition.min_size, use fewer clients or use partition.test=split")])
 def test_clients_without_rows_advice_names_only_the_partitions_options(name, advice):
     """partition=iid partition.num_clients=<rows> advised a min_size iid does not have."""
-    from fedrun.data.composed import build_partition
-
-    part = {"name": name, "num_clients": 2500, "test": "dataset", "seed": 0}
+    part = built("partition", {"name": name, "num_clients": 2500, "test": "dataset", "seed": 0,
+                               **({"min_size": 0} if name == "dirichlet" else {})})
     with pytest.raises(P.PartitionError) as e:
-        build_partition(part, LABELS[:2500], LABELS[2500:], None)
+        part.deal(LABELS[:2500], LABELS[2500:])
     assert str(e.value).endswith(f"get no training or no test rows; {advice}")
 
 
 def test_holdout_rounding_to_no_client_refused_before_any_file_is_read():
-    from fedrun.data.composed import check
-
     with pytest.raises(P.PartitionError, match=r"partition.holdout=0.004: holds out round\(0.004 x 100 clients\) = 0"):
-        check({"name": "mnist"}, {"name": "iid", "num_clients": 100, "holdout": 0.004})
+        built("partition", {"name": "iid", "num_clients": 100, "holdout": 0.004})  # no data: built only
 
 
 @pytest.mark.parametrize("name, opts", [
@@ -350,14 +354,14 @@ def test_holdout_rounding_to_no_client_refused_before_any_file_is_read():
 def test_random_client_sizes_are_drawn_from_the_seed(name, opts):
     """Where the sizes are part of the draw, another seed gives other sizes (a partition whose rows
     follow the seed but whose sizes were drawn with a fixed one passed the seed test)."""
-    sizes = {tuple(len(p) for p in PARTITIONS[name](LABELS, np.random.default_rng(s), **opts)) for s in range(3)}
+    sizes = {tuple(len(p) for p in _partition(name, LABELS, np.random.default_rng(s), **opts)) for s in range(3)}
     assert len(sizes) == 3
 
 
 def test_stratified_split_draws_test_rows_at_random_within_a_label():
     """A client's test rows of one label are a random sample of its rows of that label, not every
     fourth row in the file's order (which can follow writers, time or sources)."""
-    from fedrun.data.composed import stratified_split
+    from fedrun.data.partitioners import stratified_split
 
     train = stratified_split(np.zeros(400, np.int64), np.zeros(400, np.int64), 0.75, np.random.default_rng(0))
     test = np.flatnonzero(~train)

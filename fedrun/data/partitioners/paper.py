@@ -1,14 +1,25 @@
-"""Partitioners: pure functions `labels, rng -> list of index arrays` (one per client).
+"""The papers' splits: the rules as pure functions, and the partitioners built on them.
 
 `perfedavg_mnist`: the MNIST split of Per-FedAvg (papers 000/001). `class_lists`, `deal_classes` and
-`alid_permutations`: the ACID/ALID splits of paper 004 (paper 004 Sec. 3, "Active/Anonymous Label Induced Diversity"). `pfedme_mnist`:
-the MNIST split of pFedMe (paper 002); `pfedme_mnist_authors`: the one its authors' generator made.
+`alid_permutations`: the ACID/ALID splits of paper 004 (paper 004 Sec. 3, "Active/Anonymous Label
+Induced Diversity"). `pfedme_mnist`: the MNIST split of pFedMe (paper 002); `pfedme_mnist_authors`:
+the one its authors' generator made.
+
+Two kinds of partitioner use them:
+- `PerFedAvgSplit`, `PfedmeLabels`, `Acid` (`partition=perfedavg_split|pfedme_labels|acid`): the
+  rule on any dataset's labels, with the shared options (test rows, holdout) of every partition;
+- `PerFedAvgPaper`, `PfedmePaper`, `PfedmeAuthors`, `Paper004` (the `data=` presets of the papers,
+  `fedrun.data.presets`): the paper's exact split, its own test rows and random streams, so that
+  they give the rows they always gave (tests/data/test_row_digests.py). Their options are the
+  presets' `data.` options, and their messages name them so.
 """
 from __future__ import annotations
 
 import random
 
 import numpy as np
+
+from .base import Dealt, Partitioner, PartitionError, _choice, _int
 
 
 def perfedavg_mnist(labels: np.ndarray, n: int, a: int, rng: np.random.RandomState) -> list[np.ndarray]:
@@ -384,3 +395,197 @@ def pfedme_mnist_authors(labels: np.ndarray, num_clients: int = 20, labels_per_c
         train.append((idx[:cut], y[:cut]))
         test.append((idx[cut:], y[cut:]))
     return train, test
+
+
+def _rs(rng: np.random.Generator) -> np.random.RandomState:
+    return np.random.RandomState(int(rng.integers(2**32 - 1)))
+
+
+def _renamed(e: ValueError) -> PartitionError:
+    """A rule's message (written for the `data=` presets' options) for `partition=` options."""
+    return PartitionError(str(e).replace("data.n=", "partition.num_clients=").replace("data.", "partition."))
+
+
+class PerFedAvgSplit(Partitioner):
+    """`partition=perfedavg_split`: Per-FedAvg's 0-4/5-9 rule (`perfedavg_mnist`) on any labels 0..9."""
+
+    name = "perfedavg_split"
+
+    def __init__(self, num_clients: int = 10, a: int = 200, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.a = _int("a", a, 1)
+
+    def __call__(self, labels, rng, groups=None):
+        try:
+            return perfedavg_mnist(labels, self.num_clients, self.a, _rs(rng))
+        except ValueError as e:
+            raise _renamed(e) from None
+
+
+class PfedmeLabels(Partitioner):
+    """`partition=pfedme_labels`: pFedMe's rule (`pfedme_mnist`): distinct labels per client, weighted sizes; 10 labels."""
+
+    name = "pfedme_labels"
+
+    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.labels_per_client = _int("labels_per_client", labels_per_client, 1)
+
+    def __call__(self, labels, rng, groups=None):
+        if labels.max() >= 10:
+            raise PartitionError(f"partition=pfedme_labels: needs a dataset of 10 classes, this one has {labels.max() + 1}")
+        try:
+            return pfedme_mnist(labels, self.num_clients, self.labels_per_client, _rs(rng))
+        except ValueError as e:
+            raise _renamed(e) from None
+
+
+class Acid(Partitioner):
+    """`partition=acid`: paper 004's ACID (`class_lists`, `deal_classes`): k classes per device, equal sizes."""
+
+    name = "acid"
+
+    def __init__(self, num_clients: int = 100, classes_per_client: int = 5, classes: str = "consecutive", **split) -> None:
+        super().__init__(num_clients, **split)
+        self.classes_per_client = _int("classes_per_client", classes_per_client, 1)
+        self.classes = _choice("classes", classes, CLASS_CHOICES)
+
+    def __call__(self, labels, rng, groups=None):
+        rs = _rs(rng)
+        try:
+            lists = class_lists(int(labels.max()) + 1, self.num_clients, self.classes_per_client, self.classes, rs)
+            return deal_classes(labels, lists, rs)
+        except ValueError as e:
+            raise _renamed(e) from None
+
+
+class _Paper(Partitioner):
+    """A paper's exact split: `deal` is all of it (no shared options: its test rows are its own)."""
+
+    def __init__(self, num_clients: int, seed: int) -> None:
+        self.num_clients = _int("num_clients", num_clients, 1, prefix="data")
+        self.seed = _int("seed", seed, 0, prefix="data")
+
+    def __call__(self, labels, rng, groups=None):
+        raise PartitionError(f"the {self.name} split of its paper deals train and test rows itself (`deal`)")
+
+
+class PerFedAvgPaper(_Paper):
+    """`data=mnist_perfedavg`: `perfedavg_mnist` on the training images, then on the test images with
+    `test_a` (None: `a` scaled by |test| / |train|, even), one RandomState(seed) for both."""
+
+    name = "perfedavg"
+
+    def __init__(self, n: int = 10, a: int = 200, test_a: int | None = None, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self.a = _int("a", a, 1, prefix="data")
+        self.test_a = None if test_a is None else _int("test_a", test_a, 1, prefix="data")
+
+    def deal(self, train_y, test_y, groups=None) -> Dealt:
+        ta = self.test_a if self.test_a is not None else max(2, int(self.a * len(test_y) / len(train_y)) // 2 * 2)
+        rng = np.random.RandomState(self.seed)
+        train = perfedavg_mnist(train_y, self.num_clients, self.a, rng)
+        try:
+            test = perfedavg_mnist(test_y, self.num_clients, ta, rng)
+        except ValueError as e:
+            raise ValueError(f"test split (data.test_a={ta}): {e}") from None
+        return Dealt(train, test, pooled=False)
+
+
+class PfedmePaper(_Paper):
+    """`data=mnist_pfedme`: `pfedme_mnist` on all images pooled, then each client's images split
+    `train_frac` / rest per label (`split_train_test`), one RandomState(seed) for both."""
+
+    name = "pfedme"
+
+    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, train_frac: float = 0.75, seed: int = 0) -> None:
+        super().__init__(num_clients, seed)
+        self.labels_per_client = _labels_per_client(labels_per_client)
+        self.train_frac = _train_frac(train_frac)
+
+    def deal(self, train_y, test_y, groups=None) -> Dealt:
+        y = np.concatenate([train_y, test_y]).astype(np.int64)
+        rng = np.random.RandomState(self.seed)
+        try:
+            parts = pfedme_mnist(y, self.num_clients, self.labels_per_client, rng)
+            train, test = split_train_test(y, parts, self.train_frac, rng)
+        except ValueError as e:
+            raise ValueError(f"mnist_pfedme: {e}") from None
+        return Dealt(train, test, pooled=True)
+
+
+class PfedmeAuthors(_Paper):
+    """`data=mnist_pfedme_authors`: `pfedme_mnist_authors` on all images pooled (OpenML's order:
+    training, then test images), with the labels their generator gave the rows."""
+
+    name = "pfedme_authors"
+
+    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, seed: int = 1, train_frac: float = 0.75) -> None:
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 10 or num_clients % 10:
+            raise ValueError(f"mnist_pfedme_authors: data.num_clients={num_clients!r}: the authors' generator needs a "
+                             f"positive multiple of 10")
+        super().__init__(num_clients, seed)
+        self.labels_per_client = _labels_per_client(labels_per_client)
+        self.train_frac = _train_frac(train_frac)
+
+    def deal(self, train_y, test_y, groups=None) -> Dealt:
+        y = np.concatenate([train_y, test_y]).astype(np.int64)
+        try:
+            train, test = pfedme_mnist_authors(y, self.num_clients, self.labels_per_client, self.seed, self.train_frac)
+        except ValueError as e:
+            raise ValueError(f"mnist_pfedme_authors: {e}") from None
+        return Dealt([i for i, _ in train], [i for i, _ in test], pooled=True,
+                     train_labels=[lab for _, lab in train], test_labels=[lab for _, lab in test])
+
+
+CIFAR_SPLITS = ("acid", "alid")
+
+
+class Paper004(_Paper):
+    """`data=cifar10_acid|..._alid|cifar100_*`: every device owns `classes_per_client` classes
+    (`class_lists`) and gets floor(N / num_clients) training and test examples of them, dealt without
+    replacement (`deal_classes`), training then test set, one RandomState(seed). ALID (`split=alid`)
+    renames each device's classes by a private permutation onto 0..k-1 (the model has k outputs)."""
+
+    def __init__(self, num_clients: int = 100, classes_per_client: int = 5, classes: str = "consecutive",
+                 seed: int = 0, split: str = "acid") -> None:
+        super().__init__(num_clients, seed)
+        if split not in CIFAR_SPLITS:
+            raise ValueError(f"data.split={split!r} is not one of {list(CIFAR_SPLITS)}")
+        self.classes_per_client, self.classes, self.split, self.name = classes_per_client, classes, split, split
+        self._num_classes = None  # the dataset's, told by check_dataset
+
+    def check_dataset(self, dataset) -> None:
+        self._num_classes = dataset.num_classes
+        class_lists(dataset.num_classes, self.num_clients, self.classes_per_client, self.classes,
+                    np.random.RandomState(self.seed))  # bad options fail before any reading
+
+    def deal(self, train_y, test_y, groups=None) -> Dealt:
+        rng = np.random.RandomState(self.seed)
+        k = self.classes_per_client
+        lists = class_lists(self._num_classes or int(max(train_y.max(), test_y.max())) + 1,
+                            self.num_clients, k, self.classes, rng)
+        train = deal_classes(train_y, lists, rng)
+        try:
+            test = deal_classes(test_y, lists, rng)
+        except ValueError as e:
+            raise ValueError(f"test split: {e}") from None
+        out = Dealt(train, test, pooled=False, meta={"client_classes": lists})
+        if self.split == "alid":  # the local label of class lists[c, j] is perms[c, j]
+            perms = alid_permutations(self.num_clients, k, rng)
+            relabel = lambda y, parts: [perms[c][np.searchsorted(lists[c], y[i])] for c, i in enumerate(parts)]
+            out.train_labels, out.test_labels = relabel(train_y, train), relabel(test_y, test)
+            out.num_classes, out.meta["client_labels"] = k, perms
+        return out
+
+
+def _labels_per_client(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 10:
+        raise ValueError(f"data.labels_per_client={v}: allowed 1..10 (MNIST has 10 labels)")
+    return int(v)
+
+
+def _train_frac(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
+        raise ValueError(f"data.train_frac={v}: allowed strictly between 0 and 1")
+    return float(v)

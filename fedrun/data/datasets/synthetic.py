@@ -25,11 +25,12 @@ reference's exactly (x stored as float32); which of them are test rows differs.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
-import hashlib
-
 import numpy as np
+
+from .base import Dataset, Rows
 
 # Bumped whenever the same settings would produce different data: it is part of the cache key.
 # 2: draws in the reference order, shuffle on its own stream (1 shuffled with the draws' stream).
@@ -37,36 +38,73 @@ DRAW_VERSION = 2
 SHUFFLE_STREAM = 0x5EED5  # tells the shuffle's SeedSequence apart from any other use of `seed`
 
 
-def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes, train_frac, **_) -> None:
-    """Raises ValueError naming the first bad `data.` option."""
+class Synthetic(Dataset):
+    """`data=synthetic` (its own clients: partition=natural) and `dataset=synthetic` (any partition of
+    its rows). Rows come grouped by the client that drew them."""
+
+    has_groups = True
+
+    def __init__(self, num_clients: int = 100, alpha: float = 0.5, beta: float = 0.5, iid: bool = False,
+                 size_factor: int = 5, dim: int = 60, num_classes: int = 10, train_frac: float = 0.9, seed: int = 0) -> None:
+        self.settings_ = dict(num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, size_factor=size_factor,
+                              dim=dim, num_classes=num_classes, train_frac=train_frac, seed=seed)
+        check_settings(**self.settings_, prefix="dataset")
+        self.name = "synthetic_iid" if iid else f"synthetic_{alpha:g}_{beta:g}"
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.settings_["num_classes"])
+
+    def settings(self) -> dict:
+        return {**self.settings_, "draw": DRAW_VERSION}  # a cache file of an older generator is never served
+
+    def load(self) -> Rows:
+        train, test = generate_synthetic(**self.settings_)
+        cat = lambda parts, i: np.concatenate([p[i] for p in parts])
+        owner = lambda parts: np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
+        return Rows(cat(train, 0), cat(train, 1), cat(test, 0), cat(test, 1), self.num_classes,
+                    groups=(owner(train), owner(test)))
+
+
+def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes, train_frac, seed=0, prefix="data") -> None:
+    """Raises ValueError naming the first bad option (`prefix`.name: the config node they were given in)."""
+    for name, v in (("num_clients", num_clients), ("size_factor", size_factor), ("dim", dim), ("num_classes", num_classes),
+                    ("seed", seed)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{prefix}.{name}={v!r}: allowed an integer")
+    for name, v in (("alpha", alpha), ("beta", beta), ("train_frac", train_frac)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{prefix}.{name}={v!r}: allowed a number")
+    if seed < 0:
+        raise ValueError(f"{prefix}.seed={seed}: allowed an integer >= 0")
     if int(num_clients) != num_clients or num_clients < 1:
-        raise ValueError(f"data.num_clients={num_clients}: allowed an integer >= 1")
+        raise ValueError(f"{prefix}.num_clients={num_clients}: allowed an integer >= 1")
     if int(size_factor) != size_factor or size_factor < 1:
-        raise ValueError(f"data.size_factor={size_factor}: allowed an integer >= 1 (pFedMe 5, FedProx 1)")
+        raise ValueError(f"{prefix}.size_factor={size_factor}: allowed an integer >= 1 (pFedMe 5, FedProx 1)")
     # rows drawn: (lognormal(4, 2) + 50) * size_factor per client, mean (e^6 + 50) * size_factor;
     # generated in float64 with the label: (dim + 1) * 8 bytes a row. Refused above a quarter of memory.
-    from ..device import physical_memory
+    from ...device import physical_memory
 
     row_bytes = (math.exp(6) + 50) * size_factor * (int(dim) + 1) * 8
     limit = physical_memory() // 4
     if limit and num_clients * row_bytes > limit:
-        raise ValueError(f"data.num_clients={num_clients}: the synthetic generator would draw about "
+        raise ValueError(f"{prefix}.num_clients={num_clients}: the synthetic generator would draw about "
                          f"{num_clients * row_bytes / 2**30:.0f} GiB, more than a quarter of this machine's "
                          f"{physical_memory() / 2**30:.0f} GiB; allowed: 1..{int(limit // row_bytes)} "
-                         f"(with data.dim={dim}, data.size_factor={size_factor})")
+                         f"(with {prefix}.dim={dim}, {prefix}.size_factor={size_factor})")
     if int(dim) != dim or dim < 1:
-        raise ValueError(f"data.dim={dim}: allowed an integer >= 1")
+        raise ValueError(f"{prefix}.dim={dim}: allowed an integer >= 1")
     if int(num_classes) != num_classes or num_classes < 2:
-        raise ValueError(f"data.num_classes={num_classes}: allowed an integer >= 2")
+        raise ValueError(f"{prefix}.num_classes={num_classes}: allowed an integer >= 2")
     if not 0 < train_frac < 1:
-        raise ValueError(f"data.train_frac={train_frac}: allowed strictly between 0 and 1")
+        raise ValueError(f"{prefix}.train_frac={train_frac}: allowed strictly between 0 and 1")
     if iid not in (True, False):
-        raise ValueError(f"data.iid={iid!r}: allowed true or false")
+        raise ValueError(f"{prefix}.iid={iid!r}: allowed true or false")
     for name, v in (("alpha", alpha), ("beta", beta)):
         if not v >= 0:
-            raise ValueError(f"data.{name}={v}: allowed a number >= 0 (a standard deviation)")
+            raise ValueError(f"{prefix}.{name}={v}: allowed a number >= 0 (a standard deviation)")
         if iid and v != 0:
-            raise ValueError(f"data.{name}={v}: must be 0 with data.iid=true (the iid generator has no client priors)")
+            raise ValueError(f"{prefix}.{name}={v}: must be 0 with {prefix}.iid=true (the iid generator has no client priors)")
 
 
 def generate_synthetic(

@@ -1,51 +1,14 @@
-"""Partitioners: pure functions `labels, rng, **options -> list[index array]`, one per client.
-
-They know nothing of where the rows come from (pfl-research's and flwr-datasets' shape): `labels`
-is the dataset's label column (int64 [N]), `rng` a `numpy.random.Generator`; each returns one sorted
-int64 array of row indices per client, and no row is ever given to two clients. They are
-vectorized over rows (one sort or one `bincount`, never a Python loop over rows), so 1,000 clients
-over 50,000 labels take milliseconds (`python -m fedrun.bench.partitions`).
-
-Every bad option raises `PartitionError` (a ValueError) naming `partition.<option>` and what is
-allowed, before any row is dealt. The paper rules (Per-FedAvg's 0-4/5-9, pFedMe's labels, paper
-004's ACID) live in `partitions.py` and are offered here under their `partition=` names.
+"""The general partitioners, each a pure function `labels, rng, **options -> list[index array]`
+(vectorized over rows: one sort or one `bincount`, never a Python loop over rows, so 1,000 clients over
+50,000 labels take milliseconds: `python -m fedrun.bench.partitions`) and the small class that
+`conf/partition/<name>.yaml` instantiates, which checks the options once, without data.
 """
 from __future__ import annotations
 
 import numpy as np
 
-
-class PartitionError(ValueError):
-    """A partition option that cannot work, named as `partition.<option>`."""
-
-
-def _int(name: str, v, low: int, high: int | None = None) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < low or (high is not None and v > high):
-        allowed = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
-        raise PartitionError(f"partition.{name}={v!r}: allowed {allowed}")
-    return int(v)
-
-
-def _positive(name: str, v) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
-        raise PartitionError(f"partition.{name}={v!r}: allowed a number > 0")
-    return float(v)
-
-
-def _groups(owner: np.ndarray, num_clients: int, rows: np.ndarray) -> list[np.ndarray]:
-    """Rows grouped by their owner (owner -1: unused), each group sorted: one stable sort."""
-    keep = owner >= 0
-    owner, rows = owner[keep], rows[keep]
-    order = np.lexsort((rows, owner))
-    counts = np.bincount(owner, minlength=num_clients)
-    return [g.astype(np.int64) for g in np.split(rows[order], np.cumsum(counts)[:-1])]
-
-
-def _class_blocks(labels: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows sorted by class, shuffled within each class; the classes present and their counts."""
-    order = np.lexsort((rng.random(len(labels)), labels))
-    classes, counts = np.unique(labels, return_counts=True)
-    return order, classes, counts
+from .base import (Partitioner, PartitionError, _choice, _class_blocks, _cuts, _fraction, _groups, _int,
+                   _positive)
 
 
 def iid(labels: np.ndarray, rng: np.random.Generator, num_clients: int) -> list[np.ndarray]:
@@ -70,13 +33,6 @@ def _dirichlet_rows(k: int, n: int, alpha: float, rng: np.random.Generator) -> n
         g[dead, rng.integers(0, n, int(dead.sum()))] = 1.0
         s = g.sum(1, keepdims=True)
     return g / s
-
-
-def _cuts(counts: np.ndarray, props: np.ndarray) -> np.ndarray:
-    """[k, n] integer shares of counts[k] rows in proportions props[k] (floors of the cumulative sums)."""
-    edges = np.floor(np.cumsum(props, 1) * counts[:, None] + 1e-9).astype(np.int64)
-    edges[:, -1] = counts
-    return np.diff(edges, prepend=0, axis=1)
 
 
 def dirichlet(labels: np.ndarray, rng: np.random.Generator, num_clients: int, alpha: float = 0.5,
@@ -207,24 +163,6 @@ def mixture(labels: np.ndarray, rng: np.random.Generator, num_clients: int, iid_
     return [np.sort(np.concatenate([a[pa], b[pb]])).astype(np.int64) for pa, pb in zip(parts_a, parts_b)]
 
 
-def holdout_clients(num_clients: int, holdout, rng: np.random.Generator) -> np.ndarray:
-    """The clients kept out of training: `holdout` a fraction in [0, 1) of num_clients (rounded) or a
-    count (an integer >= 1); at least one client must train, and a fraction > 0 must hold out at
-    least one client (one that rounds to none is refused, not ignored). Returns them sorted."""
-    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)):
-        raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count of clients")
-    count = int(holdout) if isinstance(holdout, int) else int(round(holdout * num_clients))
-    if isinstance(holdout, float) and 0 < holdout < 1 and not 0 < count < num_clients:
-        lo, hi = 0.5 / num_clients, (num_clients - 0.5) / num_clients  # the fractions that round to 1..C-1
-        raise PartitionError(f"partition.holdout={holdout!r}: holds out round({holdout!r} x {num_clients} clients) = "
-                             f"{count}; allowed 0 (none), a fraction in ({lo:.4g}, {hi:.4g}) (it rounds to 1..{num_clients - 1} "
-                             f"clients) or a count 0..{num_clients - 1}")
-    if (isinstance(holdout, float) and not 0 <= holdout < 1) or not 0 <= count < num_clients:
-        raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count 0..{num_clients - 1} "
-                             f"({num_clients} clients, at least one must train)")
-    return np.sort(rng.permutation(num_clients)[:count])
-
-
 def natural(labels: np.ndarray, rng: np.random.Generator, writers: np.ndarray) -> list[np.ndarray]:
     """The data's own split (LEAF's per-writer FEMNIST, Shakespeare's speakers): one client per
     distinct writer id, in sorted id order. `rng` is unused (the split is fixed)."""
@@ -233,3 +171,113 @@ def natural(labels: np.ndarray, rng: np.random.Generator, writers: np.ndarray) -
         raise PartitionError(f"partition=natural: {len(writers)} writer ids for {len(labels)} rows")
     ids, owner = np.unique(writers, return_inverse=True)
     return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))
+
+
+class Iid(Partitioner):
+    """`partition=iid`: rows shuffled and cut into `num_clients` parts of equal size (within one row)."""
+
+    name = "iid"
+
+    def __init__(self, num_clients: int = 100, **split) -> None:
+        super().__init__(num_clients, **split)
+
+    def __call__(self, labels, rng, groups=None):
+        return iid(labels, rng, self.num_clients)
+
+
+class Dirichlet(Partitioner):
+    """`partition=dirichlet`: label skew, each class dealt by Dirichlet(alpha) proportions (see `dirichlet`)."""
+
+    name = "dirichlet"
+
+    def __init__(self, num_clients: int = 100, alpha: float = 0.5, min_size: int = 10, max_redraws: int = 100,
+                 **split) -> None:
+        super().__init__(num_clients, **split)
+        self.alpha, self.min_size = _positive("alpha", alpha), _int("min_size", min_size, 0)
+        self.max_redraws = _int("max_redraws", max_redraws, 0)
+
+    def __call__(self, labels, rng, groups=None):
+        return dirichlet(labels, rng, self.num_clients, self.alpha, self.min_size, self.max_redraws)
+
+
+class Shards(Partitioner):
+    """`partition=shards`: label-sorted rows cut into shards, `shards_per_client` each (see `shards`)."""
+
+    name = "shards"
+
+    def __init__(self, num_clients: int = 100, shards_per_client: int = 2, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.shards_per_client = _int("shards_per_client", shards_per_client, 1)
+
+    def __call__(self, labels, rng, groups=None):
+        return shards(labels, rng, self.num_clients, self.shards_per_client)
+
+
+class Classes(Partitioner):
+    """`partition=classes`: `classes_per_client` classes each, their rows split equally (see `classes`)."""
+
+    name = "classes"
+
+    def __init__(self, num_clients: int = 100, classes_per_client: int = 2, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.classes_per_client = _int("classes_per_client", classes_per_client, 1)
+
+    def __call__(self, labels, rng, groups=None):
+        return classes(labels, rng, self.num_clients, self.classes_per_client)
+
+
+class Quantity(Partitioner):
+    """`partition=quantity`: quantity skew, labels iid (see `quantity`)."""
+
+    name = "quantity"
+
+    def __init__(self, num_clients: int = 100, sizes: str = "dirichlet", alpha: float = 0.5, sigma: float = 1.0,
+                 min_size: int = 1, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.sizes = _choice("sizes", sizes, QUANTITY_SIZES)
+        self.alpha, self.sigma = _positive("alpha", alpha), _positive("sigma", sigma)
+        self.min_size = _int("min_size", min_size, 0)
+
+    def __call__(self, labels, rng, groups=None):
+        return quantity(labels, rng, self.num_clients, self.sizes, self.alpha, self.sigma, self.min_size)
+
+
+class Mixture(Partitioner):
+    """`partition=mixture`: a share `iid_frac` of the rows dealt iid, the rest by Dirichlet label skew."""
+
+    name = "mixture"
+
+    def __init__(self, num_clients: int = 100, iid_frac: float = 0.5, alpha: float = 0.5, min_size: int = 0,
+                 max_redraws: int = 100, **split) -> None:
+        super().__init__(num_clients, **split)
+        self.iid_frac = _fraction("iid_frac", iid_frac, low_open=False, high_open=False)
+        self.alpha, self.min_size = _positive("alpha", alpha), _int("min_size", min_size, 0)
+        self.max_redraws = _int("max_redraws", max_redraws, 0)
+
+    def __call__(self, labels, rng, groups=None):
+        return mixture(labels, rng, self.num_clients, self.iid_frac, self.alpha, self.min_size, self.max_redraws)
+
+
+class Natural(Partitioner):
+    """`partition=natural`: the data's own split, one client per writer (LEAF's FEMNIST, Synthetic's
+    clients). With `test=dataset` each writer keeps the dataset's own test rows."""
+
+    name = "natural"
+    needs_groups = True
+
+    def __init__(self, **split) -> None:
+        super().__init__(None, **{"test": "dataset", **split})
+
+    def __call__(self, labels, rng, groups=None):
+        return natural(labels, rng, groups)
+
+    def deal(self, train_y, test_y, groups=None):
+        if self.test == "split":
+            return super().deal(train_y, test_y, groups)
+        rng = np.random.default_rng([self.seed, 23])
+        parts = self(train_y, rng, groups[0])
+        train_ids = np.unique(groups[0])  # each test row goes to its writer's client (none: dropped)
+        owner = np.searchsorted(train_ids, groups[1])
+        owner = np.where((owner < len(train_ids)) & (train_ids[np.minimum(owner, len(train_ids) - 1)] == groups[1]),
+                         owner, -1)
+        return self._finish(parts, _groups(owner, len(parts), np.arange(len(test_y))), rng, pooled=False)
