@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from torch.func import functional_call, stack_module_state, vmap
 
 import fedrun.data as fdata
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from fedrun.data import cifar
 from fedrun.errors import DataMissingError
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
