@@ -11,17 +11,16 @@ configuration, so a group shares one dataset; `seed` never changes the data.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import os
 import signal
 import sys
 import time
+from typing import Callable
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .algorithms.base import ServerState
@@ -32,6 +31,7 @@ from .device import cpu_threads, keep_freed_memory, resolve_device
 from .engine import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
+from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .acceleration import LocalSteps
 from .config import instantiate_checked
 from .simulate import Diverged, Progress, Replica, simulate_group
@@ -51,65 +51,35 @@ def group_key(cfg: DictConfig) -> str:
     return json.dumps(c, sort_keys=True, default=str)
 
 
-def hydra_record(cfg: DictConfig) -> dict[str, str] | None:
-    """The `.hydra/` files (config.yaml, hydra.yaml, overrides.yaml) of the Hydra job now running,
-    as Hydra would write them; None outside Hydra, or when Hydra writes them itself.
-
-    conf/config.yaml sets `hydra.output_subdir: null`, so Hydra writes nothing before the job is
-    accepted: a refused command (bad options, another configuration's checkpoint, a folder in use)
-    leaves a finished run's record as it was. The job writes these once it starts (Job.replica).
-    """
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.instance().cfg
-    if hc.hydra.output_subdir is not None:
-        return None
-    hy = copy.deepcopy(hc)
-    with read_write(hy.hydra), open_dict(hy.hydra):
-        hy.hydra.output_subdir = RECORD_DIR
-    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hy),
-            "overrides.yaml": OmegaConf.to_yaml(hc.hydra.overrides.task)}
-
-
-RECORD_DIR = ".hydra"
-WRITABLE = "free space, or give the run a writable folder: hydra.run.dir=..., or hydra.sweep.dir=... for -m"
-
-
 class Job:
-    """One run's life around the round loop: checked options, folder lock, resume point, output
-    files, summary. `record`: its `.hydra/` files (default: `hydra_record` of the running Hydra job)."""
+    """One run's setup, from its config to what its round loop needs: checked options, algorithm,
+    data, model, schedule, resume point; its folder (`folder`, locked while the job holds it) takes
+    what the run writes. `record`: its `.hydra/` files (default: `hydra_record` of the running Hydra job)."""
 
     def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None,
                  record: dict[str, str] | None = None, launcher: str | None = None):
         self.t0 = time.time()
         self.cfg, self.out_dir, self.launcher = cfg, out_dir, launcher
-        self.record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
+        record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
         self.protocol = apply_protocol(cfg)
         problems = validate(cfg)
         if problems:
             raise ConfigError("\n".join(problems))
-        try:  # one job per folder: taken before the folder is read, released by close() or the process's end
-            self.lock = outputs.lock_folder(out_dir)
-        except outputs.FolderBusy as e:
-            raise ConfigError(str(e)) from None
-        except OSError as e:  # a read-only folder, a file where the folder goes
-            raise ConfigError(outputs.cannot_write(e, WRITABLE)) from None
+        self.folder = RunFolder(out_dir, record, bool(cfg.plot), cfg.get("plot_format", "png"))  # one job per folder
+        self.run: Replica | None = None
+        self.trackers: Trackers | None = None
         try:
             self._accept(data_cache)
         except BaseException:
-            if os.listdir(out_dir) == [outputs.LOCK_NAME]:  # refused in a folder of its own making: no trace
-                os.remove(os.path.join(out_dir, outputs.LOCK_NAME))
-                discard_empty(out_dir)
-            self.close()
+            self.folder.refuse()  # refused in a folder of its own making: no trace
             raise
 
     def close(self) -> None:
         """Releases the run folder."""
-        outputs.unlock_folder(self.lock)
-        self.lock = None
+        self.folder.close()
 
     def _accept(self, data_cache: dict | None) -> None:
-        cfg, out_dir = self.cfg, self.out_dir
+        cfg = self.cfg
         self.device = resolve_device(str(cfg.device))
         launcher = self.launcher
         if launcher is None and HydraConfig.initialized():
@@ -134,21 +104,11 @@ class Job:
         check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
                          choices.get("data", self.data.name))  # before any file is written
         self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
-        checkpoints = os.path.join(out_dir, "checkpoints")
-        if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
-            raise ConfigError(f"{checkpoints} is not a folder, and the run keeps its checkpoints there; "
-                              f"move it away, or {WRITABLE}")
-        self.ck = find_resume_point(cfg, out_dir)
-        self.done: dict | None = None  # the summary of a run that had already finished
-        ck = self.ck
-        if ck is not None and ck["round"] >= self.sched.rounds:
-            done = _read_summary(os.path.join(out_dir, "summary.json"))  # a torn one: the run finishes again
-            if done.get("status") == "finished" and done.get("rounds") == ck["round"] == self.sched.rounds:
-                print(f"fedrun: already finished ({self.sched.rounds} rounds) in {out_dir}; resume=false starts over")
-                self.done = done
-        self.history: list[dict] = []
-        self.log: outputs.CsvLog | None = None
-        self.trackers: Trackers | None = None
+        self.folder.check_checkpoint_place()
+        self.ck = find_resume_point(cfg, self.out_dir)
+        self.done = self.folder.finished(sched.rounds, self.ck["round"] if self.ck is not None else None)
+        if self.done is not None:  # the summary of a run that had already finished
+            print(f"fedrun: already finished ({sched.rounds} rounds) in {self.out_dir}; resume=false starts over")
 
     def model(self, device: torch.device | None = None):
         torch.manual_seed(self.cfg.seed)
@@ -157,124 +117,75 @@ class Job:
         return model if device is None else model.to(device)
 
     def replica(self, data: FederatedData, model) -> Replica:
-        """Opens the run's files and returns its replica for the round loop (params from `model`)."""
-        cfg, out_dir, ck = self.cfg, self.out_dir, self.ck
-        os.makedirs(out_dir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):  # an earlier attempt's failure: this one starts
-            os.remove(os.path.join(out_dir, outputs.REASON_FILE))
-        if self.record is not None:
-            for name, text in self.record.items():
-                os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
-                outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
-        outputs.write_partition(data, os.path.join(out_dir, "partition.csv"))
-        if cfg.plot:
-            from .plots import plot_partition
-
-            plot_partition(data.train.label_counts(data.num_classes).cpu().numpy(), data.num_holdout,
-                           self.figure("partition"))
-        self.metrics_path = metrics_path = os.path.join(out_dir, "metrics.csv")
+        """Opens the run's files and trackers; returns its replica for the round loop (params from
+        `model`, the server state from the resume point)."""
+        cfg, ck, folder = self.cfg, self.ck, self.folder
+        folder.start(data, ck)
         start = None
         if ck is not None:
-            self.history = list(ck["history"])
             st = ck["state"]
-            state = ServerState(
-                params={k: v.to(self.device) for k, v in st["params"].items()},
-                extra=_to_device(st["extra"], self.device),
-                clients=_to_device(st.get("clients", {}), self.device),
-            )
+            state = ServerState(params={k: v.to(self.device) for k, v in st["params"].items()},
+                                extra=_to_device(st["extra"], self.device),
+                                clients=_to_device(st.get("clients", {}), self.device))
             start = Progress(state, ck["round"], ck["transmitted"])
-            # metrics.csv becomes exactly the rows the checkpoint saw; later rows (if a kill left any)
-            # are recomputed identically.
-            if self.history:
-                outputs.write_csv(metrics_path, self.history)
-            elif os.path.exists(metrics_path):
-                os.remove(metrics_path)
             print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
-        elif os.path.exists(metrics_path):  # a fresh run owns its metrics; never append to an old run's
-            os.replace(metrics_path, metrics_path + ".previous")
         fp = fingerprint(cfg)
-        self.trackers = Trackers(cfg, out_dir, f"{os.path.basename(os.path.normpath(out_dir))} seed={cfg.seed}",
-                                 ck["round"] if ck is not None else 0)
+        self.trackers = trackers = Trackers(cfg, self.out_dir, f"{os.path.basename(os.path.normpath(self.out_dir))} "
+                                            f"seed={cfg.seed}", ck["round"] if ck is not None else 0)
 
         def on_eval(rnd: int, transmitted: int, ev) -> None:
             row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
-            if self.log is None:
-                columns = list(row)
-                if self.history and list(self.history[0]) != columns:  # a checkpoint from before a column
-                    columns += [k for k in self.history[0] if k not in row]  # existed: its rows get it empty
-                    outputs.write_csv(metrics_path, self.history, columns)
-                self.log = outputs.CsvLog(metrics_path, columns)
-            self.log.write(row)
-            self.history.append(row)
-            self.trackers.log(row, rnd)
-
-        self.saved_round, self.saved_at = (ck["round"] if ck is not None else None), time.time()
+            folder.log_row(row)
+            trackers.log(row, rnd)
 
         def on_checkpoint(at: Progress) -> None:
-            outputs.save_checkpoint(os.path.join(out_dir, "checkpoints"), at.round, {
-                "config": fp,
-                "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients},
-                "transmitted": at.transmitted,
-                # (an interrupt's checkpoint of the last finished round: a row the next round logged is not its)
-                "history": [row for row in self.history if row["round"] <= at.round],
-                "torch_rng": torch.get_rng_state(),
-            })
-            self.saved_round, self.saved_at = at.round, time.time()
+            folder.save_checkpoint(at.round, {
+                "config": fp, "transmitted": at.transmitted, "torch_rng": torch.get_rng_state(),
+                "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients}})
 
         minutes = cfg.get("checkpoint_minutes") or 0
-        due = (lambda: time.time() - self.saved_at >= 60 * minutes) if minutes else None
+        due = (lambda: time.time() - folder.saved_at >= 60 * minutes) if minutes else None
         self.run = Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
         return self.run
 
     def checkpoint_interrupted(self) -> int | None:
         """After an interrupt: checkpoints the last round the run finished, if no checkpoint holds it
         yet. Returns the round the run can resume from (None: none)."""
-        run = getattr(self, "run", None)
-        if run is not None and run.error is None and run.done is not None and run.done.round > (self.saved_round or 0):
+        run = self.run
+        if run is not None and run.error is None and run.done is not None and run.done.round > (self.folder.saved_round or 0):
             run.on_checkpoint(run.done)
-        return getattr(self, "saved_round", None)
+        return self.folder.saved_round
 
     def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
         """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
         divergence when the run diverged and `on_diverge=stop`."""
-        cfg, device = self.cfg, self.device
-        if self.log is not None:
-            self.log.close()
+        cfg, device, history = self.cfg, self.device, self.folder.history
+        self.folder.close_log()
         if self.trackers is not None:
             self.trackers.close("failed" if run.error is not None else "finished")
-        summary_path = os.path.join(self.out_dir, "summary.json")
         if run.error is not None:
             e = run.error
             summary = {"status": "diverged", "error": str(e), **self.identity(),
-                       **(_summary(self.history, time.time() - self.t0, cfg, device) if self.history else {})}
-            outputs.write_json(summary_path, summary)
+                       **(_summary(history, time.time() - self.t0, cfg, device) if history else {})}
+            self.folder.write_summary(summary)
             if cfg.on_diverge == "record":
                 print(f"fedrun: diverged (recorded, on_diverge=record): {e}", file=sys.stderr)
                 return summary
             return e
         if run.last is not None:
-            outputs.write_clients(data, run.last, os.path.join(self.out_dir, "clients.csv"))
-        summary = {"status": "finished", **self.identity(), **_summary(self.history, time.time() - self.t0, cfg, device),
+            self.folder.write_clients(data, run.last)
+        summary = {"status": "finished", **self.identity(), **_summary(history, time.time() - self.t0, cfg, device),
                    "protocol": cfg.protocol, "protocol_choices": self.protocol}
-        outputs.write_json(summary_path, summary)
+        self.folder.write_summary(summary)
         self.plot()
         return summary
-
-    def figure(self, name: str) -> str:
-        """<run dir>/<name>.<plot_format>: where a figure of this run goes."""
-        return os.path.join(self.out_dir, f"{name}.{self.cfg.get('plot_format', 'png')}")
 
     def plot(self) -> None:
         """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
         between summary.json and the figure)."""
-        if not self.cfg.plot:
-            return
-        from .plots import plot_run
-
         who = self.identity()
-        plot_run(os.path.join(self.out_dir, "metrics.csv"), self.figure("metrics"),
-                 title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
-                 personalized=f"personalized ({who['algo']}'s own personalization)")
+        self.folder.plot_metrics(title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
+                                 personalized=f"personalized ({who['algo']}'s own personalization)")
 
     def identity(self) -> dict:
         """What summary.json says the run was: algorithm, data, model (config choices), preset, seed."""
@@ -316,7 +227,7 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                     continue
                 if job.done is not None:
                     try:
-                        if not os.path.exists(job.figure("metrics")):
+                        if not os.path.exists(job.folder.figure("metrics")):
                             job.plot()
                     finally:
                         job.close()
@@ -361,9 +272,9 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
                     saved = job.checkpoint_interrupted()
                     go_on = f"resume from round {saved}" if saved else "start it again (no round finished)"
                 except OSError as e:  # a full disk, a read-only folder: the previous checkpoint stays
-                    go_on = (f"resume from round {job.saved_round}" if getattr(job, "saved_round", None)
+                    go_on = (f"resume from round {job.folder.saved_round}" if job.folder.saved_round
                              else "start it again") + f" (no checkpoint written: {e.strerror or e})"
-                done = job.run.done.round if getattr(job, "run", None) is not None else 0
+                done = job.run.done.round if job.run is not None else 0
                 print(f"fedrun: interrupted after round {done} in {job.out_dir}; rerun the same command to {go_on}",
                       file=sys.stderr)
         finally:
@@ -398,48 +309,33 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
         raise
     finally:
         for job in jobs:
-            if job.log is not None:
-                job.log.close()
-                job.log = None
+            job.folder.close_log()
     return [job.finish(run, data) for job, run in zip(jobs, runs)]
 
 
-def discard_empty(out_dir: str) -> None:
-    """Removes `out_dir` if it is empty: the folder Hydra made for a command that was then refused
-    (so fedrun-report and `ls outputs/runs` never show it)."""
-    try:
-        os.rmdir(out_dir)
-    except OSError:  # not empty (a run's files), or already gone
-        pass
-
-
 def keep_failure(out_dir: str, error: BaseException, record: dict[str, str] | None) -> None:
-    """A sweep's job that failed keeps its folder with why: `outputs.REASON_FILE` (one line) and,
-    where the folder has none, the job's `.hydra/` record, so fedrun-report names the job and its
-    reason (a job that never started has no folder). A diverged job's summary.json says it already."""
+    """A sweep's job that failed keeps its folder with why (`run_folder.write_reason`: one line, and
+    the job's `.hydra/` record), so fedrun-report names the job and its reason. A diverged job's
+    summary.json says it already."""
     if isinstance(error, Diverged):
         return
     lines = str(error).strip().splitlines()
     reason = lines[0] if lines else type(error).__name__
     if not isinstance(error, USER_ERRORS):  # a crash: its kind too
         reason = f"{type(error).__name__}: {reason}"
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        if record is not None and not os.path.exists(os.path.join(out_dir, RECORD_DIR, "config.yaml")):
-            os.makedirs(os.path.join(out_dir, RECORD_DIR), exist_ok=True)
-            for name, text in record.items():
-                outputs.write_atomic(os.path.join(out_dir, RECORD_DIR, name), text)
-        outputs.write_atomic(os.path.join(out_dir, outputs.REASON_FILE), reason + "\n")
-    except OSError:  # the folder cannot be written (the reason itself, often): the console has the line
-        discard_empty(out_dir)
+    write_reason(out_dir, reason, record)
 
 
-def report(result: dict | Exception, out_dir: str, record: dict[str, str] | None = None) -> float | None:
-    """Prints how a job ended, as `fedrun` does for a single run, and returns its headline
-    accuracy; a failed job exits the process (2: bad options or data, 3: diverged), its reason
-    kept in its folder (`keep_failure`, with its `record`)."""
+def report(result: dict | Exception, out_dir: str, record: dict[str, str] | None = None,
+           refused: Callable[[str], None] | None = None) -> float | None:
+    """Prints how a job ended and returns its headline accuracy; a failed job exits the process
+    (2: bad options or data, 3: diverged), its reason kept in its folder (`keep_failure`, with its
+    `record`), or, given `refused` (a single run's: it leaves no trace), `refused(out_dir)` instead."""
     if isinstance(result, Exception):
-        keep_failure(out_dir, result, record)
+        if refused is None:
+            keep_failure(out_dir, result, record)
+        else:
+            refused(out_dir)
         if os.environ.get("FEDRUN_DEBUG"):
             raise result
         for line in str(result).splitlines():
@@ -473,17 +369,6 @@ def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
         out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
                    f"each minibatch repeats rows")
     return out
-
-
-def _read_summary(path: str) -> dict:
-    """A run's summary.json; {} when there is none, or it is not a whole JSON object (a kill
-    mid-write on a file system without atomic rename, another tool's file)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
 
 
 def _to_device(obj, device):

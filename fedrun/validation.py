@@ -9,8 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import acceleration, trackers
 from .algorithms.checks import check_choice
 from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
-                     load_conf,
-                     search_roots)
+                     load_conf, search_roots)
 from .device import cpu_threads, physical_memory, resolve_device
 from .errors import ConfigError
 from .engine import ENGINES, params_of

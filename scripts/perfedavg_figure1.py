@@ -55,7 +55,7 @@ def pair_dir(runs: str, tau: int, r: float) -> str:
 def default_a() -> int:
     from omegaconf import OmegaConf
 
-    from fedrun.cli import CONF_DIR
+    from fedrun.config import CONF_DIR
 
     return int(OmegaConf.load(os.path.join(CONF_DIR, "data", "mnist_perfedavg.yaml")).a)
 

@@ -116,7 +116,7 @@ def parse_methods(text: str) -> list[str]:
 
 def check_configs(keys: list[str]) -> None:
     """Exits with one line when a method's config (algo, preset, ...) is not in this fedrun's conf/."""
-    from fedrun.cli import CONF_DIR
+    from fedrun.config import CONF_DIR
 
     for k in keys:
         for o in METHODS[k].overrides:
@@ -133,7 +133,7 @@ def _experiment_prefix() -> str:
     """`experiment=` when config.yaml's defaults list an experiment group, else `+experiment=`."""
     from omegaconf import OmegaConf
 
-    from fedrun.cli import CONF_DIR
+    from fedrun.config import CONF_DIR
 
     defaults = OmegaConf.to_container(OmegaConf.load(os.path.join(CONF_DIR, "config.yaml"))).get("defaults", [])
     names = [next(iter(d)).split("/")[-1].replace("optional ", "").strip() for d in defaults if isinstance(d, dict)]

@@ -20,7 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from torch import nn
 
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from fedrun.data.datasets.cifar import CIFAR_FILES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

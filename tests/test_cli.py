@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from helpers import fedrun, fedrun_subprocess, group_options as options
-from fedrun.cli import CONF_DIR, precheck
+from fedrun.config import CONF_DIR
+from fedrun.validation import precheck
 
 # data.seed=9: 2,435 synthetic rows for 6 clients (the default seed 0 draws 48,930)
 SMALL = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]
@@ -254,41 +255,6 @@ def test_every_group_choice_explains_its_options_alone(group, name, tmp_path):
         meaning = _help_meaning(r.stdout, f"{prefix}{key}={default}")  # (a preset's settings may have no comment)
         assert not comment or " ".join(comment.split()).startswith(meaning), (key, meaning)
     assert not (tmp_path / "outputs").exists()
-
-
-def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
-    """fedrun.cli answers Hydra's get_mode from the command line (saving a whole composition per run);
-    that is right only while no file in conf/ sets hydra.mode. A file that starts to set it fails here."""
-    import glob
-    import os
-
-    import yaml
-
-    setting = []
-    for path in glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True):
-        node = yaml.safe_load(open(path)) or {}
-        if isinstance(node, dict) and "mode" in (node.get("hydra") or {}):
-            setting.append(path)
-    assert not setting
-
-
-@pytest.mark.parametrize("argv", [[], ["algo=pfedme", "experiment=pfedme_synthetic_mlr_pfedme"], ["hydra.mode=MULTIRUN"],
-                                  ["hydra.mode=RUN", "seed=1"]])
-def test_mode_from_the_command_line_is_hydras(argv):
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.global_hydra import GlobalHydra
-
-    from fedrun.cli import _mode_from_command_line
-
-    GlobalHydra.instance().clear()
-    try:
-        hydra = Hydra.create_main_hydra2("fedrun", create_config_search_path(CONF_DIR))
-        assert _mode_from_command_line(argv) == hydra.get_mode("config", list(argv))
-    finally:
-        GlobalHydra.instance().clear()
-    assert _mode_from_command_line(["hydra.searchpath=[file:///x]"]) is False
-    assert _mode_from_command_line(["--config-dir", "/x"]) is False
 
 
 def test_a_sweep_job_folder_name_fits_the_file_system(tmp_path):

@@ -9,7 +9,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from helpers import fedrun
 
 # data.seed=9: a tiny synthetic dataset (6 clients); every case fails before it trains

@@ -34,7 +34,8 @@ from hydra.utils import instantiate
 
 import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
-from fedrun.cli import CONF_DIR, schedule, validate
+from fedrun.config import CONF_DIR
+from fedrun.validation import schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
 from fedrun.engine import ENGINES

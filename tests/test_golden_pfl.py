@@ -28,7 +28,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 import fedrun.simulate as simulate_mod
-from fedrun.cli import CONF_DIR, schedule
+from fedrun.config import CONF_DIR
+from fedrun.validation import schedule
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol

@@ -31,7 +31,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 import fedrun.simulate
-from fedrun.cli import CONF_DIR, schedule, validate
+from fedrun.config import CONF_DIR
+from fedrun.validation import schedule, validate
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
 from fedrun.algorithms.base import EvalContext

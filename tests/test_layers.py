@@ -26,7 +26,9 @@ FLOORS = [
     ["evaluate"],                                 # metrics of all clients at once
     ["algorithms"],                               # the methods (contract, state, options)
     ["engine"],                                   # stacked parameters, vmap and loop engines
-    ["data", "models", "help", "trackers", "resume"],
+    ["data", "models", "help", "trackers", "resume",
+     "run_folder",                                # what a run writes, in its locked folder
+     "hydra_compat"],                             # the only hooks into Hydra's and OmegaConf's private code
     ["config", "device", "outputs", "plots", "clock", "branches", "args", "openmp"],
     ["errors"],                                   # the ground floor
 ]

@@ -190,7 +190,7 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
                         "finetune_epochs, finetune_lr, finetune_steps, lr, outer_step_from, test_time, variant"),
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
-    from fedrun.cli import _hydra_main  # noqa: F401 - registers the resolvers the config uses
+    import fedrun.config  # noqa: F401 - registers the resolvers the config uses
     from fedrun.runner import run
 
     cfg = composed(*args, "rounds=1", "device=cpu")

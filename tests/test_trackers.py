@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import fedrun
-from fedrun.cli import precheck
+from fedrun.validation import precheck
 
 # 5 clients (data.seed=35), a 6-5-4 DNN: about a second a run
 TINY = ["data.num_clients=5", "data.seed=35", "data.dim=6", "data.num_classes=4", "data.chunk_len=64", "model=dnn",

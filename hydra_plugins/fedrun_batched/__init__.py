@@ -4,7 +4,7 @@
 
 Hydra finds launchers in the `hydra_plugins` namespace package; this one ships with fedrun. Every
 job gets its folder as under the basic launcher (Hydra's `run_job` makes it; the job writes its
-`.hydra/` files once it starts, as a single run does: `fedrun.runner.hydra_record`), then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
+`.hydra/` files once it starts, as a single run does: `fedrun.run_folder.hydra_record`), then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
 (null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
 only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called. A job's
@@ -48,26 +48,10 @@ class BatchedLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        # Hydra's sweeper composes every job's config to validate a batch (validate_batch_is_legal),
-        # then a launcher composes each again: a quarter of a small sweep's CPU time. The configs the
-        # validation composed (through this shared loader) are kept and used once each by launch().
-        loader = hydra_context.config_loader
-        self._compose, self._composed = loader.load_sweep_config, {}
-
-        def compose_and_keep(master_config: DictConfig, sweep_overrides: list) -> DictConfig:
-            cfg = self._compose(master_config, sweep_overrides)
-            self._composed[(id(master_config), tuple(sweep_overrides))] = cfg
-            return cfg
-
-        loader.load_sweep_config = compose_and_keep
-
-    def _job_config(self, overrides: Sequence[str]) -> DictConfig:
-        """The job's config: the one the sweeper's validation composed, else composed now."""
-        kept = self._composed.pop((id(self.config), tuple(overrides)), None)
-        return kept if kept is not None else self._compose(self.config, list(overrides))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from fedrun.runner import hydra_record, keep_failure, report, run_jobs
+        from fedrun.run_folder import hydra_record
+        from fedrun.runner import keep_failure, report, run_jobs
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -81,7 +65,7 @@ class BatchedLauncher(Launcher):
         for idx, overrides in enumerate(job_overrides):
             idx = initial_job_idx + idx
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            sweep_config = self._job_config(overrides)
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = idx
                 sweep_config.hydra.job.num = idx

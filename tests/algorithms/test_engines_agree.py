@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from fedrun.bench import agreement
 from fedrun.algorithms import PerFedAvg, names
 from fedrun.algorithms.adaptation import ADAPTATIONS
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP, MLPBN, MLR

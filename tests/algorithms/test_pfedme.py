@@ -11,7 +11,7 @@ from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
 from fedrun.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from helpers import group_options, half_squared, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]

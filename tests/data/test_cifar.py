@@ -19,7 +19,7 @@ from torch.func import functional_call, stack_module_state, vmap
 import fedrun.data as fdata
 import fedrun.data.datasets.cifar as fcifar
 from fedrun.data.datasets.cifar import channel_stats
-from fedrun.cli import CONF_DIR
+from fedrun.config import CONF_DIR
 from fedrun.data import cifar
 from fedrun.errors import DataMissingError
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params

@@ -776,7 +776,7 @@ def test_mnist_pfedme_bad_values(tiny_mnist):
 def test_mnist_pfedme_config_composes():
     from hydra import compose, initialize_config_dir
 
-    from fedrun.cli import CONF_DIR
+    from fedrun.config import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["data=mnist_pfedme", "model=mlr"])

@@ -81,7 +81,7 @@ def test_bad_values_name_the_option(tmp_path):
 def test_config_composes_with_every_parameter():
     from hydra import compose, initialize_config_dir
 
-    from fedrun.cli import CONF_DIR
+    from fedrun.config import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["experiment=pfedme_mnist_dnn_fedavg", "data=mnist_pfedme_authors"])

@@ -1,0 +1,118 @@
+"""fedrun.hydra_compat: each hook into Hydra's private code fails here, in a second, when the Hydra
+installed no longer has the function it replaces or no longer calls it as fedrun relies on (the
+end-to-end behaviour: tests/test_batched.py's refused sweeps, tests/test_cli.py's runs)."""
+from __future__ import annotations
+
+import glob
+import inspect
+import os
+
+import pytest
+import yaml
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, RunMode
+
+from fedrun.config import CONF_DIR
+from fedrun.hydra_compat import libyaml_for_configs, mode_from_command_line, mode_without_composition, sweep_hooks
+
+
+@pytest.fixture
+def hydra():
+    GlobalHydra.instance().clear()
+    try:
+        yield Hydra.create_main_hydra2("fedrun", create_config_search_path(CONF_DIR))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _params(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_the_private_functions_replaced_are_there_as_fedrun_calls_them():
+    P = inspect.Parameter
+    assert _params(Hydra.get_mode) == [("self", P.POSITIONAL_OR_KEYWORD), ("config_name", P.POSITIONAL_OR_KEYWORD),
+                                       ("overrides", P.POSITIONAL_OR_KEYWORD)]
+    assert _params(ConfigLoaderImpl.load_sweep_config) == [
+        ("self", P.POSITIONAL_OR_KEYWORD), ("master_config", P.POSITIONAL_OR_KEYWORD),
+        ("sweep_overrides", P.POSITIONAL_OR_KEYWORD)]
+    assert _params(Plugins.instantiate_sweeper) == [("self", P.POSITIONAL_OR_KEYWORD), ("hydra_context", P.KEYWORD_ONLY),
+                                                    ("task_function", P.KEYWORD_ONLY), ("config", P.KEYWORD_ONLY)]
+
+
+def test_a_sweepers_batch_check_composes_through_the_hooked_loader(hydra):
+    """Sweeper.validate_batch_is_legal (run by Hydra's sweeper before each batch) composes every job
+    with ConfigLoaderImpl.load_sweep_config: fedrun's per-job check sees each job's config there."""
+    seen = []
+    master = hydra.compose_config("config", ["rounds=1"], run_mode=RunMode.MULTIRUN,
+                                  with_log_configuration=False)
+
+    class Minimal(Sweeper):
+        def setup(self, *, hydra_context, task_function, config):
+            pass
+
+        def sweep(self, arguments):
+            pass
+
+    sweeper = Minimal()
+    sweeper.config = master
+    sweeper.hydra_context = HydraContext(config_loader=hydra.config_loader, callbacks=None)
+    before = ConfigLoaderImpl.load_sweep_config
+    with sweep_hooks(lambda cfg, overrides: seen.append((cfg.seed, list(overrides))), lambda config: None):
+        sweeper.validate_batch_is_legal([["seed=3"], ["seed=4"]])
+    assert ConfigLoaderImpl.load_sweep_config is before  # Hydra's own again
+    assert seen == [(3, ["seed=3"]), (4, ["seed=4"])]
+
+
+def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
+    """mode_from_command_line is right only while no file in conf/ sets hydra.mode."""
+    setting = []
+    for path in glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True):
+        node = yaml.safe_load(open(path)) or {}
+        if isinstance(node, dict) and "mode" in (node.get("hydra") or {}):
+            setting.append(path)
+    assert not setting
+
+
+@pytest.mark.parametrize("argv", [[], ["algo=pfedme", "experiment=pfedme_synthetic_mlr_pfedme"], ["hydra.mode=MULTIRUN"],
+                                  ["hydra.mode=RUN", "seed=1"]])
+def test_mode_from_the_command_line_is_hydras(argv, hydra):
+    assert mode_from_command_line(argv) == hydra.get_mode("config", list(argv))
+    own = Hydra.get_mode
+    with mode_without_composition(argv):
+        assert Hydra.get_mode is not own and hydra.get_mode("config", list(argv)) == mode_from_command_line(argv)
+    assert Hydra.get_mode is own
+    assert mode_from_command_line(["hydra.searchpath=[file:///x]"]) is False
+    assert mode_from_command_line(["--config-dir", "/x"]) is False
+
+
+def test_omegaconf_load_parses_with_the_libyaml_loader_alike(tmp_path):
+    """Under libyaml_for_configs, OmegaConf.load asks omegaconf._utils.get_yaml_loader for its loader
+    (fedrun's libyaml one, seen here) and reads every shipped config, Hydra's own and OmegaConf's own
+    cases as its pure-Python loader does."""
+    import hydra
+    import omegaconf._utils as U
+    from omegaconf import OmegaConf
+
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("a: 1e-3\nb: 2020-01-01\nc: ${a}\nd: .5\ne: [1, '2', null, true]\nf: {g: -.inf}\nh: 1_000\n")
+    hydras = glob.glob(os.path.join(os.path.dirname(hydra.__file__), "conf", "**", "*.yaml"), recursive=True)
+    files = [*glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True), *hydras, str(odd)]
+    pure = U.get_yaml_loader
+    calls = []
+    with libyaml_for_configs():
+        ours = U.get_yaml_loader
+        assert ours() is not pure() and ours().__mro__[1] is yaml.CSafeLoader
+        U.get_yaml_loader = lambda: calls.append(1) or ours()  # (a spy; the block restores OmegaConf's own)
+        got = {path: OmegaConf.to_yaml(OmegaConf.load(path)) for path in files}
+    assert U.get_yaml_loader is pure and len(calls) >= len(files)
+    for path in files:
+        assert got[path] == OmegaConf.to_yaml(OmegaConf.load(path)), path
+    (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
+    with libyaml_for_configs(), pytest.raises(Exception, match="duplicate key"):
+        OmegaConf.load(tmp_path / "dup.yaml")
