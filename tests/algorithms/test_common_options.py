@@ -11,16 +11,38 @@ from fedrun.algorithms.personalize import finetune
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.evaluate import served
-from fedrun.engine import VmapEngine, params_of
+from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, eval_context
 
 SCHED = Schedule(rounds=1, tau=2, clients_per_round=3, batch_size=5)
 
 
+def _first_step(name: str, lr: float) -> dict:
+    """Every client's model after one local step of `build(name, lr=lr)` on the agreement's tiny data."""
+    from fedrun.bench import agreement
+
+    model_name = "mlp_bn" if name == "fedbn" else "mlp"
+    data = agreement.data_of(model_name, torch.float64, "cpu")
+    torch.manual_seed(0)
+    model = agreement.MODELS[model_name](data).double()
+    algo = build(name, lr=lr)
+    clients = torch.arange(3)
+    local = algo.client_init(algo.init(params_of(model), data.num_clients), clients, 1)
+    g = torch.Generator().manual_seed(0)
+    batches = [data.train.rows(data.train.sample_indices(clients, torch.rand(3, 4, generator=g)))
+               for _ in range(algo.batches_per_step)]
+    return algo.client_step(LoopEngine(model), local, batches, 1)["params"], local["params"]
+
+
 @pytest.mark.parametrize("name", names())
 def test_every_algorithm_takes_lr_and_finetune_steps(name):
+    """`algo.lr` is every algorithm's local lr (one sweep: `fedrun -m algo=fedavg,ditto,pfedme algo.lr=...`):
+    it is the step size of the clients' models' local step (twice the lr, twice the step)."""
     assert build(name, lr=0.037).lr == 0.037
+    (p1, p0), (p2, _) = _first_step(name, 0.01), _first_step(name, 0.02)
+    assert any((p1[k] - p0[k]).abs().max() > 0 for k in p0)
+    assert all(torch.allclose(p2[k] - p0[k], 2 * (p1[k] - p0[k]), rtol=1e-9, atol=1e-12) for k in p0), name
     try:
         algo = build(name, finetune_steps=5)
     except InstantiationException as e:  # only where fine-tuning cannot apply, in one line naming the way out
