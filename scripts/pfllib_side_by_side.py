@@ -144,11 +144,10 @@ def export(data_opts: list[str], folder: str) -> list[int]:
     import numpy as np
     from hydra import compose, initialize_config_dir
 
-    from fedrun.config import CONF_DIR
-    from fedrun.config import instantiate_checked
+    from fedrun.config import CONF_DIR, instantiate_checked
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=list(data_opts))
+        cfg = compose("config", overrides=list(data_opts))  # dataset= selects data=composed itself
     data = instantiate_checked(cfg.data)
     sizes = []
     for part, split in (("train", data.train), ("test", data.test)):

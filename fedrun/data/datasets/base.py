@@ -95,6 +95,7 @@ def corrupt(path: str, what: str) -> str:
     return (f"{os.path.abspath(path)} is {what}; delete it and download the dataset again "
             f"(or copy a good copy there)")
 
+
 def all_present(folder: str, names: list[str]) -> bool:
     return all(os.path.exists(os.path.join(folder, f)) for f in names)
 
