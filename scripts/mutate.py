@@ -82,7 +82,8 @@ MUTANTS = [
            ("tests/test_draws_pinned.py",),
            "synthetic train/test cut seeded differently"),
     Mutant("sampling-stream", "fedrun/simulate.py",
-           "    g = round_generator(seed, rnd)\n", "    g = round_generator(seed, rnd, stream=3)\n",
+           "    g = round_generator(seed, rnd)\n    clients = _round_clients(data, sched, g)\n    shape",
+           "    g = round_generator(seed, rnd, stream=3)\n    clients = _round_clients(data, sched, g)\n    shape",
            ("tests/test_draws_pinned.py",), "clients and minibatch rows drawn from another random stream"),
     # a few more
     Mutant("hf-delta-sign", "fedrun/algorithms/perfedavg.py",
@@ -101,8 +102,7 @@ MUTANTS = [
            "    return [i for i in range(len(ok)) if not bool(ok[i])]",
            ("tests/test_host_syncs.py", "-k", "grow"), "the divergence guard reads every client's flag from the device"),
     Mutant("cpu-index-in-round", "fedrun/simulate.py",
-           "        xb, yb = data.train.rows(idx[:, s])  # step s: [m, k, B] rows",
-           "        xb, yb = data.train.rows(idx[:, s].cpu())  # step s: [m, k, B] rows",
+           "    xb, yb = data.train.rows(idx)\n", "    xb, yb = data.train.rows(idx.cpu())\n",
            ("tests/test_host_syncs.py", "-k", "fake"), "a CPU index tensor mixed into the device's minibatch gather"),
     # paper 004's debiased family against the authors' traces (tests/test_golden_pfl.py, 3 rounds)
     Mutant("feddyn-state-sign", "fedrun/algorithms/pfldyn.py",

@@ -21,7 +21,7 @@ What the engine does require of a model: `num_classes`; forward(x) -> logits [B,
 engine switches BatchNorm models to training mode for their steps and keeps their running statistics
 per client); no buffers but BatchNorm's (any other would be taken for a trainable parameter); and
 its output layer as `head` (MLR's and MLP's a property), owning the model's last parameters: FedPer,
-FedRep, LG-FedAvg and FedBABU split the model there (fedrun.algorithms.base.head_names).
+FedRep, LG-FedAvg and FedBABU split the model there (fedrun.engine.tree.head_names).
 
 Modules: small (the 2020-21 papers' models and PFLlib's FedAvgCNN), resnet (ResNet-10/18/34 with a
 CIFAR stem), rnn (LEAF's Shakespeare LSTM), text (fastText, TextCNN, a small Transformer).

@@ -1,11 +1,11 @@
 """The models of fedrun.models beyond the 2020-21 papers' (fedavg_cnn, resnet10/18/34, lstm, fasttext,
 textcnn, transformer): the vmap and loop engines agree on a few FedAvg rounds of each (every device
-branch forced in turn, as fedrun.agreement does for the small models), the LSTM's recurrence equals
+branch forced in turn, as fedrun.bench.agreement does for the small models), the LSTM's recurrence equals
 nn.LSTM, the Transformer's layer equals nn.TransformerEncoderLayer, every model of conf/model names
 the head that the body/head algorithms split off, and bad options get one line.
 
 Sizes are tiny (width-4 ResNets on 8x8 images, a 5-unit LSTM, 8-wide text models) and float64, so the
-engines are held to fedrun.agreement's float64 tolerances."""
+engines are held to fedrun.bench.agreement's float64 tolerances."""
 from __future__ import annotations
 
 import functools
@@ -60,7 +60,7 @@ def _rows(kind, n: int, g: torch.Generator) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _data(kind) -> FederatedData:
-    """fedrun.agreement's client sizes and chunks (full passes in groups that cut clients in two);
+    """fedrun.bench.agreement's client sizes and chunks (full passes in groups that cut clients in two);
     labels from each row's first value plus its client's shift, so clients differ."""
     g = torch.Generator().manual_seed(1)
 
@@ -80,7 +80,7 @@ def _loop_run(name: str, algo: str):
 
 
 def _run(name: str, algo: str, paths: dict | None):
-    """Final state and logged rows of fedrun.agreement's schedule: the vmap engine with `paths`
+    """Final state and logged rows of fedrun.bench.agreement's schedule: the vmap engine with `paths`
     forced, or the loop engine (paths None)."""
     make, kind, _ = MODELS[name]
     data = _data(kind)
