@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, per_client, scatter, select, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, per_client, scatter, sgd, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
@@ -86,7 +86,7 @@ class APFL(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(select(local["params"], selected), weights)
+        new = weighted_mean(gather(local["params"], selected), weights)
         if self.follow == "pfllib":  # v_i <- (1 - alpha_i) w_i + alpha_i v_i, with the client's own w_i
             local = {**local, "v": self._mix(local["v"], local["params"], local["alpha"])}
         kept = {"v": scatter(state.clients["v"], clients, local["v"]),

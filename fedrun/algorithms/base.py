@@ -36,7 +36,7 @@ from torch import Tensor
 from ..data.federated import ClientSplit, FederatedData
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params, select, sgd, stack, weighted_mean
+from ..engine.tree import Params, gather, sgd, stack, weighted_mean
 from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
@@ -154,7 +154,7 @@ class Algorithm(metaclass=AlgorithmMeta):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(select(local["params"], selected), weights)
+        new = weighted_mean(gather(local["params"], selected), weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
     def eval_params(self, state: ServerState) -> Params:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import mean_buffers, split_buffers
-from ..engine.tree import Params, select, sgd, stack
+from ..engine.tree import Params, gather, sgd, stack
 from .base import Local, ServerState
 
 
@@ -54,7 +54,7 @@ class BatchNormState:
         if "buffers" not in local:
             return new
         # running statistics averaged like parameters
-        buffers = mean_buffers(select(local["buffers"], selected), weights)
+        buffers = mean_buffers(gather(local["buffers"], selected), weights)
         return ServerState(params=new.params, extra={**new.extra, "buffers": buffers}, clients=new.clients)
 
     def eval_params(self, state: ServerState) -> Params:

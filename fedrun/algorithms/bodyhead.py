@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, scatter, select, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
 from .checks import check_optional_int, check_positive, require_body
 from .personalize import onboarding_batches
@@ -57,7 +57,7 @@ class PartSharing(Algorithm):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         mine = state.clients["part"]
-        shared = weighted_mean(select({k: v for k, v in local["params"].items() if k not in mine}, selected), weights)
+        shared = weighted_mean(gather({k: v for k, v in local["params"].items() if k not in mine}, selected), weights)
         part = scatter(mine, clients, {k: local["params"][k] for k in mine})
         return ServerState(params={**state.params, **shared}, extra=state.extra, clients={**state.clients, "part": part})
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, clip_per_client, scatter, select, stack, weighted_mean
+from ..engine.tree import Params, clip_per_client, gather, scatter, stack, weighted_mean
 from ..errors import ConfigError
 from .adaptation import make_adaptation
 from .base import Algorithm, EvalContext, Local, ServerState
@@ -152,7 +152,7 @@ class DebiasedSGD(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        w = select(local["params"], selected)
+        w = gather(local["params"], selected)
         return ServerState(params=weighted_mean(w, weights), extra=state.extra,
                            clients=self.keep_last(state.clients, clients[selected], w))
 

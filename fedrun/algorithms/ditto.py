@@ -21,7 +21,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, scatter, select, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, scatter, sgd, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
@@ -82,7 +82,7 @@ class Ditto(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(select(local["params"], selected), weights)
+        new = weighted_mean(gather(local["params"], selected), weights)
         personal = scatter(state.clients["personal"], clients, local["personal"])
         return ServerState(params=new, extra=state.extra, clients={**state.clients, "personal": personal})
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, head_names, select, weighted_mean
+from ..engine.tree import Params, gather, head_names, weighted_mean
 from .base import Local, Phase, ServerState
 from .checks import check_optional_int, require_body
 from .fedavg import AveragedSGD
@@ -45,6 +45,6 @@ class FedBABU(AveragedSGD):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         head = set(head_names(state.params))  # the frozen head is not averaged (a mean of equal copies rounds)
-        body = select({k: v for k, v in local["params"].items() if k not in head}, selected)
+        body = gather({k: v for k, v in local["params"].items() if k not in head}, selected)
         return ServerState(params={**state.params, **weighted_mean(body, weights)}, extra=state.extra,
                            clients=state.clients)

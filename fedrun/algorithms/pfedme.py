@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, select, weighted_mean
+from ..engine.tree import Params, gather, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_int, check_positive
 
@@ -94,7 +94,7 @@ class PFedMe(Algorithm):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        avg = weighted_mean(select(local["params"], selected), weights)
+        avg = weighted_mean(gather(local["params"], selected), weights)
         new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] for k in avg}
         extra = dict(state.extra)
         if self.train_all:  # every client trained: what it would serve is at hand

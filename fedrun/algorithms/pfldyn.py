@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine.tree import Params, expand, gather, scatter, select, weighted_mean, zeros_like
+from ..engine.tree import Params, expand, gather, scatter, weighted_mean, zeros_like
 from .base import Local, ServerState
 from .checks import check_positive
 from .debiased import AGREEMENT_META, DebiasedSGD
@@ -42,7 +42,7 @@ class PFLDyn(DebiasedSGD):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        w = select(local["params"], selected)
+        w = gather(local["params"], selected)
         delta = {k: w[k] - state.params[k] for k in w}  # w_i - w^t, sampled clients
         g_new = {k: local["g"][k][selected] - self.alpha * delta[k] for k in w}
         m = state.clients["g"][next(iter(w))].shape[0]

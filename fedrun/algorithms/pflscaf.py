@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine.tree import Params, expand, gather, per_client, scatter, select, weighted_mean, zeros_like
+from ..engine.tree import Params, expand, gather, per_client, scatter, weighted_mean, zeros_like
 from .base import Local, ServerState
 from .debiased import AGREEMENT_META, DebiasedSGD
 
@@ -36,9 +36,9 @@ class PFLScaf(DebiasedSGD):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        w = select(local["params"], selected)
+        w = gather(local["params"], selected)
         scale = local["steps"][selected].squeeze(1) * self.lr  # K beta, beta the configured (undecayed) lr
-        ci = select(local["ci"], selected)
+        ci = gather(local["ci"], selected)
         ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / per_client(scale, w[k])
                   for k in w}
         m = state.clients["c"][next(iter(w))].shape[0]

@@ -26,12 +26,10 @@ def zeros_like(params: Params, m: int) -> Params:
     return {k: torch.zeros(m, *v.shape, dtype=v.dtype, device=v.device) for k, v in params.items()}
 
 
-def select(params: Params, idx: Tensor) -> Params:
-    """The clients `idx` (positions or a mask) of stacked params."""
+def gather(params: Params, idx: Tensor) -> Params:
+    """The clients `idx` (positions or a mask) of stacked params: the round's rows of per-client
+    state stacked over ALL clients, or the models to aggregate among a round's."""
     return {k: v[idx] for k, v in params.items()}
-
-
-gather = select  # rows `ids` of per-client state stacked over ALL clients: the same indexing
 
 
 def scatter(full: Params, ids: Tensor, rows: Params) -> Params:
