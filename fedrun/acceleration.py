@@ -36,6 +36,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from .errors import ConfigError
+from .simulate import local_training, one_step
 
 COMPILE = ("none", "default", "graphs")
 PRECISION = ("fp32", "tf32", "bf16")
@@ -89,8 +90,6 @@ class LocalSteps:
         self.captures = 0  # graphs captured (gpu-check reports it)
 
     def __call__(self, algo, engine, local, data, idx, rnd, aug=None):
-        from .simulate import local_training  # (simulate imports this module)
-
         device = tree_leaves(idx)[0].device  # (idx: a tensor, or a round of phases' PhaseDraws)
         if self.compile == "graphs" and self._eager_why is None:
             if getattr(algo, "step_uses_round", False):
@@ -122,8 +121,6 @@ class LocalSteps:
     def _step_fn(self, algo) -> Callable:
         fn = self._compiled.get(id(algo))
         if fn is None:
-            from .simulate import one_step
-
             # Dynamo keeps compiled code per function, across torch.compile calls: a run starts from
             # none (else another run's algorithm and engine in this process count toward the
             # recompile limit), and hitting the limit raises instead of running on eagerly unnoticed.
@@ -133,8 +130,6 @@ class LocalSteps:
         return fn
 
     def _replay(self, algo, engine, local, data, idx, rnd, aug):
-        from .simulate import local_training
-
         device = tree_leaves(idx)[0].device
         leaves, spec = tree_flatten((local, idx, aug))
         tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]  # (aug may be None)

@@ -19,12 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .config import CONF_DIR, with_dataset_root, with_env_searchpath
+from .config import CONF_DIR, read_yaml, with_dataset_root, with_env_searchpath
 from .hydra_compat import libyaml_for_configs, mode_without_composition, sweep_hooks
 from .outputs import write_atomic
 from .run_folder import discard_empty, hydra_record
 from .runner import exit_status, keep_failure, on_sigterm, report, run_jobs
-from .validation import precheck
+from .validation import job_problems, precheck
 
 __all__ = ["main"]
 
@@ -56,8 +56,6 @@ def _jobs_checked_before_the_sweep():
     first, is put back as it was (removed, with the folder, if the sweep made them). The hooks into
     Hydra: fedrun.hydra_compat.sweep_hooks."""
     from hydra.core.utils import env_override, filter_overrides
-
-    from .validation import job_problems
 
     checked, refused, kept = set(), [], {}  # kept: multirun.yaml's path -> its text before the sweep (None: none)
 
@@ -105,8 +103,6 @@ def _output_place(argv: list[str]) -> tuple[str, str, str]:
     option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     value = next((a.split("=", 1)[1] for a in reversed(argv) if a.lstrip("+").startswith(option + "=")), None)
     if value is None:
-        from .config import read_yaml
-
         value = str(read_yaml(os.path.join(CONF_DIR, "config.yaml"))["hydra"]["sweep" if sweep else "run"]["dir"])
     fixed = value.split("${", 1)[0]
     fixed = fixed if "${" not in value else os.path.dirname(fixed)

@@ -29,6 +29,8 @@ from typing import Callable, Iterator
 
 from omegaconf import DictConfig
 
+from .config import _yaml_loader
+
 
 @contextlib.contextmanager
 def sweep_hooks(composed: Callable[[DictConfig, list], None],
@@ -105,8 +107,6 @@ def libyaml_for_configs() -> Iterator[None]:
     ~90 ms instead of ~110. The same values on every shipped and Hydra config
     (tests/test_hydra_compat.py); OmegaConf's own loader restored afterwards."""
     import omegaconf._utils as omegaconf_utils
-
-    from .config import _yaml_loader
 
     loader, pure = _yaml_loader(), omegaconf_utils.get_yaml_loader
     omegaconf_utils.get_yaml_loader = lambda: loader

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from .algorithms.checks import check_choice
+
 # protocol -> the protocol it extends (its values where it names none) and the run-level choices
 EXTENDS = {"honest": None, "official": None, "official_2020": "official"}
 RUN_CHOICES = {"aggregate": {"honest": "uniform", "official": "samples"}}
@@ -53,8 +55,6 @@ def _declared(target) -> dict:
 def apply_protocol(cfg: DictConfig) -> dict:
     """Fills, in place, every null option that `cfg.protocol` governs; returns {option: value} of
     all governed options present in `cfg` (explicit ones included), for the run's summary."""
-    from .algorithms.checks import check_choice
-
     check_choice("protocol", cfg.protocol, sorted(EXTENDS))
     used = {}
     for key, value in choices(cfg).items():

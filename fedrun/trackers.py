@@ -27,6 +27,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
+from .config import instantiate_checked
 from .errors import ConfigError
 
 STATE_FILE = "trackers.json"  # per run dir: what a resumed run needs to continue its tracker runs
@@ -239,8 +240,6 @@ def check(cfg: DictConfig) -> list[str]:
             problems.append(f"logger={name} needs the {cls.package} package, which is not installed: "
                             f"pip install 'fedrun[{cls.extra}]' (or pip install {cls.package})")
             continue
-        from .config import instantiate_checked
-
         try:
             tracker = instantiate_checked(node)  # its options (no package is imported before open)
         except ConfigError as e:
@@ -262,8 +261,6 @@ class Trackers:
     """A run's trackers, opened together: `log` each evaluated round's row, `close` once."""
 
     def __init__(self, cfg: DictConfig, out_dir: str, name: str, start: int):
-        from .config import instantiate_checked
-
         self.items: list[tuple[str, Tracker]] = [(k, instantiate_checked(v)) for k, v in (cfg.get("logger") or {}).items()]
         self.out_dir = out_dir
         path = os.path.join(out_dir, STATE_FILE)

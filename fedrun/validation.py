@@ -13,6 +13,7 @@ from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, grou
 from .device import cpu_threads, physical_memory, resolve_device
 from .errors import ConfigError
 from .engine import ENGINES, params_of
+from .protocol import apply_protocol
 from .simulate import SAMPLING, Schedule
 
 
@@ -161,8 +162,6 @@ def job_problems(cfg: DictConfig) -> list[str]:
     import copy
 
     from omegaconf import open_dict, read_write
-
-    from .protocol import apply_protocol
 
     task = copy.deepcopy(cfg)
     with read_write(task), open_dict(task):

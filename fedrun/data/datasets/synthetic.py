@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from ...device import physical_memory
 from .base import Dataset, Rows
 
 # Bumped whenever the same settings would produce different data: it is part of the cache key.
@@ -83,8 +84,6 @@ def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes,
         raise ValueError(f"{prefix}.size_factor={size_factor}: allowed an integer >= 1 (pFedMe 5, FedProx 1)")
     # rows drawn: (lognormal(4, 2) + 50) * size_factor per client, mean (e^6 + 50) * size_factor;
     # generated in float64 with the label: (dim + 1) * 8 bytes a row. Refused above a quarter of memory.
-    from ...device import physical_memory
-
     row_bytes = (math.exp(6) + 50) * size_factor * (int(dim) + 1) * 8
     limit = physical_memory() // 4
     if limit and num_clients * row_bytes > limit:
