@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fedrun.data.datasets.idx import load_idx, load_mnist
+from fedrun.data.datasets.idx import load_idx
 from fedrun.errors import DataCorruptError, DataMissingError
 from helpers import _write_idx, compose_data as composed, fedrun, write_mnist_idx
 
