@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .errors import ConfigError
-from .config import NEUTRAL_OPTIONS, drop_options
+from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
 
 
 # Options that may change between a run and its resumption: those that do not change the numbers,
@@ -20,6 +20,39 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 # a run from before them computed: a checkpoint without the option matches a run with that value.
 ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None, "compile": "none",
                  "precision": "fp32"}
+
+
+# Data `_target_`s renamed when data became dataset x partition only (2026-11-26): a checkpoint written
+# before names the old function of the same rows.
+RENAMED_TARGETS = {f"fedrun.data.{name}": f"fedrun.data.presets.{name}"
+                   for name in ("synthetic", "mnist_perfedavg", "mnist_pfedme", "mnist_pfedme_authors", "cifar")}
+
+
+def _shipped_target(group: str, name) -> str | None:
+    try:
+        return load_conf(group_file(group, str(name))).get("_target_")
+    except FileNotFoundError:  # an option this fedrun no longer ships: the diff names it
+        return None
+
+
+def upgrade(config: dict) -> dict:
+    """A checkpoint's settings in today's shape, where only names changed and the rows did not: the
+    renamed data targets, and a dataset or partition node from before they were classes (a partition
+    was picked by its `name` key, a dataset had no `_target_`) given the `_target_` its yaml has now."""
+    out = dict(config)
+    for where in (out, out.get("data") if isinstance(out.get("data"), dict) else None):
+        if where is None:
+            continue
+        if where is out.get("data") and where.get("_target_") in RENAMED_TARGETS:
+            where = out["data"] = {**where, "_target_": RENAMED_TARGETS[where["_target_"]]}
+        for group in ("dataset", "partition"):
+            node = where.get(group)
+            if isinstance(node, dict) and "_target_" not in node and "name" in node:
+                target = _shipped_target(group, node["name"])
+                if target:
+                    node = {k: v for k, v in node.items() if not (group == "partition" and k == "name")}
+                    where[group] = {"_target_": target, **node}
+    return out
 
 
 def fingerprint(cfg: DictConfig) -> dict:
@@ -75,7 +108,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(ck["config"], RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = _diff(drop_options(upgrade(ck["config"]), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

@@ -304,3 +304,32 @@ def test_a_checkpoint_from_before_an_option_existed_still_matches():
         assert _diff(old, nest(key, "other", base)) == [
             f"{key}: 'other', but the checkpoint is from before that option and computed {key}={shown}"]
         assert _diff(nest(key, "other", base), nest(key, ABSENT, base)) != []  # only that way round
+
+
+@pytest.mark.parametrize("overrides", [[], ["data=cifar10_acid"], ["dataset=cifar10", "partition=dirichlet"],
+                                       ["dataset=fmnist", "partition=shards"]])
+def test_a_checkpoint_from_before_data_became_dataset_x_partition_still_matches(overrides):
+    """Run folders written before the data renovation (old data targets; a partition picked by its
+    `name`; a dataset node without `_target_`) resume: their settings, put back into that old shape,
+    upgrade to today's fingerprint; a changed option is still a difference."""
+    from hydra import compose, initialize_config_dir
+
+    from fedrun.config import CONF_DIR
+    from fedrun.resume import RENAMED_TARGETS, _diff, fingerprint, upgrade
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        now = fingerprint(compose("config", overrides=overrides))
+    old = json.loads(json.dumps(now))
+    back = {new: was for was, new in RENAMED_TARGETS.items()}
+    old["data"]["_target_"] = back.get(old["data"]["_target_"], old["data"]["_target_"])
+    for where in (old, old["data"]):
+        if isinstance(where.get("partition"), dict):
+            name = overrides[1].split("=")[1]
+            where["partition"] = {"name": name, **{k: v for k, v in where["partition"].items() if k != "_target_"}}
+        if isinstance(where.get("dataset"), dict):
+            where["dataset"] = {k: v for k, v in where["dataset"].items() if k != "_target_"}
+    assert old != now and _diff(old, now) != []
+    assert _diff(upgrade(old), now) == []
+    if "partition" in old:
+        old["partition"]["seed"] = 1
+        assert _diff(upgrade(old), now) == ["partition.seed: 1 -> 0"]
