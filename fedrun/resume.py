@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .errors import ConfigError
+from .algorithms.optim import canonical
 from .config import NEUTRAL_OPTIONS, drop_options
 
 
@@ -19,12 +20,12 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
 ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None, "compile": "none",
-                 "precision": "fp32"}
+                 "precision": "fp32", "optim": None}  # optim: plain SGD (`canonical` drops such a node)
 
 
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
-    return drop_options(OmegaConf.to_container(cfg, resolve=True), RESUMABLE_CHANGES)
+    return drop_options(canonical(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -75,7 +76,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(ck["config"], RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = _diff(drop_options(canonical(ck["config"]), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
