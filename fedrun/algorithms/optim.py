@@ -58,7 +58,7 @@ class LocalOptim:
         if self.nesterov and (self.name != "sgd" or self.momentum == 0):
             raise ConfigError(f"optim.nesterov=true needs optim.name=sgd and optim.momentum > 0 "
                               f"(given name={self.name}, momentum={self.momentum})")
-        b = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else None
+        b = tuple(self.betas) if hasattr(self.betas, "__iter__") and not isinstance(self.betas, str) else None
         if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and 0 <= v < 1 for v in b):
             raise ConfigError(f"optim.betas={list(self.betas) if b else self.betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
         object.__setattr__(self, "betas", (float(b[0]), float(b[1])))

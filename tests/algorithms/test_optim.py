@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedrun.algorithms import build
+from fedrun.algorithms import algorithm_class, build, names
 from fedrun.algorithms.optim import LocalOptim, canonical, local_optim
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -136,6 +136,8 @@ def test_options_are_checked_in_one_line():
     with pytest.raises(ConfigError, match=r"algo=pfedme's local step is not plain gradient descent"):
         build("pfedme").set_optim(local_optim({"momentum": 0.9}, 10))
     build("pfedme").set_optim(local_optim({}, 10))  # the defaults: every algorithm
+    # the message's list is the algorithms that take optim.*
+    assert [n for n in names() if algorithm_class(n).optim_ok] == ["fedavg", "fedper", "lgfedavg", "local"]
 
 
 def test_the_fingerprint_keeps_only_what_changes_the_numbers():
