@@ -94,7 +94,7 @@ class LocalSteps:
         if self.compile == "graphs" and self._eager_why is None:
             if getattr(algo, "step_uses_round", False):
                 self._fall_back(f"algo={algo.name}'s local step changes with the round number "
-                                f"(e.g. algo.lr_decay), so one captured graph cannot serve every round")
+                                f"(algo.lr_decay, optim.schedule), so one captured graph cannot serve every round")
             else:
                 try:
                     return self._replay(algo, engine, local, data, idx, rnd, aug)

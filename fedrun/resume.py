@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .errors import ConfigError
+from .algorithms.optim import canonical
 from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
 
 
@@ -19,7 +20,7 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
 ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None, "compile": "none",
-                 "precision": "fp32"}
+                 "precision": "fp32", "optim": None}  # optim: plain SGD (`canonical` drops such a node)
 
 
 # Data `_target_`s renamed when data became dataset x partition only (2026-11-26): a checkpoint written
@@ -57,7 +58,7 @@ def upgrade(config: dict) -> dict:
 
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
-    return drop_options(OmegaConf.to_container(cfg, resolve=True), RESUMABLE_CHANGES)
+    return drop_options(canonical(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -108,7 +109,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(upgrade(ck["config"]), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = _diff(drop_options(canonical(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

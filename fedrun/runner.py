@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .algorithms.base import ServerState
+from .algorithms.optim import local_optim
 from .errors import ConfigError
 from .data import FederatedData
 from .errors import DataMissingError
@@ -86,6 +87,7 @@ class Job:
             launcher = HydraConfig.get().launcher.get("_target_")
         self.threads = cpu_threads(cfg.get("threads", "auto"), launcher)  # None: leave them as they are
         self.algo = instantiate_checked(cfg.algo)
+        self.algo.set_optim(local_optim(cfg.get("optim"), cfg.rounds))
         data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
         cache = {} if data_cache is None else data_cache
         if data_key not in cache:

@@ -347,7 +347,8 @@ def simulate_group(
             break
         t0, eval_s = time.perf_counter(), 0.0
         draws = [round_draws(algo, data, sched, r.seed, rnd) for r in active]
-        locals_ = [algo.client_init(r.at.state, trained, rnd) for r, (_, trained, _, _) in zip(active, draws)]
+        locals_ = [algo.optim.client_state(r.at.state, trained, algo.client_init(r.at.state, trained, rnd))
+                   for r, (_, trained, _, _) in zip(active, draws)]  # (with the local optimizer's state)
         local, idx, aug = (cat_clients(parts) for parts in (locals_, [d[2] for d in draws], [d[3] for d in draws]))
         local = train(algo, engine, local, data, idx, rnd, aug)
         bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
@@ -393,6 +394,7 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
     selected = torch.searchsorted(trained, clients)  # positions of the sampled clients (both sorted)
     weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
     state = algo.server_update(r.at.state, local, trained, selected, weights)
+    state = algo.optim.keep_state(state, local, trained, data.num_clients)  # (optim.state=persist)
     r.at = Progress(state, rnd, r.at.transmitted + len(clients) * algo.models_per_round)
     eval_s = 0.0
     if rnd % sched.eval_every == 0 or rnd == sched.rounds:

@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
 from .algorithms.checks import check_choice
+from .algorithms.optim import local_optim
 from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
                      load_conf, search_roots)
 from .device import cpu_threads, physical_memory, resolve_device
@@ -146,6 +147,12 @@ def validate(cfg: DictConfig) -> list[str]:
             raise ConfigError(f"{key} options ({given}) do not build a network: {e}") from None
 
     check(build, "algo", cfg.algo)
+    try:
+        optim = local_optim(cfg.get("optim"), cfg.get("rounds", 1))
+        if "algo" in built:
+            built["algo"].set_optim(optim)
+    except ConfigError as e:
+        problems.append(str(e))
     hidden = _model_hidden(cfg)
     if hidden:
         problems.append(hidden)

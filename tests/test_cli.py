@@ -143,11 +143,17 @@ def _raw_comments(path) -> dict:
     """Each top-level key of a yaml file -> its inline comment, read here with a plain regex."""
     import re
 
-    out = {}
+    out, node = {}, None
     for line in open(path, encoding="utf-8"):
-        m = re.match(r"^([A-Za-z_]\w*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line.rstrip())
-        if m and m.group(1) not in ("defaults", "hydra", "_target_"):
-            out[m.group(1)] = (m.group(2), (m.group(3) or "").strip())
+        m = re.match(r"^(  )?([A-Za-z_]\w*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line.rstrip())
+        if not m:
+            continue
+        if m.group(1) is None:  # a top-level key; one with no value is a node (optim:) of two-space keys
+            node = m.group(2) if not m.group(3) and m.group(2) not in ("defaults", "hydra") else None
+            if m.group(2) not in ("defaults", "hydra", "_target_") and node is None:
+                out[m.group(2)] = (m.group(3), (m.group(4) or "").strip())
+        elif node is not None:
+            out[f"{node}.{m.group(2)}"] = (m.group(3), (m.group(4) or "").strip())
     return out
 
 

@@ -21,12 +21,13 @@ FLOORS = [
     ["cli", "data_cli", "bench", "report"],       # the console tools
     ["runner"],                                   # config -> one run (or a group of seeds) and its folder
     ["validation"],                               # every option check, before any work
-    ["acceleration", "protocol"],                 # compiled local steps; the official-protocol table
+    ["acceleration", "protocol",                  # compiled local steps; the official-protocol table
+     "resume"],                                   # a checkpoint's fingerprint (the local optimizer's options)
     ["simulate"],                                 # the round loop
     ["evaluate"],                                 # metrics of all clients at once
     ["algorithms"],                               # the methods (contract, state, options)
     ["engine"],                                   # stacked parameters, vmap and loop engines
-    ["data", "models", "help", "trackers", "resume",
+    ["data", "models", "help", "trackers",
      "run_folder",                                # what a run writes, in its locked folder
      "hydra_compat"],                             # the only hooks into Hydra's and OmegaConf's private code
     ["config", "device", "outputs", "plots", "clock", "branches", "args", "openmp"],

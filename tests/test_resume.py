@@ -333,3 +333,17 @@ def test_a_checkpoint_from_before_data_became_dataset_x_partition_still_matches(
     if "partition" in old:
         old["partition"]["seed"] = 1
         assert _diff(upgrade(old), now) == ["partition.seed: 1 -> 0"]
+def test_resume_with_momentum_is_byte_identical(tmp_path):
+    """Each client's momentum buffer persists across rounds in the checkpoint (optim.state=persist):
+    2 rounds, then resumed to 4, write the metrics of 4 rounds in one go. A cosine schedule's length
+    is the run's rounds, so more rounds is another run."""
+    opt = ["algo=fedavg", "optim.momentum=0.9", "optim.nesterov=true", "optim.weight_decay=5e-4", "checkpoint_every=1"]
+    code, _, err = finish([*RUN, *opt, "rounds=4", f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
+    assert code == 0, err
+    for rounds in (2, 4):
+        code, _, err = finish([*RUN, *opt, f"rounds={rounds}", f"hydra.run.dir={tmp_path / 'halves'}"], tmp_path)
+        assert code == 0, err
+    assert "resuming from" in err
+    assert (tmp_path / "halves" / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
+    code, _, err = finish([*RUN, *opt, "rounds=6", "optim.schedule=cosine", f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
+    assert code == 2 and "different configuration" in err and "optim" in err

@@ -36,9 +36,10 @@ from torch import Tensor
 from ..data.federated import ClientSplit, FederatedData
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params, gather, sgd, stack, weighted_mean
+from ..engine.tree import Params, gather, stack, weighted_mean
 from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
+from .optim import PLAIN, LocalOptim
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
 
@@ -121,7 +122,15 @@ class Algorithm(metaclass=AlgorithmMeta):
     # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
     # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
     # checks this declaration for every algorithm)
-    step_uses_round = False
+    # The local optimizer (`optim.*`, fedrun.algorithms.optim): `set_optim` accepts one other than
+    # plain SGD of a constant lr only where `optim_ok` (the local step is `sgd_step`'s gradient descent)
+    optim: LocalOptim = PLAIN
+    optim_ok = False
+
+    @property
+    def step_uses_round(self) -> bool:
+        return self.optim.schedule != "constant"
+
     # The official protocols' choices among this algorithm's options (fedrun.protocol, docs/fidelity.md):
     # option -> {protocol: value}; a protocol not named takes the value of the one it extends.
     protocol: dict[str, dict] = {}
@@ -129,6 +138,15 @@ class Algorithm(metaclass=AlgorithmMeta):
     finetune_steps: int = 0  # test-time fine-tuning of the served models (`set_finetuning`)
     finetune_epochs: int | None = None
     finetune_lr: float | None = None
+
+    def set_optim(self, optim: LocalOptim) -> None:
+        """The `optim` node (checked), or one line when this algorithm's local step is not the plain
+        gradient descent it would change."""
+        if not optim.plain and not self.optim_ok:
+            raise ConfigError(f"algo={self.name}'s local step is not plain gradient descent on the client's model, so "
+                              f"optim.* must keep its defaults (name=sgd, momentum=0, weight_decay=0, schedule=constant); "
+                              f"algorithms that take them: fedavg, local, fedper, lgfedavg")
+        self.optim = optim
 
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
@@ -202,9 +220,9 @@ class Algorithm(metaclass=AlgorithmMeta):
         return state
 
 
-def sgd_step(engine: Engine, local: Local, batches, lr: float) -> Local:
-    """One plain SGD step of every client's `local["params"]` on its one minibatch (FedAvg's local
-    step; Local's and FedPer's too)."""
+def sgd_step(engine: Engine, local: Local, batches, lr: float, optim: LocalOptim = PLAIN, rnd: int = 1) -> Local:
+    """One step of `optim` (default: plain SGD) of every client's `local["params"]` on its one
+    minibatch, at round `rnd`'s learning rate (FedAvg's local step; Local's and FedPer's too)."""
     (x, y), = batches
     g, _ = engine.grad(local["params"], x, y)
-    return {**local, "params": sgd(local["params"], g, lr)}
+    return optim.apply(local, g, lr, rnd)

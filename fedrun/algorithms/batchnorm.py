@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import mean_buffers, split_buffers
-from ..engine.tree import Params, gather, sgd, stack
+from ..engine.tree import Params, gather, stack
 from .base import Local, ServerState
 
 
@@ -46,7 +46,7 @@ class BatchNormState:
             return super().client_step(engine, local, batches, rnd)
         (x, y), = batches
         g, _, buffers = engine.train_grad(local["params"], local["buffers"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr), "buffers": buffers}
+        return {**self.optim.apply(local, g, self.lr, rnd), "buffers": buffers}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -26,6 +26,7 @@ class PartSharing(Algorithm):
     keeps its `personal_part` (head | body)."""
 
     personal_part = "head"  # which part each client keeps: head | body
+    optim_ok = True  # (optim.*: its local step is sgd_step)
 
     def __init__(self, lr: float, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
@@ -52,7 +53,7 @@ class PartSharing(Algorithm):
         return {"params": {**p, **gather(state.clients["part"], clients)}}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr)
+        return sgd_step(engine, local, batches, self.lr, self.optim, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -52,7 +52,7 @@ class AveragedSGD(OneStepPersonalization, Algorithm):
         return super().personalize(engine, state, ctx)
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.beta)
+        return sgd_step(engine, local, batches, self.beta, self.optim, rnd)
 
 
 class FedAvg(BatchNormState, AveragedSGD):
@@ -62,6 +62,7 @@ class FedAvg(BatchNormState, AveragedSGD):
     model is scored: `alpha` must be null)."""
 
     name = "fedavg"
+    optim_ok = True  # (not FedProx's or FedBABU's steps, which AveragedSGD also bases)
     # the engines' agreement check (fedrun.bench.agreement): options over the yaml's; on BatchNorm models
     agreement_options = dict(beta=0.05, alpha=0.05)
     agreement_batchnorm = {"alpha": None}  # as it runs there (no test-time steps)

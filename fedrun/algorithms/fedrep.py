@@ -27,6 +27,7 @@ from .checks import check_int, check_optional_int
 class FedRep(PartSharing):
     name = "fedrep"
     personal_part = "head"
+    optim_ok = False  # its steps alternate head and body (not sgd_step)
     agreement_options = dict(lr=0.1, head_steps=1)  # fedrun.bench.agreement: both phases in tau=2
 
     def __init__(self, lr: float, head_steps: int, local_epochs: int | None, head_epochs: int,

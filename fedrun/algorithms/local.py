@@ -18,6 +18,7 @@ from .personalize import onboarding_batches
 
 class LocalOnly(Algorithm):
     name = "local"
+    optim_ok = True  # (optim.*: its local step is sgd_step)
     models_per_round = 0  # nothing is transmitted
 
     def __init__(self, lr: float, new_client_steps: int | None,
@@ -34,7 +35,7 @@ class LocalOnly(Algorithm):
         return {"params": gather(state.clients["params"], clients)}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr)
+        return sgd_step(engine, local, batches, self.lr, self.optim, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -1,0 +1,224 @@
+"""The local optimizer (`optim.*`, docs/baselines.md "Local optimizer") of the algorithms whose local
+step is gradient descent on the client's model (FedAvg, Local, FedPer, LG-FedAvg): SGD with momentum,
+Nesterov and weight decay, Adam and AdamW, each as torch.optim defines it, and the learning rate over
+rounds as torch.optim.lr_scheduler's StepLR / CosineAnnealingLR / ExponentialLR stepped once a round.
+
+The update runs on stacked parameters (leading dim = the round's clients) and its state (momentum
+buffers; Adam's moments and step counts) is stacked the same way, in `Local["opt"]`. With
+`state=persist` a client's state carries over to its next round (`ServerState.clients["opt"]`, over
+all clients, checkpointed with the run: resume stays exact); with `state=restart` every round starts
+from none, as a fresh torch optimizer would.
+
+The defaults (plain SGD, constant lr) run the one `tree.sgd` op, so every number stays as it was.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ..engine.tree import Params, gather, per_client, scatter, sgd, zeros_like
+from ..errors import ConfigError
+from .checks import check_choice, check_int, check_positive
+
+NAMES = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine", "exponential")
+STATES = ("persist", "restart")
+
+
+@dataclass(frozen=True)
+class LocalOptim:
+    """The `optim` node of conf/config.yaml (its comments say what each option does)."""
+
+    name: str = "sgd"
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    state: str = "persist"
+    schedule: str = "constant"
+    step_size: int = 1
+    gamma: float = 0.1
+    lr_min: float = 0.0
+    t_max: int | None = None  # cosine: rounds of one half period (null: the run's `rounds`)
+
+    def __post_init__(self):
+        check_choice("optim.name", self.name, NAMES)
+        check_choice("optim.schedule", self.schedule, SCHEDULES)
+        check_choice("optim.state", self.state, STATES)
+        check_positive("optim.momentum", self.momentum, allow_zero=True)
+        if self.momentum >= 1:
+            raise ConfigError(f"optim.momentum={self.momentum!r} must be a number in [0, 1)")
+        check_positive("optim.weight_decay", self.weight_decay, allow_zero=True)
+        if not isinstance(self.nesterov, bool):
+            raise ConfigError(f"optim.nesterov={self.nesterov!r} must be true or false")
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise ConfigError(f"optim.nesterov=true needs optim.name=sgd and optim.momentum > 0 "
+                              f"(given name={self.name}, momentum={self.momentum})")
+        b = tuple(self.betas) if hasattr(self.betas, "__iter__") and not isinstance(self.betas, str) else None
+        if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and 0 <= v < 1 for v in b):
+            raise ConfigError(f"optim.betas={list(self.betas) if b else self.betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+        object.__setattr__(self, "betas", (float(b[0]), float(b[1])))
+        check_positive("optim.eps", self.eps)
+        check_int("optim.step_size", self.step_size, 1)
+        check_positive("optim.gamma", self.gamma)
+        check_positive("optim.lr_min", self.lr_min, allow_zero=True)
+        if self.t_max is not None:
+            check_int("optim.t_max", self.t_max, 1)
+
+    @property
+    def plain(self) -> bool:
+        """Plain SGD of a constant lr: what every algorithm's own step computes."""
+        return self.name == "sgd" and self.momentum == 0 and self.weight_decay == 0 and self.schedule == "constant"
+
+    @property
+    def stateful(self) -> bool:
+        return self.name != "sgd" or self.momentum != 0
+
+    def lr_at(self, lr: float, rnd: int) -> float:
+        """The learning rate of round `rnd` (1, 2, ...): torch's scheduler after rnd - 1 steps (closed form)."""
+        e = max(rnd - 1, 0)  # (round 0: a held-out client's onboarding steps take the first round's)
+        if self.schedule == "step":
+            return lr * self.gamma ** (e // self.step_size)
+        if self.schedule == "exponential":
+            return lr * self.gamma ** e
+        if self.schedule == "cosine":
+            return self.lr_min + (lr - self.lr_min) * (1 + math.cos(math.pi * e / self.t_max)) / 2
+        return lr
+
+    def apply(self, local: dict, grads: Params, lr: float, rnd: int) -> dict:
+        """`local` after one step of every client on `grads`, at round `rnd`'s learning rate; a Local
+        without optimizer state (an onboarding step, a test) starts from none."""
+        if self.plain:
+            return {**local, "params": sgd(local["params"], grads, lr)}
+        params = local["params"]
+        state = local.get("opt")
+        if state is None:
+            state = self.fresh({k: v[0] for k, v in params.items()}, len(next(iter(params.values()))))
+        new, state = self.step(params, grads, state, self.lr_at(lr, rnd))
+        return {**local, "params": new, **({"opt": state} if state else {})}
+
+    # -- per-client state -------------------------------------------------------------------------
+
+    def fresh(self, params: Params, m: int) -> dict:
+        """No state yet (a new torch optimizer) for m clients shaped like unstacked `params`."""
+        if self.name == "sgd":
+            return {"momentum": zeros_like(params, m)} if self.momentum else {}
+        dtype, device = next(iter(params.values())).dtype, next(iter(params.values())).device
+        return {"exp_avg": zeros_like(params, m), "exp_avg_sq": zeros_like(params, m),
+                "step": torch.zeros(m, dtype=dtype, device=device)}
+
+    def step(self, params: Params, grads: Params, state: dict, lr: float) -> tuple[Params, dict]:
+        """One step of every client (stacked params, grads and state): torch.optim's update, op for op."""
+        if self.plain:
+            return sgd(params, grads, lr), state
+        g = {k: grads[k].to(params[k].dtype) for k in params}
+        if self.name == "sgd":
+            return self._sgd(params, g, state, lr)
+        return self._adam(params, g, state, lr)
+
+    def _sgd(self, p: Params, g: Params, state: dict, lr: float) -> tuple[Params, dict]:
+        wd, mu = self.weight_decay, self.momentum
+        if wd:
+            g = {k: g[k].add(p[k], alpha=wd) for k in p}
+        if mu:
+            # torch's first step sets buf = grad; 0 * mu + grad is the same number (dampening 0)
+            buf = {k: state["momentum"][k].mul(mu).add(g[k]) for k in p}
+            state = {**state, "momentum": buf}
+            g = {k: g[k].add(buf[k], alpha=mu) for k in p} if self.nesterov else buf
+        return {k: p[k].add(g[k], alpha=-lr) for k in p}, state
+
+    def _adam(self, p: Params, g: Params, state: dict, lr: float) -> tuple[Params, dict]:
+        b1, b2, wd = *self.betas, self.weight_decay
+        step = state["step"] + 1
+        if wd and self.name == "adamw":  # decoupled: the parameters shrink before the update
+            p = {k: p[k].mul(1 - lr * wd) for k in p}
+        elif wd:
+            g = {k: g[k].add(p[k], alpha=wd) for k in p}
+        m = {k: state["exp_avg"][k].lerp(g[k], 1 - b1) for k in p}
+        v = {k: state["exp_avg_sq"][k].mul(b2).addcmul(g[k], g[k], value=1 - b2) for k in p}
+        s = step.to(torch.float64)
+        step_size = lr / (1 - b1 ** s)  # per client, in float64 as torch's Python floats
+        bc2_sqrt = (1 - b2 ** s).sqrt()
+        new = {}
+        for k in p:
+            denom = (v[k].sqrt() / per_client(bc2_sqrt, v[k])).add(self.eps)
+            new[k] = p[k] - per_client(step_size, p[k]) * (m[k] / denom)
+        return new, {"exp_avg": m, "exp_avg_sq": v, "step": step}
+
+    # -- where the state lives between rounds --------------------------------------------------
+
+    def client_state(self, state, trained: Tensor, local: dict) -> dict:
+        """`local` with the round's optimizer state: fresh, or (persist) the clients' own rows of
+        `state.clients["opt"]` (none yet: fresh)."""
+        if not self.stateful:
+            return local
+        params = local["params"]
+        m = len(trained)
+        kept = state.clients.get("opt") if self.state == "persist" else None
+        if kept is None:
+            opt = self.fresh({k: v[0] for k, v in params.items()}, m)
+        else:
+            opt = {k: gather(v, trained) if isinstance(v, dict) else v[trained] for k, v in kept.items()}
+        return {**local, "opt": opt}
+
+    def keep_state(self, state, local: dict, trained: Tensor, num_clients: int):
+        """The server state with the trained clients' optimizer state kept (persist), else as it is."""
+        if not self.stateful or self.state != "persist" or "opt" not in local:
+            return state
+        full = state.clients.get("opt")
+        if full is None:
+            full = self.fresh({k: v[0] for k, v in local["params"].items()}, num_clients)
+        rows = local["opt"]
+        new = {k: scatter(v, trained, rows[k]) if isinstance(v, dict)
+               else v.index_copy(0, trained, rows[k].to(v.dtype)) for k, v in full.items()}
+        return replace(state, clients={**state.clients, "opt": new})
+
+
+PLAIN = LocalOptim()
+
+
+def local_optim(node, rounds: int) -> LocalOptim:
+    """The `optim` config node (a DictConfig, a dict or None: the defaults) as a checked LocalOptim;
+    cosine's t_max null becomes `rounds`."""
+    if node is None:
+        return PLAIN
+    given = dict(node.items()) if hasattr(node, "items") else dict(node)
+    known = set(LocalOptim.__dataclass_fields__)
+    for k in given:
+        if k not in known:
+            raise ConfigError(f"optim.{k} is not an option; the options: {', '.join(sorted(known))}")
+    out = LocalOptim(**given)
+    if out.schedule == "cosine" and out.t_max is None:
+        out = LocalOptim(**{**asdict(out), "t_max": rounds})
+    return out
+
+
+def canonical(cfg: dict) -> dict:
+    """A run's settings with the `optim` node reduced to what changes its numbers (resume.fingerprint):
+    dropped for plain SGD (so runs from before the node existed match), else only the options its
+    optimizer and schedule read, with cosine's t_max null made the run's `rounds`."""
+    node = cfg.get("optim")
+    if not isinstance(node, dict):
+        return cfg
+    out = {k: v for k, v in cfg.items() if k != "optim"}
+    try:
+        opt = local_optim(node, cfg.get("rounds", 1))
+    except ConfigError:
+        return cfg
+    if opt.plain:
+        return out
+    keep = {"name", "weight_decay", "schedule"}
+    if opt.name == "sgd":
+        keep |= {"momentum", "nesterov"}
+    else:
+        keep |= {"betas", "eps"}
+    if opt.stateful:
+        keep.add("state")
+    keep |= {"step": {"step_size", "gamma"}, "exponential": {"gamma"}, "cosine": {"lr_min", "t_max"}}.get(opt.schedule, set())
+    d = asdict(opt)
+    out["optim"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k in keep}
+    return out
