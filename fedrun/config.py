@@ -175,11 +175,11 @@ def _tracker_options() -> tuple[str, ...]:
 # Hydra's job folder names (conf/config.yaml interpolates `${fedrun.neutral:seed}`) and the paper
 # scripts all read this one list. `seed` is not in it (it changes the numbers; where seeds are
 # grouped or hidden, the caller adds it). `device` and `engine` give the same numbers within float
-# tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk` and
+# tolerance (checked by the engine-agreement tests), `threads`, `max_chunks`, `client_chunk`, `memory` and
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "threads", "max_chunks", "client_chunk", "progress", "plot", "plot_format", "checkpoint_every",
+    "device", "engine", "threads", "max_chunks", "client_chunk", "memory", "progress", "plot", "plot_format", "checkpoint_every",
     "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
     "data.chunk_len", "logger", *_tracker_options(),
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies

@@ -34,6 +34,7 @@ from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .acceleration import LocalSteps
+from .memory import budget_bytes, plan as plan_memory
 from .config import instantiate_checked
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
@@ -103,7 +104,8 @@ class Job:
             print(f"fedrun: warning: {line}", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         model = self.model()
-        check_model_fits(model, self.data, choices.get("model", cfg.model._target_),
+        self.model_name = choices.get("model", cfg.model._target_)
+        check_model_fits(model, self.data, self.model_name,
                          choices.get("data", self.data.name))  # before any file is written
         self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
         self.folder.check_checkpoint_place()
@@ -298,11 +300,23 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     data = head.data.to(head.device)
     models = [job.model(head.device) for job in jobs]
     engine = ENGINES[cfg.engine](models[0], max_chunks=cfg.max_chunks)
+    steps = LocalSteps(cfg.get("compile", "none"), cfg.get("precision", "fp32"))
+    budget = budget_bytes(cfg.get("memory", "auto"), head.device)
+    fitted = None
+    if budget is not None:  # measured before any file is written: a run that cannot fit stops with one line
+        try:
+            fitted = plan_memory(head.algo, engine, data, head.sched, params_of(models[0]), cfg.seed, budget,
+                                 len(jobs), steps, cfg.client_chunk, f"model={head.model_name}", cfg.get("memory", "auto"))
+        except ConfigError:
+            for job in jobs:  # refused before anything was written: folders of their own making go
+                job.folder.refuse()
+            raise
+        print(f"fedrun: {fitted.line()}", file=sys.stderr)
     try:
         runs = [job.replica(data, model) for job, model in zip(jobs, models)]  # opens files and trackers
-        steps = LocalSteps(cfg.get("compile", "none"), cfg.get("precision", "fp32"))
         simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
-                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk, steps=steps)
+                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk, steps=steps,
+                       start_chunk=None if fitted is None else fitted.clients)
     except BaseException:  # an error, a kill (KeyboardInterrupt), a tracker that cannot start:
         # the tracker runs opened so far end as stopped
         for job in jobs:

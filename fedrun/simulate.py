@@ -210,17 +210,28 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def clients_slice(tree, i: int, j: int):
+    """Clients i..j-1 of a tree whose leaves lead with the client dimension (None leaves stay None)."""
+    return tree_map(lambda v: v if v is None else v[i:j], tree)
+
+
+def _free_cached() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class ChunkedTraining:
     """Local training of a round's clients in chunks of at most `size` clients.
 
-    `size=None` starts with all clients at once and, when the stacked computation runs out of
-    device memory, halves the chunk and retries (local training is a pure function of its inputs,
-    so a retry gives the same result); the size that fit is kept for later rounds.
+    `size=None` starts with all clients at once (`start`: with that many, as fedrun.memory planned)
+    and, when the stacked computation runs out of device memory, halves the chunk and retries (local
+    training is a pure function of its inputs, so a retry gives the same result); the size that fit
+    is kept for later rounds. A given `size` is fixed (client_chunk=).
     """
 
-    def __init__(self, size: int | None = None, steps: Callable = local_training):
+    def __init__(self, size: int | None = None, steps: Callable = local_training, start: int | None = None):
         self.fixed = size is not None
-        self.size = size
+        self.size = size if self.fixed else start
         self.steps = steps  # local_training, or an acceleration.LocalSteps (compile=, precision=)
 
     def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
@@ -230,18 +241,17 @@ class ChunkedTraining:
             size = min(self.size or m, m)
             try:
                 parts = [
-                    self.steps(algo, engine, tree_map(lambda v: v[i : i + size], local), data,
-                               tree_map(lambda v: v if v is None else v[i : i + size], idx), rnd,
-                               None if aug is None else tuple(a[i : i + size] for a in aug))
+                    self.steps(algo, engine, clients_slice(local, i, i + size), data, clients_slice(idx, i, i + size),
+                               rnd, None if aug is None else clients_slice(aug, i, i + size))
                     for i in range(0, m, size)
                 ]
                 break
             except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
                 if self.fixed or size == 1 or not _is_oom(e):
                     raise
+                parts = None
                 self.size = (size + 1) // 2
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                _free_cached()
         if len(parts) == 1:
             return parts[0]
         return tree_map(lambda *vs: torch.cat(vs), *parts)
@@ -290,6 +300,7 @@ def simulate(
     checkpoint_every: int = 0,
     client_chunk: int | None = None,
     steps: Callable | None = None,
+    start_chunk: int | None = None,
 ) -> tuple[ServerState, Evaluation | None]:
     """Runs rounds up to `sched.rounds`, evaluating every `eval_every` rounds and after the last.
 
@@ -300,10 +311,12 @@ def simulate(
             after that round's evaluation was reported.
         client_chunk: train at most this many clients at once (None: all, split on out-of-memory).
         steps: how the local steps run (`acceleration.LocalSteps`: compile=, precision=; None: eager).
+        start_chunk: without `client_chunk`, train this many clients at once from the first round
+            (fedrun.memory's plan; still halved on out-of-memory).
     Returns the final server state and the last evaluation.
     """
     run = Replica(seed, params, start, on_eval, on_checkpoint)
-    simulate_group(algo, engine, data, [run], sched, progress, checkpoint_every, client_chunk, steps)
+    simulate_group(algo, engine, data, [run], sched, progress, checkpoint_every, client_chunk, steps, start_chunk)
     if run.error is not None:
         raise run.error
     return run.at.state, run.last
@@ -319,6 +332,7 @@ def simulate_group(
     checkpoint_every: int = 0,
     client_chunk: int | None = None,
     steps: Callable | None = None,
+    start_chunk: int | None = None,
 ) -> None:
     """Runs several replicas (seeds) of one configuration as one computation: each round, every
     replica samples its own clients and minibatches from its own (seed, round) streams, and the
@@ -332,7 +346,7 @@ def simulate_group(
     """
     for r in runs:
         r.at = r.done = r.start or Progress(algo.init(r.params, data.num_clients))
-    train = ChunkedTraining(client_chunk, steps or local_training)
+    train = ChunkedTraining(client_chunk, steps or local_training, start_chunk)
     bar = None
     first = min(r.at.round for r in runs)
     clock = RoundClock(sched.rounds, sched.eval_every)
@@ -399,7 +413,7 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
     eval_s = 0.0
     if rnd % sched.eval_every == 0 or rnd == sched.rounds:
         t0 = time.perf_counter()
-        r.last = evaluate(algo, engine, r.at.state, data, eval_context(data, sched, r.seed, rnd))
+        r.last = _evaluate_fitted(algo, engine, r.at.state, data, sched, r.seed, rnd)
         eval_s = time.perf_counter() - t0  # the row's floats are on the host: evaluation has finished
         if not math.isfinite(r.last.row["train_loss"]):
             raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
@@ -410,6 +424,22 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
         r.on_checkpoint(r.at)
     r.done = r.at
     return eval_s
+
+
+def _evaluate_fitted(algo: Algorithm, engine: Engine, state: ServerState, data: FederatedData, sched: Schedule,
+                     seed: int, rnd: int) -> Evaluation:
+    """`evaluate`, with the engine's full passes halved (`max_chunks`, row chunks per call) and the
+    evaluation repeated from its pure inputs while it runs out of device memory; the chunks that
+    fit are kept for later rounds (the same sums split differently: fedrun.memory)."""
+    while True:
+        try:
+            return evaluate(algo, engine, state, data, eval_context(data, sched, seed, rnd))
+        except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
+            if not _is_oom(e) or engine.max_chunks == 1:
+                raise
+        most = max(len(data.train.chunk_idx), len(data.test.chunk_idx))  # (a larger max_chunks is all of them)
+        engine.max_chunks = (min(engine.max_chunks, most) + 1) // 2
+        _free_cached()
 
 
 def _nonfinite_clients(local: Local) -> list[int]:

@@ -12,6 +12,7 @@ from .algorithms.optim import local_optim
 from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
                      load_conf, search_roots)
 from .device import cpu_threads, physical_memory, resolve_device
+from .memory import parse_memory
 from .errors import ConfigError
 from .engine import ENGINES, params_of
 from .protocol import apply_protocol
@@ -127,6 +128,7 @@ def validate(cfg: DictConfig) -> list[str]:
             problems.append(f"{key}={cfg[key]!r} must be true or false")
     problems += _cache_dir(cfg)
     check(resolve_device, str(cfg.device))
+    check(parse_memory, cfg.get("memory", "auto"))
     try:
         device = resolve_device(str(cfg.device))
     except Exception:  # a bad device: said above

@@ -22,7 +22,8 @@ FLOORS = [
     ["runner"],                                   # config -> one run (or a group of seeds) and its folder
     ["validation"],                               # every option check, before any work
     ["acceleration", "protocol",                  # compiled local steps; the official-protocol table
-     "resume"],                                   # a checkpoint's fingerprint (the local optimizer's options)
+     "resume",                                    # a checkpoint's fingerprint (the local optimizer's options)
+     "memory"],                                   # memory=: the measured plan of clients and chunks at once
     ["simulate"],                                 # the round loop
     ["evaluate"],                                 # metrics of all clients at once
     ["algorithms"],                               # the methods (contract, state, options)

@@ -1,0 +1,113 @@
+"""memory= (fedrun/memory.py): the planner measures, chunks within a budget, and falls back.
+
+The budget is ENFORCED: `AllocationMeter(limit)` counts the bytes of every tensor the run allocates
+and raises torch.OutOfMemoryError past `limit`, as a device of that size would. Proved here, on the
+CPU and without timing:
+  - the plan made from the probes' measured costs chunks both the training (clients at once) and the
+    full passes (row chunks per call), and the whole run then stays inside the enforced budget (no
+    allocation is refused: the probes' costs extrapolate to the real rounds);
+  - the all-at-once run does not fit that budget (allocations are refused) and the out-of-memory
+    fallback (halving clients, halving full-pass chunks) still completes it;
+  - all three runs give the same numbers (parameters within rtol 1e-6, atol 1e-7; metrics rel 1e-5);
+  - a budget that cannot hold one client stops with one line naming the model, the batch and the
+    budget, from the command line before the run folder is made.
+"""
+import os
+
+import pytest
+import torch
+
+import fedrun.simulate as sim
+from fedrun import memory
+from fedrun.algorithms import PerFedAvg
+from fedrun.data import synthetic
+from fedrun.engine import VmapEngine, params_of
+from fedrun.errors import ConfigError
+from fedrun.models import MLP
+from fedrun.simulate import Schedule, simulate
+from helpers import fedrun
+
+SCHED = Schedule(rounds=2, tau=2, clients_per_round=8, batch_size=200)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():  # (as the suite's xdist workers run; -n 0 would use every core for these tiny products)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synthetic(num_clients=8, seed=1, size_factor=1, cache_dir=str(tmp_path_factory.mktemp("c")), chunk_len=32)
+
+
+def _setup(data):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[64])
+    return PerFedAvg(variant="fo"), VmapEngine(model), params_of(model)
+
+
+def _run(data, budget=None, limit=None, monkeypatch=None):
+    """A run planned for `budget` bytes (None: unplanned, all at once), under an enforced `limit`
+    (None: none). Returns the final state, the last evaluation, the plan, the meter, the engine and
+    the clients of every local-training call."""
+    algo, engine, params = _setup(data)
+    plan = memory.plan(algo, engine, data, SCHED, params, 0, budget, what="model=mlp") if budget else None
+    sizes = []
+    real = sim.local_training
+
+    def spy(algo_, engine_, local, data_, idx, *args):
+        sizes.append(idx.shape[0])
+        return real(algo_, engine_, local, data_, idx, *args)
+
+    monkeypatch.setattr(sim, "local_training", spy)
+    with memory.AllocationMeter(limit) as meter:
+        state, last = simulate(algo, engine, data, params, SCHED, 0, start_chunk=plan.clients if plan else None)
+    monkeypatch.undo()
+    return state, last, plan, meter, engine, sizes
+
+
+def _same(a, b):
+    for k in a[0].params:
+        torch.testing.assert_close(a[0].params[k], b[0].params[k], rtol=1e-6, atol=1e-7)
+    assert a[1].row == pytest.approx(b[1].row, rel=1e-5, abs=1e-6)
+
+
+def test_plan_fits_an_enforced_budget_and_the_fallback_recovers(data, monkeypatch):
+    whole = _run(data, monkeypatch=monkeypatch)
+    algo, engine, params = _setup(data)
+    costs = memory.plan(algo, engine, data, SCHED, params, 0, 2**40)  # no limit in reach: costs only
+    assert costs.clients is None and costs.chunks is None and costs.train_per_client > 0 and costs.eval_per_chunk > 0
+    # room for ~3 of the dearer unit: fewer clients than the round's 8, fewer chunks than a split's
+    budget = int(costs.resident + 3 * max(costs.train_per_client, costs.eval_per_chunk) / memory.FILL)
+    limit = budget - memory.tensor_bytes(data.train, data.test)  # (the data was allocated before the meter)
+
+    fitted = _run(data, budget, limit, monkeypatch)
+    plan, meter, engine = fitted[2], fitted[3], fitted[4]
+    assert 1 <= plan.clients < 8 and 1 <= plan.chunks < len(data.train.chunk_idx)
+    assert set(fitted[5]) == {plan.clients, 8 % plan.clients} - {0}  # every round in planned chunks
+    assert meter.refused == 0 and meter.peak <= limit and engine.max_chunks == plan.chunks
+    _same(whole, fitted)
+
+    # planned for a device it does not have: all at once is refused, the halving finishes the run
+    fallback = _run(data, 2**40, limit, monkeypatch)
+    assert fallback[3].refused > 0 and fallback[3].peak <= limit
+    assert fallback[5][0] == 8 and min(fallback[5]) < 8 and fallback[4].max_chunks < len(data.train.chunk_idx)
+    _same(whole, fallback)
+
+    with pytest.raises(ConfigError) as e:  # not even one client
+        memory.plan(algo, engine, data, SCHED, params, 0, costs.resident + 1000, what="model=mlp")
+    line = str(e.value)
+    assert "\n" not in line and "model=mlp" in line and "batch_size=200" in line and "memory=" in line
+
+
+def test_a_budget_too_small_for_one_client_stops_before_the_run_folder(tmp_path):
+    out = tmp_path / "run"
+    r = fedrun(["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3",
+                           "progress=false", "plot=false", "memory=0.000001", f"hydra.run.dir={out}"], tmp_path)
+    code, err = r.returncode, r.stderr
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "model=" in err and "batch_size=" in err and "memory=1e-06 " in err
+    assert not os.path.exists(out)
