@@ -7,8 +7,8 @@ run's own computations cost on its device, on its own first-round draws:
 
   - local training of 1 and of 2 clients (the algorithm's whole round of local steps): a fixed part and
     a part per client;
-  - a full pass (evaluation, `full_grad`) over 1 and 2 row chunks with per-client parameters: a fixed
-    part and a part per chunk (`data.chunk_len` rows);
+  - a full pass (evaluation, `full_grad`) over 1 and PROBE_CHUNKS row chunks with per-client
+    parameters: a fixed part and a part per chunk (`data.chunk_len` rows);
 
 (CUDA: `torch.cuda.max_memory_allocated` over each probe; elsewhere the bytes of the tensors the probe
 allocates, counted by `AllocationMeter`), and picks the most clients trained at once and the most row
@@ -49,6 +49,8 @@ CUDA_MARGIN_MIN = 1 * GB
 # the share of what is left for the stacked computations that a plan fills (peaks measured on one or
 # two clients extrapolate linearly; this leaves room for the allocator's fragmentation)
 FILL = 0.8
+# row chunks in the second full-pass probe (the first has 1)
+PROBE_CHUNKS = 8
 
 
 def size(n: float) -> str:
@@ -179,11 +181,19 @@ def _split_head(split: ClientSplit, chunks: int) -> ClientSplit:
                        split.chunk_mask[:chunks], split.chunk_client[:chunks])
 
 
-def _linear(p1: int, p2: int) -> tuple[int, int]:
-    """(fixed, per unit) from the peaks of 1 and 2 units; a unit costs at least half the first peak's
-    share when the two peaks do not grow (the allocator's rounding)."""
-    per = max(p2 - p1, 0) or max(p1, 1)
-    return max(p1 - per, 0), per
+def _linear(p1: int, p2: int, units: int = 2) -> tuple[int, int]:
+    """(fixed, per unit) from the peaks of 1 and of `units` units. A peak that does not grow with the
+    units (0 per unit) is a computation that goes unit by unit anyway: the loop engine's clients, the
+    CPU's per-client passes of a convolutional model (VmapEngine._conv_on_cpu)."""
+    per = -(-max(p2 - p1, 0) // (units - 1))
+    return p1 - per, per
+
+
+def _fit(room: float, fixed: int, per: int, most: int) -> int:
+    """How many units fit in `room` bytes (`most` when the cost does not grow with them; 0: none)."""
+    if room < fixed or room <= 0:
+        return 0
+    return most if per == 0 else int((room - fixed) // per)
 
 
 def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, params: Params, seed: int,
@@ -223,8 +233,8 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
     budget_txt = f"{given}, of which {size(resident)} stay resident (data, model, client states),"
     if client_chunk is None:
         p1 = train(1)
-        out.train_fixed, out.train_per_client = _linear(p1, train(2) if m >= 2 else 2 * p1)
-        fit = int((room - out.train_fixed) // out.train_per_client) if room > 0 else 0
+        out.train_fixed, out.train_per_client = _linear(p1, train(2)) if m >= 2 else (0, p1)
+        fit = _fit(room, out.train_fixed, out.train_per_client, m)
         if fit < 1:
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client, more than "
                               f"{budget_txt} leaves; allowed: a larger memory= or a smaller batch_size")
@@ -239,24 +249,22 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
         try:
             with torch.no_grad():
                 cost = peak_bytes(lambda: engine.evaluate(stacked, head, False), device)
-            try:  # the personalizations' full-batch gradients (models whose loss allows them)
+            if not engine.batchnorm:  # the personalizations' full-batch gradients (a BatchNorm model has none)
                 cost = max(cost, peak_bytes(lambda: engine.full_grad(stacked, head, False), device))
-            except RuntimeError as e:
-                if "BatchNorm" not in str(e):
-                    raise
         finally:  # (the engine keeps small splits' chunk views by the split's id)
             getattr(engine, "_chunk_x", {}).pop(id(head), None)
         return cost
 
     saved = engine.max_chunks
-    engine.max_chunks = 1  # (the probe's groups: 1 chunk, then 2)
-    try:
+    k = min(PROBE_CHUNKS, chunks, saved)
+    engine.max_chunks = 1  # (the probe's groups: 1 chunk, then k; a chunk's own cost can be small beside
+    try:                   # the per-client sums a full pass allocates once, so k > 2 makes it show)
         p1 = full_pass(1)
-        engine.max_chunks = 2
-        out.eval_fixed, out.eval_per_chunk = _linear(p1, full_pass(2) if chunks >= 2 else 2 * p1)
+        engine.max_chunks = k
+        out.eval_fixed, out.eval_per_chunk = _linear(p1, full_pass(k), k) if k > 1 else (0, p1)
     finally:
         engine.max_chunks = saved
-    fit = int((room - out.eval_fixed) // out.eval_per_chunk) if room > 0 else 0
+    fit = _fit(room, out.eval_fixed, out.eval_per_chunk, saved)
     if fit < 1:
         raise ConfigError(f"{what} needs {size(p1)} for a full pass over one chunk of "
                           f"{split.chunk_idx.shape[1]} rows, more than {budget_txt} leaves; allowed: a larger "

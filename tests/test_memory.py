@@ -111,3 +111,19 @@ def test_a_budget_too_small_for_one_client_stops_before_the_run_folder(tmp_path)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "model=" in err and "batch_size=" in err and "memory=1e-06 " in err
     assert not os.path.exists(out)
+
+
+def test_gpu_check_memory_part_runs_on_the_cpu(capsys):
+    """`fedrun-bench --gpu-check --gpu-check-parts memory` at tiny sizes on the CPU (the caps enforced by
+    AllocationMeter): the CIFAR ACID preset and ResNet-18 on generated CIFAR-100 files (Dirichlet 0.1),
+    all at once and under a cap, one table, exit 0."""
+    from fedrun.bench import cli as bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--gpu-check", "--gpu-check-device", "cpu", "--gpu-check-parts", "memory"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    table = out[out.index("part "):].splitlines()[1:-1]
+    assert [" ".join(line.split()[:4]) for line in table] == [
+        "memory cifar_acid all at", "memory cifar_acid 0.15 GB", "memory resnet18 c100 all", "memory resnet18 c100 0.15"]
+    assert "ERROR" not in out and "generated CIFAR-100 files" in out and "x all-at-once" in out

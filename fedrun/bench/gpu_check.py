@@ -11,6 +11,8 @@ On a CUDA machine, in a few minutes and with torch, hydra-core and omegaconf alo
   bench       fedrun-bench --setting cifar (CIFAR-shaped data, CNN, FedAvg), both engines
   seeds       5 seeds trained as one computation (hydra/launcher=batched) against 5 runs of one seed,
               the default Per-FedAvg run
+  memory      (only when --gpu-check-parts names it) the CIFAR ACID preset and ResNet-18 on CIFAR-100
+              all at once, with memory=auto, and capped at 24 GB and 8 GB (fedrun.bench.fitted)
 Columns: s/round (vmap engine; loop engine where timed), peak device memory, the agreement's largest
 |vmap - loop|, the batched-seeds speedup. Exit status 1 when an agreement check fails.
 A machine without CUDA is refused (exit 2); `--gpu-check-device cpu` (hidden) runs the same path on
@@ -29,9 +31,11 @@ import torch
 # Sizes of each part: on the GPU the settings named above; "tiny" for the CPU path of the tests.
 FULL = dict(compile_rounds=10, rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500, cifar_test=100,
             per_class=(5000, 1000), seeds=5, agreement_cases=None, preset_clients=100, bench_clients=100,
-            algos=("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-exact"))
+            algos=("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-exact"),
+            tiny=False, c100_per_class=(500, 100), c100_clients=100, resnet_tau=10)
 TINY = dict(compile_rounds=1, rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6, cifar_test=2,
-            per_class=(10, 5), seeds=2, agreement_cases=1, preset_clients=10, bench_clients=2, algos=("perfedavg-hf",))
+            per_class=(10, 5), seeds=2, agreement_cases=1, preset_clients=10, bench_clients=2, algos=("perfedavg-hf",),
+            tiny=True, c100_per_class=(2, 1), c100_clients=4, resnet_tau=1)
 
 
 @dataclass
@@ -227,6 +231,16 @@ def compile_rows(device: str, sizes: dict) -> list[Row]:
 COMPILE_TOL = 1e-4
 
 
+# parts that run only when --gpu-check-parts names them
+OPT_IN = ("memory",)
+
+
+def memory_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
+    from .fitted import memory_rows as rows
+
+    return rows(device, sizes, tmp)
+
+
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -241,8 +255,9 @@ def main(device: str = "cuda", parts: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedrun-gpu-check-") as tmp:
         every = {"agreement": agreement_rows, "default": default_rows,
                  "cifar_acid": lambda d, s: cifar_preset_rows(d, s, tmp), "bench": bench_rows, "seeds": seeds_rows,
-                 "compile": compile_rows}
-        chosen = parts.split(",") if parts else list(every)
+                 "compile": compile_rows, "memory": lambda d, s: memory_rows(d, s, tmp)}
+        # (memory: runs fitted to 8/24 GB caps, fedrun.bench.fitted; only when named, ~3 minutes on an H200)
+        chosen = parts.split(",") if parts else [p for p in every if p not in OPT_IN]
         unknown = [p for p in chosen if p not in every]
         if unknown:
             print(f"fedrun-bench --gpu-check-parts: unknown {', '.join(unknown)}; choose from {', '.join(every)}",
