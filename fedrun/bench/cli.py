@@ -26,6 +26,9 @@ Minibatch draws (sampling=): seconds to draw one round's minibatch rows (fedrun.
 under each sampling=, for --clients-per-round devices of --train-per-client rows, tau=--tau (default 50)
 steps of one batch of --batch rows (paper 004's CIFAR round by default; the draw depends on row counts only):
     python -m fedrun.bench.cli --setting draws [--train-per-client 5000]
+Today's PFL models at their data's shapes (fedrun.bench.settings: ResNet-18 on CIFAR-100-shaped images, the
+LEAF LSTM on 80-character sequences, TextCNN on AG News-shaped token rows), vmap and loop s/round, peak memory:
+    python -m fedrun.bench.cli --setting resnet|shakespeare|agnews [--tiny] [--rounds 3 --loop-rounds 1]
 The first GPU's numbers (fedrun.bench.gpu_check): engine agreement on cuda for every device branch, the default run,
 the CIFAR ACID preset, the CIFAR bench and batched seeds, one table; refused (exit 2) without CUDA:
     python -m fedrun.bench.cli --gpu-check
@@ -72,9 +75,13 @@ def main(argv=None) -> None:
     ap.add_argument("--personalize-batch", type=int, default=None,
                     help="test-time adaptation on a minibatch of this size (default: all training rows)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--setting", choices=["synthetic", "cifar", "draws"], default="synthetic",
+    ap.add_argument("--tiny", action="store_true",
+                    help="--setting resnet|shakespeare|agnews: a few clients and rows, narrow models (a CPU's minutes)")
+    ap.add_argument("--setting", choices=["synthetic", "cifar", "draws", "resnet", "shakespeare", "agnews"],
+                    default="synthetic",
                     help="synthetic: issue 2's MLP setting | cifar: paper 004's CNN on CIFAR-shaped random data | "
-                         "draws: one round's minibatch draws under each sampling=")
+                         "draws: one round's minibatch draws under each sampling= | resnet, shakespeare, agnews: "
+                         "ResNet-18 / the LSTM / TextCNN at their data's shapes (fedrun.bench.settings)")
     ap.add_argument("--clients", type=int, default=100, help="cifar: devices (default 100)")
     ap.add_argument("--train-per-client", type=int, default=500, help="cifar, draws: training images (rows) per device")
     ap.add_argument("--test-per-client", type=int, default=100, help="cifar: test images per device")
@@ -150,6 +157,11 @@ def main(argv=None) -> None:
         return cifar_main(args, ap, device)
     if args.setting == "draws":
         return draws_main(args, device)
+    if args.setting in ("resnet", "shakespeare", "agnews"):  # today's PFL models (fedrun.bench.settings)
+        from . import settings
+
+        settings.main(args.setting, device, args.tiny, args.rounds, args.loop_rounds, args.warmup, args.tau)
+        return None
     args.tau = args.tau or 20
     args.algos = args.algos or "fedavg,perfedavg-fo,perfedavg-hf,perfedavg-exact"
     if _unknown(args.algos, ALGOS):
