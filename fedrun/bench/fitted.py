@@ -140,9 +140,9 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     return s, peak, plan, plan_s, engine.max_chunks
 
 
-def memory_rows(device: str, sizes: dict, tmp: str) -> list:
+def memory_rows(device: str, sizes: dict, tmp: str, Row) -> list:
+    """The part's rows, made by `Row` (fedrun.bench.gpu_check's table row)."""
     from ..config import instantiate_checked
-    from .gpu_check import Row
 
     dev = torch.device(device)
     caps = TINY_CAPS if sizes["tiny"] else FULL_CAPS

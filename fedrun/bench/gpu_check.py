@@ -238,7 +238,7 @@ OPT_IN = ("memory",)
 def memory_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     from .fitted import memory_rows as rows
 
-    return rows(device, sizes, tmp)
+    return rows(device, sizes, tmp, Row)
 
 
 def _fmt(v, spec: str) -> str:
