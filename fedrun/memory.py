@@ -186,7 +186,7 @@ def _linear(p1: int, p2: int, units: int = 2) -> tuple[int, int]:
     units (0 per unit) is a computation that goes unit by unit anyway: the loop engine's clients, the
     CPU's per-client passes of a convolutional model (VmapEngine._conv_on_cpu)."""
     per = -(-max(p2 - p1, 0) // (units - 1))
-    return p1 - per, per
+    return max(p1 - per, 0), per
 
 
 def _fit(room: float, fixed: int, per: int, most: int) -> int:
@@ -212,6 +212,12 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
     if budget is None:
         return Plan(None)
     device = data.train.x.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # (the run's own random
+        return _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, client_chunk, what, option)  # state untouched)
+
+
+def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, client_chunk, what, option) -> Plan:
+    device = data.train.x.device
     state = algo.init(params, data.num_clients)
     _, trained, idx, aug = round_draws(algo, data, sched, seed, 1)
     local = algo.optim.client_state(state, trained, algo.client_init(state, trained, 1))
@@ -229,15 +235,16 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
                                         None if aug is None else clients_slice(aug, 0, k)), device)
 
     batch = f"batch_size={sched.batch_size}, tau={sched.tau}"
-    given = f"memory={option} ({size(budget)})" if option not in (None, "auto") else f"memory=auto ({size(budget)})"
-    budget_txt = f"{given}, of which {size(resident)} stay resident (data, model, client states),"
+    given = f"memory={'auto' if option in (None, 'auto') else option} ({size(budget)})"
+    budget_txt = (f"{given} leaves {size(max(room, 0))} (80% of what {size(resident)} resident: data, model, "
+                  f"client states, leave)")
     if client_chunk is None:
         p1 = train(1)
         out.train_fixed, out.train_per_client = _linear(p1, train(2)) if m >= 2 else (0, p1)
         fit = _fit(room, out.train_fixed, out.train_per_client, m)
         if fit < 1:
-            raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client, more than "
-                              f"{budget_txt} leaves; allowed: a larger memory= or a smaller batch_size")
+            raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt}; "
+                              f"allowed: a larger memory= or a smaller batch_size")
         out.clients = fit if fit < m else None
 
     split = max(data.train, data.test, key=lambda s: s.chunk_idx.shape[1])  # (the longer chunks: the probe's)
@@ -267,7 +274,7 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
     fit = _fit(room, out.eval_fixed, out.eval_per_chunk, saved)
     if fit < 1:
         raise ConfigError(f"{what} needs {size(p1)} for a full pass over one chunk of "
-                          f"{split.chunk_idx.shape[1]} rows, more than {budget_txt} leaves; allowed: a larger "
+                          f"{split.chunk_idx.shape[1]} rows; {budget_txt}; allowed: a larger "
                           f"memory= or a smaller data.chunk_len")
     if fit < saved:
         out.chunks = engine.max_chunks = fit
