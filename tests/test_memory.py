@@ -127,3 +127,14 @@ def test_gpu_check_memory_part_runs_on_the_cpu(capsys):
     assert [" ".join(line.split()[:4]) for line in table] == [
         "memory cifar_acid all at", "memory cifar_acid 0.15 GB", "memory resnet18 c100 all", "memory resnet18 c100 0.15"]
     assert "ERROR" not in out and "generated CIFAR-100 files" in out and "x all-at-once" in out
+
+
+def test_memory_is_not_part_of_a_runs_fingerprint():
+    """A run resumes under another memory= (fedrun.resume.fingerprint drops NEUTRAL_OPTIONS); by hand,
+    docs/performance.md: 2 rounds at memory=0.003 resumed to 4 at 0.002 wrote the metrics.csv of 4
+    uninterrupted rounds at 0.002, byte for byte, and of 4 unplanned rounds."""
+    from fedrun.bench.fitted import _compose
+    from fedrun.resume import fingerprint
+
+    prints = [fingerprint(_compose(o)) for o in (["memory=8"], ["memory=auto"], ["memory=0.5", "tau=3"])]
+    assert prints[0] == prints[1] != prints[2]
