@@ -226,6 +226,8 @@ def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, clie
     views = [s.chunk_idx.numel() * s.x[0].numel() * s.x.element_size() for s in (data.train, data.test)]
     cached = sum(v for v in views if v <= getattr(engine, "CACHE_BYTES", 0))  # (the engine keeps small chunk views)
     resident = tensor_bytes(data.train, data.test) + cached + tensor_bytes(state) + m * per_state
+    if device.type == "cuda":  # (and whatever else the process holds there: the models of every seed, ...)
+        resident = max(resident, torch.cuda.memory_allocated(device) + m * per_state)
     out = Plan(budget, resident)
     room = (budget - resident) * FILL
 
