@@ -212,12 +212,18 @@ def plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, 
     if budget is None:
         return Plan(None)
     device = data.train.x.device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # (the run's own random
-        return _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, client_chunk, what, option)  # state untouched)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # (the run's random state
+        return _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, client_chunk, what,  # stays)
+                     option)
 
 
-def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, client_chunk, what, option) -> Plan:
+def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, params: Params, seed: int,
+          budget: int, replicas: int, steps: Callable, client_chunk: int | None, what: str, option) -> Plan:
+    """`plan` with a budget: the probes on round 1's draws, then the sizes that fit."""
     device = data.train.x.device
+    # On CUDA the first call of a kernel may allocate workspaces that stay (cuBLAS, cuDNN): one warm-up
+    # call of each probe first, so they count as resident and not as the first probe's unit.
+    warm = device.type == "cuda"
     state = algo.init(params, data.num_clients)
     _, trained, idx, aug = round_draws(algo, data, sched, seed, 1)
     local = algo.optim.client_state(state, trained, algo.client_init(state, trained, 1))
@@ -225,11 +231,14 @@ def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, clie
     per_state = tensor_bytes(clients_slice(local, 0, 1))
     views = [s.chunk_idx.numel() * s.x[0].numel() * s.x.element_size() for s in (data.train, data.test)]
     cached = sum(v for v in views if v <= getattr(engine, "CACHE_BYTES", 0))  # (the engine keeps small chunk views)
-    resident = tensor_bytes(data.train, data.test) + cached + tensor_bytes(state) + m * per_state
-    if device.type == "cuda":  # (and whatever else the process holds there: the models of every seed, ...)
-        resident = max(resident, torch.cuda.memory_allocated(device) + m * per_state)
-    out = Plan(budget, resident)
-    room = (budget - resident) * FILL
+    out = Plan(budget, tensor_bytes(data.train, data.test) + cached + tensor_bytes(state) + m * per_state)
+
+    def room() -> float:
+        """What a plan may fill: FILL of the budget less the resident bytes (on CUDA at least what the
+        process holds there now: every seed's model, the warm-up's workspaces, ...)."""
+        if warm:
+            out.resident = max(out.resident, torch.cuda.memory_allocated(device) + m * per_state)
+        return (budget - out.resident) * FILL
 
     def train(k: int) -> int:
         part = clients_slice(local, 0, k)
@@ -238,14 +247,16 @@ def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, clie
 
     batch = f"batch_size={sched.batch_size}, tau={sched.tau}"
     given = f"memory={'auto' if option in (None, 'auto') else option} ({size(budget)})"
-    budget_txt = (f"{given} leaves {size(max(room, 0))} (80% of what {size(resident)} resident: data, model, "
-                  f"client states, leave)")
+
+    def budget_txt() -> str:
+        return (f"{given} leaves {size(max(room(), 0))} (80% of what {size(out.resident)} resident: data, model, "
+                f"client states, leave)")
     if client_chunk is None:
-        p1 = train(1)
+        p1 = train(1) if not warm else (train(1), train(1))[1]
         out.train_fixed, out.train_per_client = _linear(p1, train(2)) if m >= 2 else (0, p1)
-        fit = _fit(room, out.train_fixed, out.train_per_client, m)
+        fit = _fit(room(), out.train_fixed, out.train_per_client, m)
         if fit < 1:
-            raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt}; "
+            raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "
                               f"allowed: a larger memory= or a smaller batch_size")
         out.clients = fit if fit < m else None
 
@@ -268,15 +279,15 @@ def _plan(algo, engine, data, sched, params, seed, budget, replicas, steps, clie
     k = min(PROBE_CHUNKS, chunks, saved)
     engine.max_chunks = 1  # (the probe's groups: 1 chunk, then k; a chunk's own cost can be small beside
     try:                   # the per-client sums a full pass allocates once, so k > 2 makes it show)
-        p1 = full_pass(1)
+        p1 = full_pass(1) if not warm else (full_pass(1), full_pass(1))[1]
         engine.max_chunks = k
         out.eval_fixed, out.eval_per_chunk = _linear(p1, full_pass(k), k) if k > 1 else (0, p1)
     finally:
         engine.max_chunks = saved
-    fit = _fit(room, out.eval_fixed, out.eval_per_chunk, saved)
+    fit = _fit(room(), out.eval_fixed, out.eval_per_chunk, saved)
     if fit < 1:
         raise ConfigError(f"{what} needs {size(p1)} for a full pass over one chunk of "
-                          f"{split.chunk_idx.shape[1]} rows; {budget_txt}; allowed: a larger "
+                          f"{split.chunk_idx.shape[1]} rows; {budget_txt()}; allowed: a larger "
                           f"memory= or a smaller data.chunk_len")
     if fit < saved:
         out.chunks = engine.max_chunks = fit
