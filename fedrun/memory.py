@@ -38,7 +38,7 @@ from .algorithms.base import Algorithm
 from .data.federated import ClientSplit, FederatedData
 from .engine import Engine, Params
 from .errors import ConfigError
-from .simulate import Schedule, clients_slice, local_training, round_draws
+from .simulate import Schedule, clients_slice, is_oom, local_training, round_draws
 
 GB = 2**30
 MEMORY_HELP = "auto, or a number of GB > 0 (e.g. memory=8)"
@@ -189,6 +189,18 @@ def _linear(p1: int, p2: int, units: int = 2) -> tuple[int, int]:
     return max(p1 - per, 0), per
 
 
+def _or_full(probe: Callable[[], int], p1: int, room: float) -> int:
+    """The second probe's peak, or, where it ran out of memory, one that leaves room for one unit."""
+    try:
+        return probe()
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return p1 + max(int(room), p1)
+
+
 def _fit(room: float, fixed: int, per: int, most: int) -> int:
     """How many units fit in `room` bytes (`most` when the cost does not grow with them; 0: none)."""
     if room < fixed or room <= 0:
@@ -252,8 +264,14 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
         return (f"{given} leaves {size(max(room(), 0))} (80% of what {size(out.resident)} resident: data, model, "
                 f"client states, leave)")
     if client_chunk is None:
-        p1 = train(1) if not warm else (train(1), train(1))[1]
-        out.train_fixed, out.train_per_client = _linear(p1, train(2)) if m >= 2 else (0, p1)
+        try:
+            p1 = train(1) if not warm else (train(1), train(1))[1]
+        except RuntimeError as e:  # (torch.OutOfMemoryError is one)
+            if not is_oom(e):
+                raise
+            raise ConfigError(f"{what} with {batch} ran out of device memory training one client; {budget_txt()}; "
+                              f"allowed: a larger memory= or a smaller batch_size") from None
+        out.train_fixed, out.train_per_client = _linear(p1, _or_full(lambda: train(2), p1, room())) if m >= 2 else (0, p1)
         fit = _fit(room(), out.train_fixed, out.train_per_client, m)
         if fit < 1:
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "
@@ -279,9 +297,17 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
     k = min(PROBE_CHUNKS, chunks, saved)
     engine.max_chunks = 1  # (the probe's groups: 1 chunk, then k; a chunk's own cost can be small beside
     try:                   # the per-client sums a full pass allocates once, so k > 2 makes it show)
-        p1 = full_pass(1) if not warm else (full_pass(1), full_pass(1))[1]
+        try:
+            p1 = full_pass(1) if not warm else (full_pass(1), full_pass(1))[1]
+        except RuntimeError as e:
+            if not is_oom(e):
+                raise
+            raise ConfigError(f"{what} ran out of device memory in a full pass over one chunk of "
+                              f"{split.chunk_idx.shape[1]} rows; {budget_txt()}; allowed: a larger memory= or a "
+                              f"smaller data.chunk_len") from None
         engine.max_chunks = k
-        out.eval_fixed, out.eval_per_chunk = _linear(p1, full_pass(k), k) if k > 1 else (0, p1)
+        out.eval_fixed, out.eval_per_chunk = _linear(p1, _or_full(lambda: full_pass(k), p1, room()), k) if k > 1 \
+            else (0, p1)
     finally:
         engine.max_chunks = saved
     fit = _fit(room(), out.eval_fixed, out.eval_per_chunk, saved)

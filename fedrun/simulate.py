@@ -206,7 +206,8 @@ def cat_clients(parts: list):
     return tree_map(lambda *vs: vs[0] if vs[0] is None else torch.cat(vs), *parts)
 
 
-def _is_oom(e: BaseException) -> bool:
+def is_oom(e: BaseException) -> bool:
+    """Whether `e` is the device running out of memory (torch's error, or a backend's message)."""
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
@@ -247,7 +248,7 @@ class ChunkedTraining:
                 ]
                 break
             except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
-                if self.fixed or size == 1 or not _is_oom(e):
+                if self.fixed or size == 1 or not is_oom(e):
                     raise
                 parts = None
                 self.size = (size + 1) // 2
@@ -435,7 +436,7 @@ def _evaluate_fitted(algo: Algorithm, engine: Engine, state: ServerState, data: 
         try:
             return evaluate(algo, engine, state, data, eval_context(data, sched, seed, rnd))
         except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
-            if not _is_oom(e) or engine.max_chunks == 1:
+            if not is_oom(e) or engine.max_chunks == 1:
                 raise
         most = max(len(data.train.chunk_idx), len(data.test.chunk_idx))  # (a larger max_chunks is all of them)
         engine.max_chunks = (min(engine.max_chunks, most) + 1) // 2
