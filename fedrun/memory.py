@@ -82,8 +82,14 @@ def budget_bytes(option, device: torch.device) -> int | None:
         return int(gb * GB)
     if device.type != "cuda":
         return None
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(cuda_index(device))
     return int(torch.cuda.memory_allocated(device) + free - max(CUDA_MARGIN * total, CUDA_MARGIN_MIN))
+
+
+def cuda_index(device: torch.device) -> int:
+    """The CUDA device's index (`cuda` alone: the current one), which mem_get_info and
+    set_per_process_memory_fraction need."""
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 class AllocationMeter(TorchDispatchMode):

@@ -108,7 +108,7 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     cap = None if option in (None, "auto") else int(option * GB)
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / torch.cuda.get_device_properties(device).total_memory), device)
+        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / torch.cuda.get_device_properties(device).total_memory), memory.cuda_index(device))
     # (the CPU: the cap enforced by counting the tensors the rounds allocate; CUDA: by the allocator)
     meter = contextlib.nullcontext() if cuda else memory.AllocationMeter(
         None if cap is None else cap - memory.tensor_bytes(data.train, data.test))
@@ -135,7 +135,7 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
         peak = (torch.cuda.max_memory_allocated(device) if cuda else meter.peak) / 2**20
     finally:
         if cuda:
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(1.0, memory.cuda_index(device))
             torch.cuda.empty_cache()
     return s, peak, plan, plan_s, engine.max_chunks
 
