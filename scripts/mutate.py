@@ -38,6 +38,7 @@ class Mutant:
 
 AGREE = "tests/algorithms/test_branches_agree.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
+FEAT_TRACES = "tests/test_golden_pfllib_feat.py"
 PARTS, PAPER, SHARED = "fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py", "fedrun/data/partitioners/base.py"
 PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
@@ -192,6 +193,17 @@ MUTANTS = [
            "per_pass = split.sizes.cpu()[: data.num_train_clients] // B",
            "per_pass = -(-split.sizes.cpu()[: data.num_train_clients] // B)",
            ("tests/test_phases.py",), "epochs phases: a pass keeps its partial last minibatch (no drop_last)"),
+    # the representation methods of issue 36 (tests/test_golden_pfllib_feat.py)
+    Mutant("moon-contrast-swapped", "fedrun/algorithms/moon.py",
+           "out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()",
+           "out = out + mu * (torch.logsumexp(sims, 0) - sims[1]).mean()",
+           (FEAT_TRACES, "-k", "moon"), "MOON: the previous model as the positive, the server model as the negative"),
+    Mutant("fedrod-balanced-dropped", "fedrun/algorithms/fedrod.py",
+           "balanced = engine.criterion(logits + counts.log(), y)", "balanced = engine.criterion(logits, y)",
+           (FEAT_TRACES, "-k", "fedrod"), "FedRoD: plain cross-entropy instead of the balanced softmax"),
+    Mutant("fedrod-personal-alone", "fedrun/algorithms/fedrod.py",
+           "return balanced + engine.criterion(logits.detach() + mine, y)", "return balanced + engine.criterion(mine, y)",
+           (FEAT_TRACES, "-k", "fedrod"), "FedRoD: the personal head trained on its own logits, not added to the generic ones"),
 ]
 
 

@@ -14,8 +14,10 @@ from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
+from .fedrod import FedRoD
 from .lgfedavg import LGFedAvg
 from .local import LocalOnly
+from .moon import MOON
 from .pavg import PAvg
 from .perfedavg import PerFedAvg
 from .pfedme import PFedMe
@@ -25,6 +27,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
+           "MOON", "FedRoD",
            "names", "build", "algorithm_class"]
 
 

@@ -1,0 +1,51 @@
+"""fedrun `protocol=official` against golden traces of PFLlib's representation methods (MOON, FedRoD,
+FedProto), recorded by scripts/golden/record_pfllib_feat.py from PFLlib's own client classes and
+server methods on the problem of tests/test_golden_pfllib.py, whose replay (the same initial
+weights, clients and minibatches fed to fedrun's round loop) this reuses.
+
+Compared after every round, |fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32): the server model
+(MOON, FedRoD) and each method's per-client state: MOON's previous models (`clients.prev`), FedRoD's
+personal heads (`clients.head`), FedProto's client models (`clients.params`) and global prototypes
+(`extra.protos`, and which classes have one)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import test_golden_pfllib as G
+
+# algo -> fedrun options saying what the recorder's PFLlib arguments said (added to the replay's table)
+G.OPTIONS.update({
+    "moon": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.temperature={a['tau']}"],
+    "fedrod": lambda a: ["algo.lr=0.1"],
+})
+PER_CLIENT = {"moon": ("prev", "prev"), "fedrod": ("heads", "head")}  # trace key -> fedrun's clients[...] entry
+
+
+def compare(trace: dict, states: list) -> dict[str, float]:
+    """name -> worst |d| - ATOL - RTOL |ref| over every compared entry (> 0: a mismatch)."""
+    worst: dict[str, float] = {}
+
+    def close(key, ref, val):
+        ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
+        assert ref.shape == val.shape, key
+        worst[key] = max(worst.get(key, -np.inf), float((np.abs(ref - val) - G.ATOL - G.RTOL * np.abs(ref)).max()))
+
+    algo = trace["algorithm"]
+    assert len(states) == len(trace["iterations"])
+    for it, state in zip(trace["iterations"], states):
+        for name, v in it.get("server", {}).items():
+            close("server", v, state.params[G.NAMES[name]])
+        src, mine = PER_CLIENT[algo]
+        for c, models in it[src].items():
+            for name, v in models.items():
+                close(mine, v, state.clients[mine][G.NAMES[name]][int(c)])
+    return worst
+
+
+@pytest.mark.parametrize("algo", ["moon", "fedrod"])
+def test_official_protocol_replays_pfllib(algo):
+    trace = G.load(algo)
+    worst = compare(trace, G.replay(trace))
+    assert set(worst) == {"server", PER_CLIENT[algo][1]}, worst
+    assert all(v <= 0 for v in worst.values()), worst
