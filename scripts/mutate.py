@@ -204,6 +204,16 @@ MUTANTS = [
     Mutant("fedrod-personal-alone", "fedrun/algorithms/fedrod.py",
            "return balanced + engine.criterion(logits.detach() + mine, y)", "return balanced + engine.criterion(mine, y)",
            (FEAT_TRACES, "-k", "fedrod"), "FedRoD: the personal head trained on its own logits, not added to the generic ones"),
+    Mutant("fedproto-distance-summed", "fedrun/algorithms/fedproto.py",
+           "out = out + lam * ((target - z) ** 2).mean()", "out = out + lam * ((target - z) ** 2).sum(-1).mean()",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: the squared distance summed over the representation, not averaged"),
+    Mutant("fedproto-always-weighted", "fedrun/algorithms/fedproto.py",
+           "w = counts if self.follow == \"paper\" else has.to(counts.dtype)", "w = counts",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
+    Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
+           "z = client_features(engine, local[\"params\"], x)",
+           "z = client_features(engine, sgd(local[\"params\"], engine.grad(local[\"params\"], x, y)[0], self.lr), x)",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: local prototypes from the model after the step (a plain CE step)"),
 ]
 
 

@@ -18,8 +18,9 @@ import test_golden_pfllib as G
 G.OPTIONS.update({
     "moon": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.temperature={a['tau']}"],
     "fedrod": lambda a: ["algo.lr=0.1"],
+    "fedproto": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}"],  # (follow=pfllib: protocol=official's)
 })
-PER_CLIENT = {"moon": ("prev", "prev"), "fedrod": ("heads", "head")}  # trace key -> fedrun's clients[...] entry
+PER_CLIENT = {"moon": ("prev", "prev"), "fedrod": ("heads", "head"), "fedproto": ("clients", "params")}  # trace key -> fedrun's clients[...] entry
 
 
 def compare(trace: dict, states: list) -> dict[str, float]:
@@ -40,12 +41,25 @@ def compare(trace: dict, states: list) -> dict[str, float]:
         for c, models in it[src].items():
             for name, v in models.items():
                 close(mine, v, state.clients[mine][G.NAMES[name]][int(c)])
+        if "protos" in it:  # FedProto's global prototypes, and which classes have one
+            present = state.extra["present"].tolist()
+            assert present == [str(k) in it["protos"] for k in range(len(present))]
+            for k, v in it["protos"].items():
+                close("protos", v, state.extra["protos"][int(k)])
     return worst
 
 
-@pytest.mark.parametrize("algo", ["moon", "fedrod"])
+@pytest.mark.parametrize("algo", ["moon", "fedrod", "fedproto"])
 def test_official_protocol_replays_pfllib(algo):
     trace = G.load(algo)
     worst = compare(trace, G.replay(trace))
-    assert set(worst) == {"server", PER_CLIENT[algo][1]}, worst
+    assert set(worst) == {"moon": {"server", "prev"}, "fedrod": {"server", "head"}, "fedproto": {"params", "protos"}}[algo]
     assert all(v <= 0 for v in worst.values()), worst
+
+
+def test_fedproto_the_papers_weights_are_not_pfllibs():
+    """follow=paper (protocol=honest's) weights each client's prototype by its rows: the trace's global
+    prototypes (PFLlib's unweighted mean) are not replayed, the clients' first-round models still are."""
+    trace = G.load("fedproto")
+    worst = compare(trace, G.replay(trace, ["algo.follow=paper"]))
+    assert worst["protos"] > 0

@@ -13,6 +13,7 @@ from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
+from .fedproto import FedProto
 from .fedrep import FedRep
 from .fedrod import FedRoD
 from .lgfedavg import LGFedAvg
@@ -27,7 +28,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD",
+           "MOON", "FedRoD", "FedProto",
            "names", "build", "algorithm_class"]
 
 

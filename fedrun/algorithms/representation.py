@@ -1,11 +1,12 @@
 """What the representation methods (MOON, FedRoD, FedProto, FedDBE) share: the model seen as a body
 (every layer up to its last hidden one: `Engine.features`, the representation) and a head (its output
-layer, `engine.tree.head_names`), computed inside a per-client function (`Engine.value_and_grad`), and
-the data-dependent starting state some of them need (`class_counts`)."""
+layer, `engine.tree.head_names`), computed inside a per-client function (`Engine.value_and_grad`) or for
+every client of a round at once (`client_features`)."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
-from torch.func import functional_call
+from torch.func import functional_call, vmap
 
 from ..engine import Engine
 from ..engine.tree import Params, head_names
@@ -45,3 +46,11 @@ def require_linear_head(name: str, params: Params, what: str) -> None:
 def flat(params: Params) -> tuple[list[str], list[Tensor]]:
     """Names and tensors of a params dict (to pass it through `Engine.value_and_grad`'s tensor args)."""
     return list(params), list(params.values())
+
+
+def client_features(engine: Engine, params: Params, x: Tensor) -> Tensor:
+    """Every client's representations [m, B, d] of its own rows x [m, B, ...] by its own (stacked)
+    params, outside autograd: one vmapped pass, or client by client with the loop engine."""
+    if engine.name == "loop":
+        return torch.stack([engine.features({k: v[i] for k, v in params.items()}, x[i]) for i in range(len(x))])
+    return vmap(engine.features)(params, x)
