@@ -61,7 +61,6 @@ class FedProto(Algorithm):
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # the official code's unweighted mean
     agreement_options = dict(lr=0.1)  # fedrun.bench.agreement
-    agreement_variants = (dict(follow="pfllib"),)
 
     def __init__(self, lr: float, lam: float, follow: str | None, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
