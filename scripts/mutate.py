@@ -214,6 +214,15 @@ MUTANTS = [
            "z = client_features(engine, local[\"params\"], x)",
            "z = client_features(engine, sgd(local[\"params\"], engine.grad(local[\"params\"], x, y)[0], self.lr), x)",
            (FEAT_TRACES, "-k", "fedproto"), "FedProto: local prototypes from the model after the step (a plain CE step)"),
+    Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
+           "r = (1 - mom) * running + mom * z.mean(0)", "r = mom * running + (1 - mom) * z.mean(0)",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the running mean's momentum on the wrong term (in the loss)"),
+    Mutant("feddbe-global-mean-unweighted", "fedrun/algorithms/feddbe.py",
+           "g = (n.unsqueeze(-1) * local[\"running\"]).sum(0) / n.sum()", "g = local[\"running\"].mean(0)",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the global mean unweighted by the clients' rows"),
+    Mutant("feddbe-bias-frozen", "fedrun/algorithms/feddbe.py",
+           "\"bias\": local[\"bias\"] - self.lr * g[BIAS]", "\"bias\": local[\"bias\"]",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the representation bias never trained"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) representation methods: MOON, FedRoD, FedProto.
+"""Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) representation methods: MOON, FedRoD, FedProto, FedDBE.
 
     /work/ref-venv/bin/python scripts/golden/record_pfllib_feat.py --pfllib /work/ref/PFLlib [--algorithms moon,fedrod]
 
@@ -15,8 +15,14 @@ over a shuffled drop_last loader's subset) and nothing else.
 
 Recorded per round, besides the selection and minibatches: the server model (MOON, FedRoD), every
 client's model, and MOON's previous models (`old_model`), FedRoD's personal heads (`head`), FedProto's
-global prototypes (label -> vector). Extra arguments: MOON mu 1, tau 0.5 (PFLlib's defaults mu 0, tau
-1 would make it FedAvg); FedProto lamda 1 (its default).
+global prototypes (label -> vector), FedDBE's representation biases (`client_mean`). Extra arguments:
+MOON mu 1, tau 0.5 (PFLlib's defaults mu 0, tau 1 would make it FedAvg); FedProto lamda 1 (its
+default); FedDBE momentum 0.1, kl_weight 1 (its default 0 would leave the mean regularizer out).
+
+FedDBE's server computes its global mean in its constructor, which also reads the dataset files: the
+recorder restates those lines (every client's train() with no global mean yet, on 3 recorded
+minibatches drawn before the rounds' draws; the running means weighted by training rows; the mean
+given to every client) around PFLlib's own client.train(), and records the init batches and the mean.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ RUNS = {
     "moon": ("clientmoon", "clientMOON", "servermoon", "MOON", dict(mu=1.0, tau=0.5)),
     "fedrod": ("clientrod", "clientROD", "serverrod", "FedROD", {}),
     "fedproto": ("clientproto", "clientProto", "serverproto", "FedProto", dict(lamda=1.0)),
+    "feddbe": ("clientdbe", "clientDBE", "serverdbe", "FedDBE", dict(momentum=0.1, kl_weight=1.0)),
 }
 STEPS = 3  # minibatches of one train() pass
 
@@ -76,7 +83,19 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     rng = np.random.RandomState(BATCH_SEED)
     np.random.seed(SELECT_SEED)
     random.seed(0)
-    trace = []
+    trace, out = [], {}
+    if algo == "feddbe":  # its server's constructor: every client trains once (no bias yet), then the global mean
+        out["init_period"] = {"batches": {}}
+        for i, c in enumerate(clients):
+            rows = [rng.randint(0, len(ys[i]), size=BATCH).tolist() for _ in range(STEPS)]
+            out["init_period"]["batches"][str(i)] = rows
+            c.load_train_data = lambda batch_size=None, i=i, rows=rows: Passes([[(xs[i][b], ys[i][b]) for b in rows]])
+            c.train()
+        total = sum(c.train_samples for c in clients)  # (FedDBE.__init__'s weighting, restated: it runs in the constructor)
+        global_mean = sum(c.running_mean * (c.train_samples / total) for c in clients)
+        for c in clients:
+            c.global_mean = global_mean.data.clone()
+        out["init_period"]["global_mean"] = global_mean.tolist()
     for r in range(ROUNDS):
         selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
         server.selected_clients = [clients[i] for i in selected]
@@ -103,11 +122,13 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             it["prev"] = {str(i): params(c.old_model) for i, c in enumerate(clients)}
         if algo == "fedrod":
             it["heads"] = {str(i): params(c.head) for i, c in enumerate(clients)}
+        if algo == "feddbe":
+            it["bias"] = {str(i): c.client_mean.detach().tolist() for i, c in enumerate(clients)}
         trace.append(it)
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
             "algorithm": algo, "dtype": "float32", "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
-            "phases": [["train", STEPS]], "init": init, "iterations": trace}
+            "phases": [["train", STEPS]], "init": init, "iterations": trace, **out}
 
 
 def main() -> None:
