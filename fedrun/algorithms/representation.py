@@ -50,7 +50,8 @@ def flat(params: Params) -> tuple[list[str], list[Tensor]]:
 
 def client_features(engine: Engine, params: Params, x: Tensor) -> Tensor:
     """Every client's representations [m, B, d] of its own rows x [m, B, ...] by its own (stacked)
-    params, outside autograd: one vmapped pass, or client by client with the loop engine."""
-    if engine.name == "loop":
+    params, outside autograd: one vmapped pass, or client by client with the loop engine (and where
+    the vmap engine's own passes go client by client: convolutions on the CPU, branch "conv")."""
+    if engine.name == "loop" or getattr(engine, "_conv_on_cpu", lambda x: False)(x):
         return torch.stack([engine.features({k: v[i] for k, v in params.items()}, x[i]) for i in range(len(x))])
     return vmap(engine.features)(params, x)
