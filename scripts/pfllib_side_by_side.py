@@ -59,6 +59,8 @@ ALGOS = {
     "fedrod": (["algo=fedrod", f"algo.lr={LR}"], "pers_acc", "serverrod", "FedROD", {}),
     "fedproto": (["algo=fedproto", f"algo.lr={LR}", "algo.lam=1.0", "algo.follow=pfllib"], "pers_acc", "serverproto",
                  "FedProto", {"lamda": 1.0}),
+    "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe", "FedDBE",
+               {"momentum": 0.1, "kl_weight": 1.0}),
 }
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
 SETTING = "mnist_shards2"
