@@ -223,6 +223,10 @@ MUTANTS = [
     Mutant("feddbe-bias-frozen", "fedrun/algorithms/feddbe.py",
            "\"bias\": local[\"bias\"] - self.lr * g[BIAS]", "\"bias\": local[\"bias\"]",
            (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the representation bias never trained"),
+    Mutant("prepare-skipped", "fedrun/simulate.py",
+           "Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),",
+           "Progress((lambda engine, state, ctx: state)(engine, algo.init(r.params, data.num_clients),",
+           (FEAT_TRACES, "-k", "fedrod or feddbe"), "the round loop never calls Algorithm.prepare (FedRoD's counts, FedDBE's global mean)"),
 ]
 
 
