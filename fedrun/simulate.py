@@ -346,7 +346,8 @@ def simulate_group(
     After the first rounds, one line on stderr estimates the time left (fedrun.clock).
     """
     for r in runs:
-        r.at = r.done = r.start or Progress(algo.init(r.params, data.num_clients))
+        r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
+                                                         eval_context(data, sched, r.seed, 0)))
     train = ChunkedTraining(client_chunk, steps or local_training, start_chunk)
     bar = None
     first = min(r.at.round for r in runs)

@@ -57,6 +57,11 @@ ENTRIES = {
     "LG-FedAvg": ("lgfedavg", [f"algo.lr={LR}"], "pers"),
     "FedRep": ("fedrep", [f"algo.lr={LR}", "algo.head_steps=5"], "pers"),
     "FedBABU": ("fedbabu", [f"algo.lr={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
+    # the representation methods (issue 36): MOON is a global method (its global model scored)
+    "MOON": ("moon", [f"algo.lr={LR}", "algo.mu=1.0", "algo.temperature=0.5"], "global"),
+    "FedRoD": ("fedrod", [f"algo.lr={LR}"], "pers"),
+    "FedProto": ("fedproto", [f"algo.lr={LR}", "algo.lam=1.0"], "pers"),
+    "FedDBE": ("feddbe", [f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers"),
 }
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
 # cnn_bn), and these settings' models have none (fedrun refuses the pair in one line).

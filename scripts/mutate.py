@@ -38,6 +38,7 @@ class Mutant:
 
 AGREE = "tests/algorithms/test_branches_agree.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
+FEAT_TRACES = "tests/test_golden_pfllib_feat.py"
 PARTS, PAPER, SHARED = "fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py", "fedrun/data/partitioners/base.py"
 PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
@@ -192,6 +193,40 @@ MUTANTS = [
            "per_pass = split.sizes.cpu()[: data.num_train_clients] // B",
            "per_pass = -(-split.sizes.cpu()[: data.num_train_clients] // B)",
            ("tests/test_phases.py",), "epochs phases: a pass keeps its partial last minibatch (no drop_last)"),
+    # the representation methods of issue 36 (tests/test_golden_pfllib_feat.py)
+    Mutant("moon-contrast-swapped", "fedrun/algorithms/moon.py",
+           "out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()",
+           "out = out + mu * (torch.logsumexp(sims, 0) - sims[1]).mean()",
+           (FEAT_TRACES, "-k", "moon"), "MOON: the previous model as the positive, the server model as the negative"),
+    Mutant("fedrod-balanced-dropped", "fedrun/algorithms/fedrod.py",
+           "balanced = engine.criterion(logits + counts.log(), y)", "balanced = engine.criterion(logits, y)",
+           (FEAT_TRACES, "-k", "fedrod"), "FedRoD: plain cross-entropy instead of the balanced softmax"),
+    Mutant("fedrod-personal-alone", "fedrun/algorithms/fedrod.py",
+           "return balanced + engine.criterion(logits.detach() + mine, y)", "return balanced + engine.criterion(mine, y)",
+           (FEAT_TRACES, "-k", "fedrod"), "FedRoD: the personal head trained on its own logits, not added to the generic ones"),
+    Mutant("fedproto-distance-summed", "fedrun/algorithms/fedproto.py",
+           "out = out + lam * ((target - z) ** 2).mean()", "out = out + lam * ((target - z) ** 2).sum(-1).mean()",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: the squared distance summed over the representation, not averaged"),
+    Mutant("fedproto-always-weighted", "fedrun/algorithms/fedproto.py",
+           "w = counts if self.follow == \"paper\" else has.to(counts.dtype)", "w = counts",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
+    Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
+           "z = client_features(engine, local[\"params\"], x)",
+           "z = client_features(engine, sgd(local[\"params\"], engine.grad(local[\"params\"], x, y)[0], self.lr), x)",
+           (FEAT_TRACES, "-k", "fedproto"), "FedProto: local prototypes from the model after the step (a plain CE step)"),
+    Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
+           "r = (1 - mom) * running + mom * z.mean(0)", "r = mom * running + (1 - mom) * z.mean(0)",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the running mean's momentum on the wrong term (in the loss)"),
+    Mutant("feddbe-global-mean-unweighted", "fedrun/algorithms/feddbe.py",
+           "g = (n.unsqueeze(-1) * local[\"running\"]).sum(0) / n.sum()", "g = local[\"running\"].mean(0)",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the global mean unweighted by the clients' rows"),
+    Mutant("feddbe-bias-frozen", "fedrun/algorithms/feddbe.py",
+           "\"bias\": local[\"bias\"] - self.lr * g[BIAS]", "\"bias\": local[\"bias\"]",
+           (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the representation bias never trained"),
+    Mutant("prepare-skipped", "fedrun/simulate.py",
+           "Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),",
+           "Progress((lambda engine, state, ctx: state)(engine, algo.init(r.params, data.num_clients),",
+           (FEAT_TRACES, "-k", "fedrod or feddbe"), "the round loop never calls Algorithm.prepare (FedRoD's counts, FedDBE's global mean)"),
 ]
 
 

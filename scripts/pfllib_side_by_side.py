@@ -53,6 +53,14 @@ ALGOS = {
     "fedper": (["algo=fedper", f"algo.lr={LR}"], "pers_acc", "serverper", "FedPer", {}),
     "fedrep": (["algo=fedrep", f"algo.lr={LR}", "algo.head_steps=E"], "pers_acc", "serverrep", "FedRep",
                {"plocal_epochs": 1}),
+    # the representation methods (issue 36), at the papers' weights (PFLlib's defaults mu 0 / tau 1 make MOON FedAvg)
+    "moon": (["algo=moon", f"algo.lr={LR}", "algo.mu=1.0", "algo.temperature=0.5"], "global_acc", "servermoon", "MOON",
+             {"mu": 1.0, "tau": 0.5}),
+    "fedrod": (["algo=fedrod", f"algo.lr={LR}"], "pers_acc", "serverrod", "FedROD", {}),
+    "fedproto": (["algo=fedproto", f"algo.lr={LR}", "algo.lam=1.0", "algo.follow=pfllib"], "pers_acc", "serverproto",
+                 "FedProto", {"lamda": 1.0}),
+    "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe", "FedDBE",
+               {"momentum": 0.1, "kl_weight": 1.0}),
 }
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
 SETTING = "mnist_shards2"

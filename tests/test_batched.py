@@ -80,7 +80,8 @@ def assert_same_tables(a: str, b: str) -> None:
     assert len(ra) == len(rb) and ra and list(ra[0]) == list(rb[0])
     for x, y in zip(ra, rb):
         for k in x:
-            assert abs(float(x[k]) - float(y[k])) <= TOL, (a, k, x[k], y[k])
+            # (an infinite loss, e.g. FedProto's on rows of a class without a global prototype, equals itself)
+            assert x[k] == y[k] or abs(float(x[k]) - float(y[k])) <= TOL, (a, k, x[k], y[k])
 
 
 @pytest.mark.parametrize("overrides", _cases(), ids=lambda o: ",".join(v.split("=", 1)[1] for v in o))

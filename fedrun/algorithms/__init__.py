@@ -10,12 +10,16 @@ from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
+from .feddbe import FedDBE
 from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
+from .fedproto import FedProto
 from .fedrep import FedRep
+from .fedrod import FedRoD
 from .lgfedavg import LGFedAvg
 from .local import LocalOnly
+from .moon import MOON
 from .pavg import PAvg
 from .perfedavg import PerFedAvg
 from .pfedme import PFedMe
@@ -25,6 +29,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
+           "MOON", "FedRoD", "FedProto", "FedDBE",
            "names", "build", "algorithm_class"]
 
 

@@ -7,6 +7,7 @@ variates), so it all lives on the device and is checkpointed with the run. A rou
 `Local["params"]` is each client's model; algorithms add what they need (pFedMe's theta, ...).
 
   init(params, num_clients)                     -> ServerState
+  prepare(engine, state, ctx)                   -> ServerState   (a fresh run, before round 1)
   client_init(state, clients, rnd)              -> Local     gather the round's starting point
   client_step(engine, local, batches, rnd)      -> Local     one local step for ALL clients at once
   phases()                                      -> None, or the round as Phases (see `Phase`)
@@ -157,6 +158,12 @@ class Algorithm(metaclass=AlgorithmMeta):
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params)
+
+    def prepare(self, engine: Engine, state: ServerState, ctx: EvalContext) -> ServerState:
+        """The state a fresh run starts round 1 from, given what this method computes from the clients'
+        TRAINING rows first (FedRoD's class counts); `ctx.gen` is round 0's own stream. Called once by
+        the round loop after `init` (a resumed run restores it from the checkpoint). Default: `state`."""
+        return state
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         return {"params": stack(state.params, len(clients))}

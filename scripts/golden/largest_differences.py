@@ -4,7 +4,8 @@ largest |fedrun - reference| over all compared numbers of each (the tests check 
     python scripts/golden/largest_differences.py            # both engines, every trace
     python scripts/golden/largest_differences.py --engine vmap
 
-Run from the repository root; it imports tests/test_golden_pfedme.py and tests/test_golden_pfllib.py.
+Run from the repository root; it imports tests/test_golden_pfedme.py, tests/test_golden_pfllib.py and
+tests/test_golden_pfllib_feat.py.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import test_golden_pfedme as pfedme  # noqa: E402
 import test_golden_pfllib as pfllib  # noqa: E402
+import test_golden_pfllib_feat as feat  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,6 +43,12 @@ def main(argv=None) -> int:
             got.append(f"{pfllib.compare.max_abs:.2g}" + ("" if all(v <= 0 for v in worst.values()) else " (MISMATCH)"))
         print(f"| pfllib_{algo}.json | {'float32' if f32 else 'float64'} | {atol:g} + {rtol:g} ref | "
               + " | ".join(got) + " |")
+    for algo in feat.ALGOS:  # the representation methods (record_pfllib_feat.py)
+        trace, got = pfllib.load(algo), []
+        for e in engines:
+            worst = feat.compare(trace, feat.replay(trace, engine=e))
+            got.append(f"{feat.compare.max_abs:.2g}" + ("" if all(v <= 0 for v in worst.values()) else " (MISMATCH)"))
+        print(f"| pfllib_{algo}.json | float32 | {pfllib.ATOL:g} + {pfllib.RTOL:g} ref | " + " | ".join(got) + " |")
     return 0
 
 

@@ -91,6 +91,7 @@ EXTRA = [
     ("fedavg", {"finetune_steps": 3, "personalize_batch": 16}),
     ("apfl", {"alpha_lr": 0.0}),
     ("apfl", {"follow": "pfllib"}),
+    ("fedproto", {"follow": "pfllib"}),
 ]
 SCHEDULE_OPTIONS = {"aggregate"}  # besides each setup's schedule_axes
 

@@ -7,6 +7,7 @@ import torch
 
 from fedrun.algorithms import Ditto, FedRep, build, names
 from fedrun.algorithms.adaptation import Prototypes
+from fedrun.algorithms.fedproto import NearestPrototype
 from fedrun.algorithms.personalize import onboarding_batches
 from fedrun.engine.tree import head_names
 from fedrun.errors import ConfigError
@@ -52,6 +53,8 @@ def _served(algo, engine, state, data):
     pers, _ = served(algo, engine, state, eval_context(data, SCHED, 0, SCHED.rounds))
     if isinstance(pers, Prototypes):
         return {"centers": pers.centers}
+    if isinstance(pers, NearestPrototype):  # FedProto: each client's own model, the global prototypes
+        return pers.params
     return pers
 
 

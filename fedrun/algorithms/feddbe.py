@@ -1,0 +1,136 @@
+"""FedDBE, domain bias elimination (Zhang, Hua, Cao, Wang, Guan, Ma, NeurIPS 2023, "Eliminating Domain
+Bias for Federated Learning in Representation Space").
+
+Each client keeps a personalized representation bias, a vector m_i as wide as the representation
+(PRBM, started at 0), added to every representation before the head: the client's model is
+h(f(x) + m_i). Its local step (SGD of lr `lr` on the model and on m_i) minimizes
+
+    CE(h(f(x) + m_i), y) + kappa * mean_dims( 0.5 (r - g)^2 ),
+
+r a running mean of the round's minibatch representation means (momentum `momentum`: r <- (1 -
+momentum) r + momentum mean_rows f(x), r reset to 0 at each round's start, its earlier value held
+constant in each step's gradient) and g the global mean representation (MR, the mean regularizer).
+g is fixed once, before round 1 (`prepare`): every training client takes one round of plain
+cross-entropy steps from the initial model (its `tau` steps on minibatches of the evaluation's round-0
+stream, no bias) tracking r; g is the mean of the clients' r weighted by their training rows; those
+models are discarded (PFLlib's FedDBE server does this in its constructor). The server averages the
+model (FedAvg). Served: the server model with each client's m_i (a linear head: its bias b + W m_i,
+the same logits); `global_*` scores the server model without it.
+
+Per-client state: `clients["dbe"]["bias"]` [C, d]; server: `extra["global_mean"]` [d].
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, expand, gather, head_names, sgd, stack, weighted_mean
+from .base import Algorithm, EvalContext, Local, ServerState
+from .checks import check_optional_int, check_positive, check_unit
+from .personalize import onboarding_batches
+from .representation import apply_head, client_features, features_and_logits, head_of, require_linear_head
+
+BIAS = "dbe.bias"  # the client's representation bias among a step's differentiated params
+
+
+class FedDBE(Algorithm):
+    name = "feddbe"
+    agreement_options = dict(lr=0.1, kappa=1.0)  # fedrun.bench.agreement: the regularizer on
+
+    def __init__(self, lr: float, momentum: float, kappa: float, new_client_steps: int | None, finetune_steps: int,
+                 finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_unit("algo.momentum", momentum)
+        check_positive("algo.kappa", kappa, allow_zero=True)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.momentum, self.kappa, self.new_client_steps = lr, momentum, kappa, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        require_linear_head(self.name, params, "adds a per-client bias to the representation before the head")
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        self.check_params(params)
+        w = next(params[k] for k in head_names(params) if params[k].dim() == 2)
+        zero = torch.zeros(w.shape[1], dtype=w.dtype, device=w.device)
+        return ServerState(params=params, extra={"global_mean": zero},
+                           clients={"dbe": {"bias": stack({"b": zero}, num_clients)["b"]}})
+
+    def prepare(self, engine: Engine, state: ServerState, ctx: EvalContext) -> ServerState:
+        """The global mean representation g: every training client's running mean after a round of
+        plain cross-entropy steps from the initial model, weighted by its training rows."""
+        everyone = torch.arange(ctx.data.num_train_clients, device=ctx.data.train.x.device)
+        local = self.client_init(state, everyone, 0)
+        for batches in init_batches(ctx, everyone, None):
+            local = self._step(engine, local, batches, dbe=False)
+        n = ctx.data.train.sizes[: ctx.data.num_train_clients].to(local["running"].device, local["running"].dtype)
+        g = (n.unsqueeze(-1) * local["running"]).sum(0) / n.sum()
+        return ServerState(params=state.params, extra={**state.extra, "global_mean": g}, clients=state.clients)
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        m, g = len(clients), state.extra["global_mean"]
+        return {"params": stack(state.params, m), "bias": state.clients["dbe"]["bias"][clients],
+                "running": torch.zeros(m, *g.shape, dtype=g.dtype, device=g.device), "global": g.expand(m, *g.shape)}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return self._step(engine, local, batches, dbe=True)
+
+    def _step(self, engine: Engine, local: Local, batches, dbe: bool) -> Local:
+        """One SGD step of lr on the model and the bias (`dbe`: FedDBE's loss; else plain
+        cross-entropy without the bias, the constructor's round), the running mean moved."""
+        (x, y), = batches
+        mom, kappa = self.momentum, self.kappa
+        both = {**local["params"], BIAS: local["bias"]}
+
+        def loss(p: Params, x: Tensor, y: Tensor, running: Tensor, g: Tensor) -> Tensor:
+            model = {k: v for k, v in p.items() if k != BIAS}
+            z, logits = features_and_logits(engine, model, x)
+            if not dbe:
+                return engine.criterion(logits, y)
+            r = (1 - mom) * running + mom * z.mean(0)
+            out = engine.criterion(apply_head(engine, head_of(model), z + p[BIAS]), y)
+            return out + kappa * (0.5 * (r - g) ** 2).mean()
+
+        with torch.no_grad():  # the running mean of the round's minibatch representation means
+            z = client_means(engine, local["params"], x)
+            running = (1 - mom) * local["running"] + mom * z
+        g, _ = engine.value_and_grad(loss, both, x, y, local["running"], local["global"])
+        params = sgd(local["params"], {k: g[k] for k in local["params"]}, self.lr)
+        return {**local, "params": params, "bias": local["bias"] - self.lr * g[BIAS], "running": running}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = weighted_mean(gather(local["params"], selected), weights)
+        bias = state.clients["dbe"]["bias"].index_copy(0, clients, local["bias"])
+        return ServerState(params=new, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        bias = state.clients["dbe"]["bias"]
+        served = dict(expand(state.params, bias.shape[0]))
+        w = next(k for k in head_names(state.params) if state.params[k].dim() == 2)
+        b = next(k for k in head_names(state.params) if state.params[k].dim() == 1)
+        served[b] = state.params[b] + bias @ state.params[w].T  # h(z + m) = W z + (b + W m)
+        return served, None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client's bias: new_client_steps (null: tau) of its FedDBE steps from the server
+        model and a zero bias; it is then served the server model with that bias (as a trained
+        client, whose own model the next round's server model replaces)."""
+        local = self.client_init(state, new, 0)
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self._step(engine, local, batches, dbe=True)
+        bias = state.clients["dbe"]["bias"].index_copy(0, new, local["bias"])
+        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
+
+
+def init_batches(ctx: EvalContext, clients: Tensor, steps: int | None):
+    """The minibatches of the round before round 1 (`prepare`): tau draws of batch_size training
+    rows per client from round 0's stream (tests replace it with a trace's)."""
+    return onboarding_batches(ctx, clients, steps)
+
+
+def client_means(engine: Engine, params: Params, x: Tensor) -> Tensor:
+    """Every client's mean representation [m, d] of its minibatch x [m, B, ...]."""
+    return client_features(engine, params, x).mean(1)
