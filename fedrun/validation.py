@@ -75,11 +75,28 @@ def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: 
             f"machine's {physical_memory() / 2**30:.0f} GiB; allowed: tau <= {max(1, limit // per_tau)}")
 
 
+def _hidden_is_one_width(target) -> bool:
+    """Whether the model class `target` takes `hidden` as one integer (its default is one), not a list."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    try:
+        default = inspect.signature(get_class(target)).parameters["hidden"].default
+    except Exception:  # noqa: BLE001 - an unknown target or no such parameter: the list check stands
+        return False
+    return isinstance(default, int) and not isinstance(default, bool)
+
+
 def _model_hidden(cfg: DictConfig) -> str | None:
-    """model.hidden: layer widths, each an integer >= 1."""
+    """model.hidden: layer widths, each an integer >= 1 (a recurrent model's, e.g. model=lstm: one integer)."""
     if "hidden" not in cfg.model:
         return None
     h = cfg.model.hidden
+    if _hidden_is_one_width(cfg.model.get("_target_")):
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            return f"model.hidden={h!r} must be an integer >= 1 (units per layer)"
+        return None
     widths = list(h) if OmegaConf.is_list(h) else None
     if widths is None or not widths or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in widths):
         shown = OmegaConf.to_container(h) if OmegaConf.is_config(h) else h

@@ -198,3 +198,61 @@ def test_cifar100_coarse_labels_are_the_pickles_superclasses(root):
     assert (coarse.train.y == fine.train.y // 5).all() and (coarse.test.y == fine.test.y // 5).all()
     with pytest.raises(ValueError, match="dataset.labels='coarse': allowed one of fine"):
         composed(dict(name="cifar10", root=root, labels="coarse"), dict(name="iid"))
+
+
+# ----------------------------------------------------------------------------------------------
+# every partition, the missing files, a file that is not the format
+# ----------------------------------------------------------------------------------------------
+
+CASES = {"iid": dict(num_clients=3), "dirichlet": dict(num_clients=3, alpha=1.0, min_size=1),
+         "shards": dict(num_clients=3, shards_per_client=2), "classes": dict(num_clients=3, classes_per_client=2),
+         "quantity": dict(num_clients=3, min_size=2), "mixture": dict(num_clients=3, min_size=1),
+         "acid": dict(num_clients=3, classes_per_client=2), "natural": {},
+         "perfedavg_split": dict(num_clients=2, a=2), "pfedme_labels": dict(num_clients=2)}
+MNIST_RULES = ("perfedavg_split", "pfedme_labels")  # Per-FedAvg's and pFedMe's MNIST rules: 10 classes only
+TOO_FEW = {("shakespeare", "acid"), ("agnews", "acid"), ("cifar100", "acid")}  # acid's 50+ rows per device: not in tiny files
+
+
+def test_every_partition_composes_with_every_new_dataset_or_says_why_not(root):
+    assert set(CASES) == set(group_options("partition")) - {"_split"}
+    for dataset in ("shakespeare", "agnews", "tinyimagenet", "cifar100"):
+        for name, opts in CASES.items():
+            try:
+                d = composed(dict(name=dataset, root=root), dict(name=name, **opts))
+            except ValueError as e:
+                says = ("needs rows with writer ids" if name == "natural" else "needs a dataset of 10 classes"
+                        if name in MNIST_RULES else "but its devices need at least")
+                assert says in str(e) and "\n" not in str(e), (dataset, name, str(e))
+                assert name in MNIST_RULES or (name == "natural") != ((dataset, name) in TOO_FEW), (dataset, name)
+                continue
+            assert name not in MNIST_RULES and (dataset, name) not in TOO_FEW
+            assert d.num_clients == (4 if name == "natural" else opts["num_clients"])
+            assert int(d.train.y.max()) < d.num_classes and int(d.test.y.max()) < d.num_classes
+
+
+@pytest.mark.parametrize("dataset, says", [
+    ("shakespeare", "LEAF's JSON user files (*.json) in {root}/shakespeare/data/train and {root}/shakespeare/data/test"),
+    ("agnews", "AG News not found: expected train.csv, test.csv in {root}/ag_news_csv (download=false)"),
+    ("tinyimagenet", "Tiny-ImageNet not found: expected wnids.txt, train, val/val_annotations.txt, val/images in "
+                     "{root}/tiny-imagenet-200 (download=false)"),
+])
+def test_missing_files_are_one_line_naming_the_files_and_folder(tmp_path, dataset, says):
+    with pytest.raises(DataMissingError) as e:
+        composed(dict(name=dataset, root=str(tmp_path), download=False), dict(name="iid", num_clients=2))
+    assert says.format(root=tmp_path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_that_is_not_the_format_is_one_line_naming_it(tmp_path):
+    write_shakespeare(str(tmp_path))
+    path = tmp_path / "shakespeare" / "data" / "test" / "all_data_niid_0_keep_0_test_0.json"
+    blob = json.loads(path.read_text())
+    blob["user_data"][ROLES[0]]["x"][1] = "too short"
+    path.write_text(json.dumps(blob))
+    with pytest.raises(DataCorruptError, match=rf"{path} is not shakespeare rows: user '{ROLES[0]}' has an x that is "
+                                                r"not a string of 80 characters \('too short'\)"):
+        composed(dict(name="shakespeare", root=str(tmp_path)), dict(name="natural"))
+    write_agnews(str(tmp_path))
+    with open(tmp_path / "ag_news_csv" / "train.csv", "a") as f:
+        f.write('"5","a fifth class","no such class"\n')
+    with pytest.raises(DataCorruptError, match=r"train.csv is not an ag_news_csv file: line 121 is not \"class 1-4\""):
+        composed(dict(name="agnews", root=str(tmp_path)), dict(name="iid", num_clients=2))
