@@ -256,3 +256,23 @@ def test_a_file_that_is_not_the_format_is_one_line_naming_it(tmp_path):
         f.write('"5","a fifth class","no such class"\n')
     with pytest.raises(DataCorruptError, match=r"train.csv is not an ag_news_csv file: line 121 is not \"class 1-4\""):
         composed(dict(name="agnews", root=str(tmp_path)), dict(name="iid", num_clients=2))
+
+
+def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare_lstm(root, tmp_path):
+    """The commands a user types: the text model's embedding has dataset.vocab_size rows (no model option)."""
+    import glob
+
+    import torch
+
+    small = ["algo=fedavg", "algo.alpha=null", "rounds=2", "tau=1", "clients_per_round=2", "batch_size=4", "progress=false", "plot=false",
+             "checkpoint_every=0", f"dataset.root={root}"]
+    runs = {"agnews": ["dataset=agnews", "dataset.vocab_size=37", "dataset.max_len=16", "model=textcnn", "model.dim=8",
+                       "model.channels=4", "partition=dirichlet", "partition.num_clients=4", "partition.min_size=5"],
+            "shakespeare": ["dataset=shakespeare", "model=lstm", "model.hidden=8", "model.embed_dim=4"]}
+    for name, args in runs.items():
+        r = fedrun([*args, *small, f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "fedrun: done in" in r.stdout
+        ck = torch.load(glob.glob(str(tmp_path / name / "checkpoints" / "*.pt"))[0], weights_only=True)
+        emb = ck["state"]["params"]["embedding.weight"]
+        assert tuple(emb.shape) == ((37, 8) if name == "agnews" else (80, 4))
