@@ -41,8 +41,7 @@ class Shakespeare(Dataset):
     vocab_size = len(LETTERS)
 
     def __init__(self, name: str = "shakespeare", root: str = "data", download: bool = False) -> None:
-        choice("dataset.name", name, ["shakespeare"])
-        choice("dataset.download", download, [False])
+        choice("dataset.name", name, ["shakespeare"])  # download: taken, never acted on (LEAF's files are not fetched)
         super().__init__(root, download)
         self.name = name
 
