@@ -133,6 +133,11 @@ def root(tmp_path_factory):
 # ----------------------------------------------------------------------------------------------
 
 def test_shakespeare_rows_are_leafs_character_ids_one_client_per_role(root, tmp_path):
+    from fedrun.data.datasets.shakespeare import char_ids
+
+    # LEAF's ids (positions in its ALL_LETTERS, read off LEAF's / PFLlib's language_utils.py): 'A' 25,
+    # 'b' 54, ' ' 1, 'c' 55, '}' 79, newline 0; '~' is not in it and reads as the space
+    assert char_ids("Ab c}\n~").tolist() == [25, 54, 1, 55, 79, 0, 1] and len(LETTERS) == 80
     written = write_shakespeare(str(tmp_path))
     d = composed(dict(name="shakespeare", root=str(tmp_path)), dict(name="natural"))
     assert d.num_clients == 4 and d.num_classes == 80 and d.feature_shape == (80,)
