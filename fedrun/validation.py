@@ -202,6 +202,13 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
     naming the models of conf/model that do fit them."""
     import torch
 
+    emb = getattr(model, "embedding", None)  # token / character ids past its table would fail mid-run (IndexError)
+    if isinstance(emb, torch.nn.Embedding) and not data.train.x.is_floating_point():
+        top = int(max(data.train.x.max(), data.test.x.max()))
+        if top >= emb.num_embeddings:
+            raise ConfigError(f"model.vocab_size={emb.num_embeddings} is too small for data={data_name}, whose rows hold "
+                              f"ids up to {top}; leave it to the dataset (its default follows dataset.vocab_size) "
+                              f"or set it >= {top + 1}")
     x = data.train.x[:1].cpu()
     try:  # in eval mode: a BatchNorm layer takes one row and its running statistics stay as they were
         with torch.no_grad():

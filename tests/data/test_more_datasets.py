@@ -281,3 +281,5 @@ def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare
         ck = torch.load(glob.glob(str(tmp_path / name / "checkpoints" / "*.pt"))[0], weights_only=True)
         emb = ck["state"]["params"]["embedding.weight"]
         assert tuple(emb.shape) == ((37, 8) if name == "agnews" else (80, 4))
+    r = fedrun([*runs["agnews"], "model.vocab_size=20", *small], tmp_path)  # the files hold 25 ids (0, 1, 23 tokens)
+    assert r.returncode == 2 and "model.vocab_size=20 is too small for data=composed, whose rows hold ids up to 24" in r.stderr
