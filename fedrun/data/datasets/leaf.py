@@ -27,15 +27,20 @@ class Leaf(Dataset):
         return LEAF_SHAPES[self.name][1]
 
     def files(self) -> dict[str, str | None]:
-        root = os.path.abspath(self.root)
-        sub = [os.path.join(self.name, "data", s) for s in ("train", "test")]
-        return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
-                                                         for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
+        return leaf_files(self.root, self.name)
 
     def load(self) -> Rows:
         trx, try_, trw, tex, tey, tew = load_leaf(self.root, self.name)
         mean, std = float(trx.mean()), float(trx.std()) or 1.0
         return Rows((trx - mean) / std, try_, (tex - mean) / std, tey, self.num_classes, groups=(trw, tew))
+
+
+def leaf_files(root: str, dataset: str) -> dict[str, str | None]:
+    """name -> path of every JSON file under `root`/<dataset>/data/{train,test} (the cache key's files)."""
+    root = os.path.abspath(root)
+    sub = [os.path.join(dataset, "data", s) for s in ("train", "test")]
+    return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
+                                                     for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
 
 
 LEAF_SHAPES = {"femnist": (784, 62)}  # dataset -> (features per row, labels 0..n-1)

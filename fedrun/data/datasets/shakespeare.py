@@ -11,12 +11,10 @@ JSON only: nothing in the files can run code; fedrun never downloads LEAF data.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .base import Dataset, Rows, choice
-from .leaf import leaf_blob, load_leaf
+from .leaf import leaf_blob, leaf_files, load_leaf
 
 # LEAF's alphabet (models/utils/language_utils.py ALL_LETTERS): 80 characters, a character's id its position.
 LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
@@ -46,10 +44,7 @@ class Shakespeare(Dataset):
         self.name = name
 
     def files(self) -> dict[str, str | None]:
-        root = os.path.abspath(self.root)
-        sub = [os.path.join(self.name, "data", s) for s in ("train", "test")]
-        return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
-                                                         for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
+        return leaf_files(self.root, self.name)
 
     def load(self) -> Rows:
         trx, try_, trw, tex, tey, tew = load_leaf(self.root, self.name, users_of=shakespeare_users)
