@@ -76,11 +76,28 @@ def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: 
             f"machine's {physical_memory() / 2**30:.0f} GiB; allowed: tau <= {max(1, limit // per_tau)}")
 
 
+def _hidden_is_one_width(target) -> bool:
+    """Whether the model class `target` takes `hidden` as one integer (its default is one), not a list."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    try:
+        default = inspect.signature(get_class(target)).parameters["hidden"].default
+    except Exception:  # noqa: BLE001 - an unknown target or no such parameter: the list check stands
+        return False
+    return isinstance(default, int) and not isinstance(default, bool)
+
+
 def _model_hidden(cfg: DictConfig) -> str | None:
-    """model.hidden: layer widths, each an integer >= 1."""
+    """model.hidden: layer widths, each an integer >= 1 (a recurrent model's, e.g. model=lstm: one integer)."""
     if "hidden" not in cfg.model:
         return None
     h = cfg.model.hidden
+    if _hidden_is_one_width(cfg.model.get("_target_")):
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            return f"model.hidden={h!r} must be an integer >= 1 (units per layer)"
+        return None
     widths = list(h) if OmegaConf.is_list(h) else None
     if widths is None or not widths or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in widths):
         shown = OmegaConf.to_container(h) if OmegaConf.is_config(h) else h
@@ -187,6 +204,13 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
     naming the models of conf/model that do fit them."""
     import torch
 
+    emb = getattr(model, "embedding", None)  # token / character ids past its table would fail mid-run (IndexError)
+    if isinstance(emb, torch.nn.Embedding) and not data.train.x.is_floating_point():
+        top = int(max(data.train.x.max(), data.test.x.max()))
+        if top >= emb.num_embeddings:
+            raise ConfigError(f"model.vocab_size={emb.num_embeddings} is too small for data={data_name}, whose rows hold "
+                              f"ids up to {top}; leave it to the dataset (its default follows dataset.vocab_size) "
+                              f"or set it >= {top + 1}")
     x = data.train.x[:1].cpu()
     try:  # in eval mode: a BatchNorm layer takes one row and its running statistics stay as they were
         with torch.no_grad():

@@ -17,6 +17,9 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   mnist_pfedme     pFedMe's MNIST split (20 clients, 2 labels each), 5 per round, the MLP 784-100-10
   cifar10_acid     paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN
   synthetic        pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (--quick's)
+  cifar100_dir01_resnet18   real CIFAR-100, Dirichlet alpha=0.1, 100 clients, 10 per round, ResNet-18 (GroupNorm), batch 50 (GPU)
+  shakespeare_natural_lstm  LEAF's Shakespeare, one client per role, 10 per round, LEAF's LSTM, batch 10 (GPU)
+  agnews_dir_textcnn        AG News, Dirichlet alpha=0.1, 20 clients, all per round, TextCNN, batch 50 (GPU)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
 client's rows split 75 / 25 train / test); --dataset.root is the folder holding MNIST/raw or
 cifar-10-batches-py. --data-overrides adds fedrun data options (e.g. "partition.num_clients=50").
@@ -87,6 +90,18 @@ SETTINGS = {
     "synthetic": dict(data=["data=synthetic", "model=dnn"], rounds=200, run=["tau=10", "batch_size=20", "clients_per_round=10"],
                       root=None),
 }
+# Today's PFL settings (issue 35): ResNet-18 on CIFAR-100, LEAF's character LSTM on Shakespeare's roles, TextCNN
+# on AG News. ResNet-18 with GroupNorm (Hsieh et al. 2020): BatchNorm refuses the fine-tuning entries' test-time step.
+SETTINGS.update({
+    "cifar100_dir01_resnet18": dict(data=["dataset=cifar100", "model=resnet18", "model.norm=gn", "partition=dirichlet",
+                                          "partition.alpha=0.1", "partition.num_clients=100"], rounds=500,
+                                    run=["tau=10", "batch_size=50", "clients_per_round=10"], root="dataset"),
+    "shakespeare_natural_lstm": dict(data=["dataset=shakespeare", "partition=natural", "model=lstm"], rounds=200,
+                                     run=["tau=10", "batch_size=10", "clients_per_round=10"], root="dataset"),
+    "agnews_dir_textcnn": dict(data=["dataset=agnews", "model=textcnn", "partition=dirichlet", "partition.alpha=0.1",
+                                     "partition.num_clients=20"], rounds=200,
+                               run=["tau=10", "batch_size=50", "clients_per_round=20"], root="dataset"),
+})
 QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], run=["tau=2", "clients_per_round=4"], rounds=2)
 
 

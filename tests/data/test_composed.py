@@ -192,7 +192,7 @@ def test_holdout_with_train_all_refused(root, tmp_path):
 
 def test_partition_without_dataset_refused(tmp_path):
     r = fedrun(["partition=iid", *SMALL], tmp_path)
-    assert r.returncode == 2 and "data=composed needs dataset=<option>; choose one of: cifar10, cifar100, emnist" in r.stderr
+    assert r.returncode == 2 and "data=composed needs dataset=<option>; choose one of: agnews, cifar10, cifar100, emnist" in r.stderr
 
 
 def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, capsys):

@@ -16,6 +16,7 @@ from ...errors import DataCorruptError, DataMissingError
 from .base import Dataset, Rows, all_present, choice, corrupt, download_into
 
 PAD_FILLS = ("black", "mean")
+LABELS = {"fine": b"fine_labels", "coarse": b"coarse_labels"}  # CIFAR-100's two label sets (100 classes, 20 superclasses)
 
 
 class Cifar(Dataset):
@@ -23,22 +24,34 @@ class Cifar(Dataset):
 
     augment = "crop_flip"
 
-    def __init__(self, name: str = "cifar10", root: str = "data", download: bool = True, pad_fill: str = "black") -> None:
+    def __init__(self, name: str = "cifar10", root: str = "data", download: bool = True, pad_fill: str = "black",
+                 labels: str = "fine") -> None:
         choice("dataset.name", name, [f"cifar{c}" for c in CIFAR_FILES])
         choice("dataset.pad_fill", pad_fill, PAD_FILLS)
+        choice("dataset.labels", labels, list(LABELS) if name == "cifar100" else ["fine"])
         super().__init__(root, download)
-        self.name, self.pad_fill = name, pad_fill
+        self.name, self.pad_fill, self.labels = name, pad_fill, labels
+
+    def settings(self) -> dict:
+        s = super().settings()  # labels=fine keys the cache as before the option existed (its cache files stay good)
+        return {k: v for k, v in s.items() if not (k == "labels" and v == "fine")}
 
     @property
     def num_classes(self) -> int:
+        return 20 if self.labels == "coarse" else self.files_classes
+
+    @property
+    def files_classes(self) -> int:
+        """10 or 100: which release's files (CIFAR_FILES) the rows come from."""
         return int(self.name[len("cifar"):])
 
     def files(self) -> dict[str, str | None]:
-        folder, train, test, _ = CIFAR_FILES[self.num_classes]
+        folder, train, test, _ = CIFAR_FILES[self.files_classes]
         return {f: os.path.join(os.path.abspath(self.root), folder, f) for f in train + test}
 
     def load(self) -> Rows:
-        trx, try_, tex, tey = load_cifar(self.root, self.num_classes, self.download)
+        trx, try_, tex, tey = load_cifar(self.root, self.files_classes, self.download,
+                                         label_key=LABELS[self.labels] if self.files_classes == 100 else None)
         mean, std = channel_stats(trx)
         mean, std = mean.astype(np.float32)[:, None, None], std.astype(np.float32)[:, None, None]
         fill = (-mean / std).reshape(-1) if self.pad_fill == "black" else None
@@ -141,18 +154,20 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "dataset.root (or $FEDRUN_DATA)"
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "dataset.root (or $FEDRUN_DATA)",
+               label_key: bytes | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
 
     Reads `root`/cifar-10-batches-py/{data_batch_1..5,test_batch} or `root`/cifar-100-python/
     {train,test} itself (torchvision would check every file's md5); downloads them there through
     torchvision when they are missing and `download` is set. `root_option`: the option that set
     `root`, as the missing-files message names it (`data.root` for data=cifar*, `dataset.root`).
+    `label_key`: the labels read (None: the release's own, CIFAR_FILES; b"coarse_labels": CIFAR-100's 20 superclasses).
     """
     if num_classes not in CIFAR_FILES:
         raise ValueError(f"CIFAR has 10 or 100 classes, not {num_classes}")
-    folder, train_files, test_files, label_key = CIFAR_FILES[num_classes]
+    folder, train_files, test_files, own_key = CIFAR_FILES[num_classes]
+    label_key = label_key or own_key
     base = os.path.join(root, folder)
     names = train_files + test_files
     if not all_present(base, names):

@@ -27,10 +27,7 @@ class Leaf(Dataset):
         return LEAF_SHAPES[self.name][1]
 
     def files(self) -> dict[str, str | None]:
-        root = os.path.abspath(self.root)
-        sub = [os.path.join(self.name, "data", s) for s in ("train", "test")]
-        return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
-                                                         for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
+        return leaf_files(self.root, self.name)
 
     def load(self) -> Rows:
         trx, try_, trw, tex, tey, tew = load_leaf(self.root, self.name)
@@ -38,11 +35,20 @@ class Leaf(Dataset):
         return Rows((trx - mean) / std, try_, (tex - mean) / std, tey, self.num_classes, groups=(trw, tew))
 
 
+def leaf_files(root: str, dataset: str) -> dict[str, str | None]:
+    """name -> path of every JSON file under `root`/<dataset>/data/{train,test} (the cache key's files)."""
+    root = os.path.abspath(root)
+    sub = [os.path.join(dataset, "data", s) for s in ("train", "test")]
+    return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
+                                                     for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
+
+
 LEAF_SHAPES = {"femnist": (784, 62)}  # dataset -> (features per row, labels 0..n-1)
 
-def _leaf_users(path: str, dataset: str):
-    """(user, x float32 [n, features], y int64 [n]) of each user in one LEAF JSON file; a torn or
-    foreign file is a DataCorruptError naming it and the fix, in one line."""
+def leaf_blob(path: str, dataset: str):
+    """(users, user_data, num_samples or None, bad) of one LEAF JSON file, its metadata checked
+    against its rows; `bad(what)` is the DataCorruptError naming the file and the fix, in one line
+    (a torn or foreign file is one)."""
     import json
 
     def bad(what: str) -> DataCorruptError:
@@ -69,6 +75,13 @@ def _leaf_users(path: str, dataset: str):
     if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
         raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" is not {len(users)} counts, "
                   f"one per user")
+    return users, data, counts, bad
+
+
+def _leaf_users(path: str, dataset: str):
+    """(user, x float32 [n, features], y int64 [n]) of each user in one LEAF JSON file (FEMNIST's
+    pixel rows); a torn or foreign file is a DataCorruptError naming it and the fix, in one line."""
+    users, data, counts, bad = leaf_blob(path, dataset)
     width, classes = LEAF_SHAPES[dataset]
     out = []
     for i, user in enumerate(users):
@@ -96,12 +109,13 @@ def _leaf_users(path: str, dataset: str):
     return out
 
 
-def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
+def load_leaf(root: str, dataset: str = "femnist", users_of=None) -> tuple[np.ndarray, ...]:
     """A LEAF dataset as its scripts write it: `root`/<dataset>/data/{train,test}/*.json, each
     {"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}.
 
     Returns (train_x float32 [N, 784], train_y, train_writers, test_x, test_y, test_writers); writer
-    ids are the user names. JSON only: nothing in the files can run code."""
+    ids are the user names. JSON only: nothing in the files can run code. `users_of(path, dataset)`
+    reads one file's users as (user, x, y) (default: FEMNIST's pixel rows, `_leaf_users`)."""
     base = os.path.join(root, dataset, "data")
     folders = [os.path.join(base, s) for s in ("train", "test")]
     files = [sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else [] for d in folders]
@@ -115,7 +129,7 @@ def load_leaf(root: str, dataset: str = "femnist") -> tuple[np.ndarray, ...]:
         xs, ys, ws = [], [], []
         for name in names:
             path = os.path.join(d, name)
-            for user, x, y in _leaf_users(path, dataset):
+            for user, x, y in (users_of or _leaf_users)(path, dataset):
                 xs.append(x)
                 ys.append(y)
                 ws.append(np.full(len(y), user, dtype=object))

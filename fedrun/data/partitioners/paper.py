@@ -406,6 +406,13 @@ def _renamed(e: ValueError) -> PartitionError:
     return PartitionError(str(e).replace("data.n=", "partition.num_clients=").replace("data.", "partition."))
 
 
+def _ten_classes(name: str, dataset) -> None:
+    """PartitionError, before any file is read, unless `dataset` has the 10 classes of the MNIST rules."""
+    if dataset.num_classes != 10:
+        raise PartitionError(f"partition={name} is its paper's MNIST rule and needs a dataset of 10 classes; "
+                             f"dataset={dataset.name} has {dataset.num_classes}: choose another partition")
+
+
 class PerFedAvgSplit(Partitioner):
     """`partition=perfedavg_split`: Per-FedAvg's 0-4/5-9 rule (`perfedavg_mnist`) on any labels 0..9."""
 
@@ -415,7 +422,13 @@ class PerFedAvgSplit(Partitioner):
         super().__init__(num_clients, **split)
         self.a = _int("a", a, 1)
 
+    def check_dataset(self, dataset) -> None:
+        super().check_dataset(dataset)
+        _ten_classes(self.name, dataset)
+
     def __call__(self, labels, rng, groups=None):
+        if labels.max() >= 10:
+            raise PartitionError(f"partition=perfedavg_split: needs a dataset of 10 classes, this one has {labels.max() + 1}")
         try:
             return perfedavg_mnist(labels, self.num_clients, self.a, _rs(rng))
         except ValueError as e:
@@ -430,6 +443,10 @@ class PfedmeLabels(Partitioner):
     def __init__(self, num_clients: int = 20, labels_per_client: int = 2, **split) -> None:
         super().__init__(num_clients, **split)
         self.labels_per_client = _int("labels_per_client", labels_per_client, 1)
+
+    def check_dataset(self, dataset) -> None:
+        super().check_dataset(dataset)
+        _ten_classes(self.name, dataset)
 
     def __call__(self, labels, rng, groups=None):
         if labels.max() >= 10:
