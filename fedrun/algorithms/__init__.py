@@ -7,11 +7,13 @@ from ..errors import ConfigError
 from .apfl import APFL
 from .base import Algorithm, ServerState
 from .ditto import Ditto
+from .fedamp import FedAMP
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddyn import FedDyn
 from .fedper import FedPer
+from .fedphp import FedPHP
 from .fedprox import FedProx
 from .fedrep import FedRep
 from .lgfedavg import LGFedAvg
@@ -25,6 +27,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
+           "FedAMP", "FedPHP",
            "names", "build", "algorithm_class"]
 
 

@@ -148,6 +148,10 @@ class Algorithm(metaclass=AlgorithmMeta):
                               f"algorithms that take them: fedavg, local, fedper, lgfedavg")
         self.optim = optim
 
+    def set_rounds(self, rounds: int) -> None:
+        """The run's number of rounds, given before its first round (`simulate`): for what an
+        algorithm schedules over the whole run (FedPHP's mu_t). Default: nothing."""
+
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
         BatchNorm buffers) cannot serve this algorithm; run before any file is written."""
