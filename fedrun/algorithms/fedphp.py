@@ -77,9 +77,11 @@ class FedPHP(Algorithm):
             self.mu_rounds = rounds
 
     def mu_at(self, rnd: int) -> float:
+        """mu_t of round `rnd` (1, 2, ...); mu itself where no run gave its rounds (client_init called
+        outside `simulate`, which always does)."""
         if self.mu_rounds is None:
-            raise RuntimeError("FedPHP's mu_t needs the run's rounds: set algo.mu_rounds or call set_rounds")
-        return min(self.mu * (rnd - 1) / self.mu_rounds, 1.0)
+            return self.mu
+        return min(self.mu * (rnd - 1) / self.mu_rounds, self.mu)
 
     def phases(self) -> tuple[Phase, ...] | None:
         return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)
