@@ -207,6 +207,9 @@ MUTANTS += [
            "w[k] * per_client(1 - mu, w[k]) + v[k] * per_client(mu, w[k])",
            "w[k] * per_client(mu, w[k]) + v[k] * per_client(1 - mu, w[k])",
            (MIX_TRACES, "-k", "fedphp"), "FedPHP: v_i <- mu_t w_i + (1 - mu_t) v_i (the weights swapped)"),
+    Mutant("fedala-weight-step-sign", "fedrun/algorithms/fedala.py",
+           "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))", "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
+           (MIX_TRACES, "-k", "fedala"), "FedALA: the ALA weights climb the loss (the step's sign flipped)"),
 ]
 
 

@@ -55,12 +55,15 @@ ALGOS = {
                {"plocal_epochs": 1}),
 }
 # issue 36, the model-mixing methods (fedrun follows PFLlib's code where it differs from the paper: FedAMP's
-# regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local)
+# regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local;
+# FedALA's ALA differs in its rows and start phase, docs/baselines.md)
 ALGOS.update({
     "fedamp": (["algo=fedamp", f"algo.lr={LR}", "algo.lam=1.0", "algo.alpha_k=1.0", "algo.sigma=1.0", "algo.follow=pfllib"],
                "pers_acc", "serveramp", "FedAMP", {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}),
     "fedphp": (["algo=fedphp", f"algo.lr={LR}", "algo.mu=0.9", "algo.lam=0.5", "algo.serve=local"], "pers_acc",
                "serverphp", "FedPHP", {"mu": 0.9, "lamda": 0.5}),
+    # FedALA: PFLlib scores the models its ALA just mixed, fedrun the clients' trained ones (docs/baselines.md)
+    "fedala": (["algo=fedala", f"algo.lr={LR}"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
 })
 # PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
 # evaluation scores the models of fedrun's round i + 1

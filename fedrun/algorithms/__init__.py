@@ -7,6 +7,7 @@ from ..errors import ConfigError
 from .apfl import APFL
 from .base import Algorithm, ServerState
 from .ditto import Ditto
+from .fedala import FedALA
 from .fedamp import FedAMP
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
@@ -27,7 +28,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "FedAMP", "FedPHP",
+           "FedAMP", "FedPHP", "FedALA",
            "names", "build", "algorithm_class"]
 
 

@@ -148,9 +148,10 @@ class Algorithm(metaclass=AlgorithmMeta):
                               f"algorithms that take them: fedavg, local, fedper, lgfedavg")
         self.optim = optim
 
-    def set_rounds(self, rounds: int) -> None:
-        """The run's number of rounds, given before its first round (`simulate`): for what an
-        algorithm schedules over the whole run (FedPHP's mu_t). Default: nothing."""
+    def set_schedule(self, sched) -> None:
+        """The run's `simulate.Schedule` (rounds, tau, batch_size, ...), given before its first round:
+        for what an algorithm schedules over the whole run (FedPHP's mu_t) or sizes by the run's tau
+        (FedALA's training phase). Default: nothing."""
 
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any

@@ -72,16 +72,18 @@ class FedPHP(Algorithm):
         self.local_epochs, self.new_client_steps = local_epochs, new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
-    def set_rounds(self, rounds: int) -> None:
-        if self.mu_rounds is None:
-            self.mu_rounds = rounds
+    run_rounds: int | None = None  # the run's rounds (`set_schedule`, which simulate calls first)
+
+    def set_schedule(self, sched) -> None:
+        self.run_rounds = sched.rounds
 
     def mu_at(self, rnd: int) -> float:
         """mu_t of round `rnd` (1, 2, ...); mu itself where no run gave its rounds (client_init called
         outside `simulate`, which always does)."""
-        if self.mu_rounds is None:
+        T = self.mu_rounds or self.run_rounds
+        if T is None:
             return self.mu
-        return min(self.mu * (rnd - 1) / self.mu_rounds, self.mu)
+        return min(self.mu * (rnd - 1) / T, self.mu)
 
     def phases(self) -> tuple[Phase, ...] | None:
         return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)

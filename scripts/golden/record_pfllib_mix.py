@@ -47,7 +47,23 @@ RUNS = {
                ("send_models", "receive_models", "e")),
     "fedphp": ("clientphp", "clientPHP", "serverphp", "FedPHP", dict(mu=0.9, lamda=0.5, global_rounds=ROUNDS),
                ("send_models", "receive_models", "aggregate_parameters", "add_parameters")),
+    "fedala": ("clientala", "clientALA", "serverala", "FedALA", dict(eta=1.0, rand_percent=100, layer_idx=2),
+               ("send_models", "receive_models", "aggregate_parameters", "add_parameters")),
 }
+JOINS = {"fedala": 4}  # FedALA: every client every round (PFLlib's send_models runs the ALA on all clients)
+
+
+class CountingLoader:
+    """torch's DataLoader, counting the passes made over it into `passes[client]` (FedALA's ALA epochs)."""
+
+    passes: dict = {}
+
+    def __init__(self, loader, cid):
+        self.loader, self.cid = loader, cid
+
+    def __iter__(self):
+        CountingLoader.passes[self.cid] = CountingLoader.passes.get(self.cid, 0) + 1
+        return iter(self.loader)
 
 
 def params(m) -> dict:
@@ -56,18 +72,28 @@ def params(m) -> dict:
 
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     cmod, ccls, smod, scls, extra, methods = RUNS[algo]
+    join = JOINS.get(algo, JOIN)
+    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
+    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    if algo == "fedala":  # its ALA reads the client's rows itself: the trace's rows, as (x, y) pairs in order
+        clientala, ala = importlib.import_module("flcore.clients.clientala"), importlib.import_module("utils.ALA")
+        clientala.read_client_data = lambda dataset, idx, is_train=True, few_shot=0: list(zip(xs[idx], ys[idx]))
+        real = ala.DataLoader
+        ala.DataLoader = lambda data, *a, **k: CountingLoader(real(data, *a, **k), next(
+            i for i in range(len(xs)) if len(data) == len(ys[i]) and torch.equal(torch.stack([d[0] for d in data]), xs[i])))
     Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
     Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
     args = types.SimpleNamespace(model=model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
                                  num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
                                  learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
-    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
     with contextlib.redirect_stdout(io.StringIO()):
         clients = [Client(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
                           send_slow=False) for i, c in enumerate(data["clients"])]
-    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
-                                   num_join_clients=JOIN, time_threthold=float("inf"), uploaded_ids=[],
+    if algo == "fedala":  # its start phase: exactly num_pre_loss + 1 = 11 passes (the loss spread test always met)
+        for c in clients:
+            c.ALA.threshold = float("inf")
+    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=join,
+                                   num_join_clients=join, time_threthold=float("inf"), uploaded_ids=[],
                                    uploaded_models=[], global_model=copy.deepcopy(args.model), **extra)
     for name in methods:
         setattr(server, name, getattr(Server, name).__get__(server))
@@ -76,7 +102,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     random.seed(0)
     trace = []
     for r in range(ROUNDS):
-        selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
+        selected = sorted(np.random.choice(len(clients), join, replace=False).tolist())
+        CountingLoader.passes = {}
         server.selected_clients = [clients[i] for i in selected]
         if algo == "fedphp":
             server.send_models(r)
@@ -90,20 +117,26 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             c.load_train_data = lambda batch_size=None, i=i, mine=mine: Passes([[(xs[i][b], ys[i][b]) for b in mine]])
             c.train()
         server.receive_models()
-        if algo == "fedphp":
+        if algo in ("fedphp", "fedala"):
             server.aggregate_parameters()
         it = {"selected": selected, "batches": batches,
               "clients": {str(i): params(c.model) for i, c in enumerate(clients)}}
         if algo == "fedamp":
             it["cloud"] = {str(i): params(c.client_u) for i, c in enumerate(clients)}
-        if algo == "fedphp":
+        if algo == "fedala":  # the ALA weights of the higher layers, and how many ALA passes each client made
+            names = [n for n, _ in clients[0].model.named_parameters()][-extra["layer_idx"]:]
+            it["weights"] = {str(i): {n: w.tolist() for n, w in zip(names, c.ALA.weights)} for i, c in enumerate(clients)
+                             if c.ALA.weights is not None}
+            it["ala_passes"] = {str(i): CountingLoader.passes.get(i, 0) for i in range(len(clients))}
+        if algo in ("fedphp", "fedala"):
             it["server"] = params(server.global_model)
+        if algo == "fedphp":
             it["historical"] = {str(i): params(c.model_p) for i, c in enumerate(clients)}
         trace.append(it)
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
             "algorithm": algo, "dtype": "float32",
-            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": join, **extra},
             "phases": [["train", STEPS]], "init": init, "iterations": trace}
 
 

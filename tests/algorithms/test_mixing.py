@@ -1,4 +1,4 @@
-"""The model-mixing methods of issue 36 (FedAMP, FedPHP) beyond their PFLlib traces
+"""The model-mixing methods of issue 36 (FedAMP, FedPHP, FedALA) beyond their PFLlib traces
 (tests/test_golden_pfllib_mix.py): their server-side mixtures against a hand computation, their
 per-client state through a checkpoint and resume, and their bad options in one line each."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fedrun.algorithms import FedAMP, FedPHP
+from fedrun.algorithms import FedALA, FedAMP, FedPHP
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedphp import mmd_rbf
 from fedrun.errors import ConfigError
@@ -36,8 +36,10 @@ def test_fedamp_cloud_models_and_fedphp_mmd_by_hand():
     assert mmd_rbf(a, b).item() == pytest.approx(want, rel=1e-10)
 
 
-@pytest.mark.parametrize("algo", [FedAMP(lr=0.1, sigma=10.0), FedPHP(lr=0.1, mu=0.9, lam=0.5)], ids=lambda a: a.name)
+@pytest.mark.parametrize("algo", [FedAMP(lr=0.1, sigma=10.0), FedPHP(lr=0.1, mu=0.9, lam=0.5, mu_rounds=3),
+                                  FedALA(lr=0.1, start_epochs=2, ala_steps=2)], ids=lambda a: a.name)
 def test_mixing_state_survives_a_checkpoint_and_resume(tmp_path, algo):
+    """(FedPHP with mu_rounds given: null would take each run's own rounds, 2 for the interrupted one.)"""
     resume_check(tmp_path, algo)
 
 
@@ -46,6 +48,8 @@ def test_mixing_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     (FedAMP, "follow", "both", "algo.follow='both' is not allowed; choose one of: paper, pfllib"),
     (FedPHP, "mu", 1.5, "algo.mu=1.5 must be a number in [0, 1]"),
     (FedPHP, "serve", "global", "algo.serve='global' is not allowed; choose one of: local, hpm"),
+    (FedALA, "start_epochs", 0, "algo.start_epochs=0 must be an integer >= 1"),
+    (FedALA, "layer_idx", -1, "algo.layer_idx=-1 must be an integer >= 0"),
 ])
 def test_bad_mixing_options_get_one_line(cls, option, value, words):
     with pytest.raises(ConfigError) as e:
