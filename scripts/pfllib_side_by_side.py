@@ -63,7 +63,7 @@ ALGOS.update({
     "fedphp": (["algo=fedphp", f"algo.lr={LR}", "algo.mu=0.9", "algo.lam=0.5", "algo.serve=local"], "pers_acc",
                "serverphp", "FedPHP", {"mu": 0.9, "lamda": 0.5}),
     # FedALA: PFLlib scores the models its ALA just mixed, fedrun the clients' trained ones (docs/baselines.md)
-    "fedala": (["algo=fedala", f"algo.lr={LR}"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
+    "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
 })
 # PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
 # evaluation scores the models of fedrun's round i + 1

@@ -56,7 +56,7 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
             "protocol=official", "algo=fedala", "algo.lr=0.1", f"algo.eta={a['eta']}", f"algo.layer_idx={a['layer_idx']}",
-            "algo.start_epochs=11", "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}",
+            "algo.start_epochs=11", "algo.ala_steps=null", "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}",
             f"tau={trace['phases'][0][1]}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}", "frac=null",
             "device=cpu", f"engine={engine}", *extra])
     apply_protocol(cfg)
