@@ -345,6 +345,7 @@ def simulate_group(
     the loop reaches its round. A replica that diverges stops with its `error` set; the others go on.
     After the first rounds, one line on stderr estimates the time left (fedrun.clock).
     """
+    algo.set_schedule(sched)
     for r in runs:
         r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
                                                          eval_context(data, sched, r.seed, 0)))

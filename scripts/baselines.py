@@ -66,6 +66,10 @@ ENTRIES = {
     "FedProto": ("fedproto", [f"algo.lr={LR}", "algo.lam=1.0"], "pers"),
     "FedDBE": ("feddbe", [f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers"),
 }
+# issue 36, the model-mixing methods (their defaults otherwise: conf/algo/<name>.yaml)
+ENTRIES["FedAMP"] = ("fedamp", [f"algo.lr={LR}"], "pers")
+ENTRIES["FedPHP"] = ("fedphp", [f"algo.lr={LR}"], "pers")
+ENTRIES["FedALA"] = ("fedala", [f"algo.lr={LR}", "algo.ala_steps=null"], "pers")  # its ALA a pass over the rows, as PFLlib
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
 # cnn_bn), and these settings' models have none (fedrun refuses the pair in one line).
 MNIST_MLP = ["dataset=mnist", "model=dnn", "model.hidden=[100]"]  # 784-100-10 ReLU (pFedMe's DNN; PFLlib's DNN)

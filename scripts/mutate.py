@@ -229,6 +229,24 @@ MUTANTS = [
            (FEAT_TRACES, "-k", "fedrod or feddbe"), "the round loop never calls Algorithm.prepare (FedRoD's counts, FedDBE's global mean)"),
 ]
 
+# issue 36, model-mixing methods: each one's key line against its PFLlib trace
+MIX_TRACES = "tests/test_golden_pfllib_mix.py::test_official_protocol_replays_pfllib_mixing"
+MUTANTS += [
+    Mutant("fedamp-attention-unscaled", "fedrun/algorithms/fedamp.py",
+           "self.alpha_k * torch.exp(-d / self.sigma) / self.sigma", "self.alpha_k * torch.exp(-d / self.sigma)",
+           (MIX_TRACES, "-k", "fedamp"), "FedAMP: the attention weight exp(-d / sigma) without its 1 / sigma"),
+    Mutant("fedphp-mmd-dropped", "fedrun/algorithms/fedphp.py",
+           "(1 - self.lam) * ce + self.lam * mmd_rbf(", "(1 - self.lam) * ce + 0 * mmd_rbf(",
+           (MIX_TRACES, "-k", "fedphp"), "FedPHP: the MMD toward the inherited model dropped from the loss"),
+    Mutant("fedphp-inherit-swapped", "fedrun/algorithms/fedphp.py",
+           "w[k] * per_client(1 - mu, w[k]) + v[k] * per_client(mu, w[k])",
+           "w[k] * per_client(mu, w[k]) + v[k] * per_client(1 - mu, w[k])",
+           (MIX_TRACES, "-k", "fedphp"), "FedPHP: v_i <- mu_t w_i + (1 - mu_t) v_i (the weights swapped)"),
+    Mutant("fedala-weight-step-sign", "fedrun/algorithms/fedala.py",
+           "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))", "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
+           (MIX_TRACES, "-k", "fedala"), "FedALA: the ALA weights climb the loss (the step's sign flipped)"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -62,6 +62,20 @@ ALGOS = {
     "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe", "FedDBE",
                {"momentum": 0.1, "kl_weight": 1.0}),
 }
+# issue 36, the model-mixing methods (fedrun follows PFLlib's code where it differs from the paper: FedAMP's
+# regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local;
+# FedALA's ALA differs in its rows and start phase, docs/baselines.md)
+ALGOS.update({
+    "fedamp": (["algo=fedamp", f"algo.lr={LR}", "algo.lam=1.0", "algo.alpha_k=1.0", "algo.sigma=1.0", "algo.follow=pfllib"],
+               "pers_acc", "serveramp", "FedAMP", {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}),
+    "fedphp": (["algo=fedphp", f"algo.lr={LR}", "algo.mu=0.9", "algo.lam=0.5", "algo.serve=local"], "pers_acc",
+               "serverphp", "FedPHP", {"mu": 0.9, "lamda": 0.5}),
+    # FedALA: PFLlib scores the models its ALA just mixed, fedrun the clients' trained ones (docs/baselines.md)
+    "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
+})
+# PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
+# evaluation scores the models of fedrun's round i + 1
+EVAL_AFTER_TRAINING = {"fedphp"}
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
 SETTING = "mnist_shards2"
 DATASET_NAME = "MNIST_fedrun_shards2"  # "MNIST" in the name: PFLlib's helpers read it so
@@ -276,6 +290,8 @@ def pfllib_worker(job: dict) -> int:
     if job["algo"] == "ditto":  # each evaluation appends the global models' accuracy, then the personal ones'
         acc = acc[1::2]
     evals = list(range(0, job["rounds"] + 1, job["eval_every"]))
+    if job["algo"] in EVAL_AFTER_TRAINING:
+        evals = [e + 1 for e in evals]
     budget = list(server.Budget)
     plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
     print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,

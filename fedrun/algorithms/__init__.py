@@ -7,12 +7,15 @@ from ..errors import ConfigError
 from .apfl import APFL
 from .base import Algorithm, ServerState
 from .ditto import Ditto
+from .fedala import FedALA
+from .fedamp import FedAMP
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddbe import FedDBE
 from .feddyn import FedDyn
 from .fedper import FedPer
+from .fedphp import FedPHP
 from .fedprox import FedProx
 from .fedproto import FedProto
 from .fedrep import FedRep
@@ -29,7 +32,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD", "FedProto", "FedDBE",
+           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA",
            "names", "build", "algorithm_class"]
 
 

@@ -149,6 +149,11 @@ class Algorithm(metaclass=AlgorithmMeta):
                               f"algorithms that take them: fedavg, local, fedper, lgfedavg")
         self.optim = optim
 
+    def set_schedule(self, sched) -> None:
+        """The run's `simulate.Schedule` (rounds, tau, batch_size, ...), given before its first round:
+        for what an algorithm schedules over the whole run (FedPHP's mu_t) or sizes by the run's tau
+        (FedALA's training phase). Default: nothing."""
+
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
         BatchNorm buffers) cannot serve this algorithm; run before any file is written."""
