@@ -10,6 +10,7 @@ from .ditto import Ditto
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
+from .fedpac import FedPAC
 from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
@@ -25,6 +26,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
+           "FedPAC",
            "names", "build", "algorithm_class"]
 
 
