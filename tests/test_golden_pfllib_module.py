@@ -29,6 +29,7 @@ from test_golden_pfllib import ATOL, NAMES, RTOL, load, padded_passes
 OPTIONS = {
     "fedpac": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", "algo.head_epochs=1",
                          f"algo.local_epochs={a['local_epochs']}"],
+    "gpfl": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.mu={a['mu']}", f"algo.local_epochs={a['local_epochs']}"],
 }
 
 
@@ -42,7 +43,16 @@ def fedpac_passes(b: dict, a: dict) -> list[list]:
     return [[b["stats"][1]], [train[0]], train[1:1 + E], [train[1 + E]]]
 
 
-PASSES = {"fedpac": fedpac_passes}
+def gpfl_passes(b: dict, a: dict) -> list[list]:
+    """GPFL's phases (class count, training) from a client's recorded train() passes: the count
+    pass walks the first of them (any pass counts every row: the clients' rows divide by 4)."""
+    assert len(b["train"]) == a["local_epochs"]
+    return [b["train"][:1], b["train"]]
+
+
+PASSES = {"fedpac": fedpac_passes, "gpfl": gpfl_passes}
+COV = {f"Conditional_{p}.{i}.{w}": f"{p}.{n}{w}" for p in ("gamma", "beta") for i, n in (("0", ""), ("2", "ln."))
+       for w in ("weight", "bias")}
 
 
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
@@ -73,6 +83,10 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         clients = torch.tensor(it["selected"])
         return clients, clients, tuple(out)
 
+    if "modules" in trace:  # GPFL's CoV and GCE start from PFLlib's
+        m = trace["modules"]
+        algorithm.init_modules = lambda p: {"cov": {COV[k]: torch.tensor(v) for k, v in m["cov"].items()},
+                                            "gce": torch.tensor(m["gce"]["embedding.weight"])}
     states = []
     with mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
         fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
@@ -98,6 +112,10 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             for name, v in models.items():
                 if NAMES[name] in part:
                     close("head", v, part[NAMES[name]][int(c)])
+        if "gce" in it:
+            close("gce", it["gce"]["embedding.weight"], state.extra["gce"])
+            for k, v in it["cov"].items():
+                close("cov", v, state.extra["cov"][COV[k]])
         if "protos" in it:
             present = state.extra["present"]
             assert sorted(int(k) for k in it["protos"]) == torch.nonzero(present).view(-1).tolist()
@@ -139,3 +157,14 @@ def test_fedpac_head_weights_solve_its_quadratic_program():
     # statistics far apart, one client with tiny variance: its own head; EPS drops the rest
     A = head_weights(torch.tensor([1e-6, 1.0, 1.0]), torch.tensor([[[0.0]], [[5.0]], [[-5.0]]]))
     assert A[0, 0] > 1 - EPS and (A[0, 1:] == 0).all()
+
+
+def test_gpfl_replays_pfllib_and_the_paper_rule_does_not():
+    """GPFL (follow=pfllib under protocol=official): the body, every client's head, the CoV and the
+    GCE after every round. follow=paper (the conditions from the received global GCE, from the first
+    round on) moves them all."""
+    trace = load("gpfl")
+    worst = compare(trace, replay(trace))
+    assert set(worst) == {"server", "head", "gce", "cov"} and all(v <= 0 for v in worst.values()), worst
+    paper = compare(trace, replay(trace, ["algo.follow=paper"]))
+    assert paper["head"] > 0 and paper["cov"] > 0

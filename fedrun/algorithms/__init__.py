@@ -14,6 +14,7 @@ from .fedpac import FedPAC
 from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
+from .gpfl import GPFL
 from .fedrep import FedRep
 from .lgfedavg import LGFedAvg
 from .local import LocalOnly
@@ -26,7 +27,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "FedPAC",
+           "FedPAC", "GPFL",
            "names", "build", "algorithm_class"]
 
 

@@ -14,6 +14,9 @@ client's round, in passes over its own training rows (`base.Phase`, epochs):
      c_y the global prototype of y's class (rows of a class without one add 0);
   4. prototypes (1 pass, no training): the mean feature of each class under the trained body.
 
+With `local_epochs` null (the default), the round is `tau` steps: the first `head_steps` train the
+head and give the statistics, the others train the body and give the prototypes (`client_step`).
+
 Server: the body is averaged (`weights`); the global prototypes are the clients' class means,
 averaged over the round's clients having the class (follow=pfllib: unweighted, PFLlib's FedProto
 aggregation) or weighted by the clients' class counts (follow=paper); every round's replace the
@@ -33,10 +36,10 @@ from torch import Tensor
 from torch.func import vmap
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, head_names, scatter, weighted_mean
+from ..engine.tree import Params, gather, head_names, per_client, scatter, weighted_mean
 from .base import Local, Phase, ServerState
 from .bodyhead import PartSharing
-from .checks import check_choice, check_int, check_positive
+from .checks import check_choice, check_int, check_optional_int, check_positive
 
 EPS = 1e-3  # head weights below this are dropped (the authors' code)
 
@@ -49,15 +52,17 @@ class FedPAC(PartSharing):
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
     agreement_options = dict(lr=0.05)
 
-    def __init__(self, lr: float, lam: float, head_epochs: int, local_epochs: int, follow: str | None,
+    def __init__(self, lr: float, lam: float, head_steps: int, head_epochs: int, local_epochs: int | None, follow: str | None,
                  new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
                  finetune_lr: float | None):
         super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_positive("algo.lam", lam, allow_zero=True)
+        check_int("algo.head_steps", head_steps, 1)
         check_int("algo.head_epochs", head_epochs, 0)
-        check_int("algo.local_epochs", local_epochs, 1)
+        check_optional_int("algo.local_epochs", local_epochs, 1)
         check_choice("algo.follow", follow or "paper", self.FOLLOW)
         self.lam, self.head_epochs, self.local_epochs, self.follow = lam, head_epochs, local_epochs, follow or "paper"
+        self.head_steps = head_steps
 
     # -- state ------------------------------------------------------------------------------------
     def init(self, params: Params, num_clients: int) -> ServerState:
@@ -75,15 +80,42 @@ class FedPAC(PartSharing):
         K, d = protos.shape
         z = lambda *shape: torch.zeros(m, *shape, dtype=protos.dtype, device=protos.device)
         return {**local, "centers": protos.expand(m, K, d), "present": present.expand(m, K),
+                "step": torch.zeros(m, 1, dtype=torch.long, device=clients.device),
                 "stat_sum": z(K, d), "stat_count": z(K), "stat_sq": z(), "proto_sum": z(K, d), "proto_count": z(K)}
 
     # -- the round --------------------------------------------------------------------------------
-    def phases(self) -> tuple[Phase, ...]:
+    def phases(self) -> tuple[Phase, ...] | None:
+        if self.local_epochs is None:
+            return None
         return (Phase(self.stats_step, epochs=1), Phase(self.head_step, epochs=self.head_epochs),
                 Phase(self.body_step, epochs=self.local_epochs), Phase(self.proto_step, epochs=1))
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        raise RuntimeError("FedPAC's round is its phases()")
+        """The round in `tau` steps (local_epochs null): steps < head_steps train the head and add
+        their minibatch to the statistics (the body is still the global one), the others train the
+        body (alignment included) and add their minibatch, under the body before the step, to the
+        prototypes: minibatch estimates of the passes the epochs form makes."""
+        (x, y), = batches
+        on_head = local["step"] < self.head_steps  # [m, 1]
+        feats = stacked_features(engine, local["params"], x)
+        stats = _add(local, feats, y, "stat", on_head, squares=True)
+        stats = _add(stats, feats, y, "proto", ~on_head)
+        g, _ = engine.value_and_grad(self._aligned_loss(engine), local["params"], x, y, local["centers"], local["present"])
+        head = set(head_names(g))  # (its head gradient is the cross-entropy's: the alignment needs no head)
+        p = local["params"]
+        new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] for k in p}
+        return {**stats, "params": new, "step": local["step"] + 1}
+
+    def _aligned_loss(self, engine: Engine):
+        lam = self.lam
+
+        def loss(q: Params, x: Tensor, y: Tensor, centers: Tensor, present: Tensor) -> Tensor:
+            feats, logits = _features_logits(engine, q, x)
+            ce = F.cross_entropy(logits, y)
+            # rows of a class without a global prototype: their own (detached) features, i.e. 0
+            target = torch.where(present[y].unsqueeze(-1), centers[y], feats.detach())
+            return ce + lam * ((target - feats) ** 2).mean()
+        return loss
 
     def stats_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         return _accumulate(engine, local, batches, "stat", squares=True)
@@ -101,16 +133,7 @@ class FedPAC(PartSharing):
     def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
         p = local["params"]
-        lam = self.lam
-
-        def loss(q: Params, x: Tensor, y: Tensor, centers: Tensor, present: Tensor) -> Tensor:
-            feats, logits = _features_logits(engine, q, x)
-            ce = F.cross_entropy(logits, y)
-            # rows of a class without a global prototype: their own (detached) features, i.e. 0
-            target = torch.where(present[y].unsqueeze(-1), centers[y], feats.detach())
-            return ce + lam * ((target - feats) ** 2).mean()
-
-        g, _ = engine.value_and_grad(loss, p, x, y, local["centers"], local["present"])
+        g, _ = engine.value_and_grad(self._aligned_loss(engine), p, x, y, local["centers"], local["present"])
         head = set(head_names(p))
         return {**local, "params": {k: v if k in head else torch.add(v, g[k], alpha=-self.lr) for k, v in p.items()}}
 
@@ -179,13 +202,20 @@ def stacked_features(engine: Engine, params: Params, x: Tensor) -> Tensor:
 def _accumulate(engine: Engine, local: Local, batches, prefix: str, squares: bool = False) -> Local:
     """Adds the minibatch's per-class feature sums (and summed squared norms) to local[prefix_*]."""
     (x, y), = batches
-    feats = stacked_features(engine, local["params"], x)  # [m, B, d]
+    return _add(local, stacked_features(engine, local["params"], x), y, prefix, None, squares)
+
+
+def _add(local: Local, feats: Tensor, y: Tensor, prefix: str, on: Tensor | None, squares: bool = False) -> Local:
+    """local[prefix_*] plus the per-class feature sums of feats [m, B, d] (and their summed squared
+    norms), for the clients where `on` [m, 1] (None: all)."""
     K = local[f"{prefix}_count"].shape[1]
     onehot = (y.unsqueeze(-1) == torch.arange(K, device=y.device)).to(feats.dtype)  # [m, B, K]
+    if on is not None:
+        onehot = onehot * on.view(-1, 1, 1).to(feats.dtype)
     out = {**local, f"{prefix}_sum": local[f"{prefix}_sum"] + onehot.transpose(1, 2) @ feats,
            f"{prefix}_count": local[f"{prefix}_count"] + onehot.sum(1)}
     if squares:
-        out[f"{prefix}_sq"] = local[f"{prefix}_sq"] + (feats * feats).sum((1, 2))
+        out[f"{prefix}_sq"] = local[f"{prefix}_sq"] + (feats * feats * onehot.sum(-1, keepdim=True)).sum((1, 2))
     return out
 
 
@@ -216,27 +246,23 @@ def head_weights(V: Tensor, H: Tensor) -> Tensor:
     return (a * (a > EPS)).to(V.dtype)
 
 
-def simplex_qp(P: Tensor, iters: int = 5000) -> Tensor:
+def simplex_qp(P: Tensor, iters: int = 500) -> Tensor:
     """argmin_a a^T P a subject to a >= 0, sum a = 1, for a batch of PSD matrices P [b, s, s]: the
-    exact solution on a support S (P_SS a_S proportional to 1, the optimality conditions checked),
-    first on every client's full support, then, where that failed, on the support that accelerated
-    projected gradient has found (tried every 25 of at most `iters` steps; unconverged: its iterate)."""
+    exact solution on a support S (P_SS a_S proportional to 1, the optimality conditions checked):
+    on every client's full support, else on the support that `iters` steps of accelerated projected
+    gradient find, else that iterate. A fixed number of steps and no host read (each round's cost
+    is known; nothing waits on the device)."""
     b, s, _ = P.shape
     a, ok = _on_support(P, torch.ones(b, s, dtype=torch.bool, device=P.device))
-    if bool(ok.all()):
-        return a
     L = torch.linalg.eigvalsh(P)[:, -1].clamp(min=1e-300).view(b, 1)
     x = torch.full((b, s), 1.0 / s, dtype=P.dtype, device=P.device)
     z, t = x, 1.0
-    for i in range(iters):
+    for _ in range(iters):
         nxt = _project_simplex(z - (P @ z.unsqueeze(-1)).squeeze(-1) / L)  # step 1/(2 lambda_max) on a^T P a
         t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2
         z = nxt + (t - 1) / t_next * (nxt - x)
         x, t = nxt, t_next
-        if i % 25 == 24 or i == iters - 1:  # the exact solution on the support found so far
-            polished, good = _on_support(P, x > 1e-9)
-            if bool((ok | good).all()):
-                break
+    polished, good = _on_support(P, x > 1e-9)
     return torch.where(ok.unsqueeze(-1), a, torch.where(good.unsqueeze(-1), polished, x))
 
 

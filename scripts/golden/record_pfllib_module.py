@@ -43,9 +43,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
 
-RUNS = {"fedpac": ("clientpac", "clientPAC", "serverpac", "FedPAC", dict(lamda=1.0, local_epochs=1))}
+RUNS = {"fedpac": ("clientpac", "clientPAC", "serverpac", "FedPAC", dict(lamda=1.0, local_epochs=1)),
+        "gpfl": ("clientgpfl", "clientGPFL", "servergpfl", "GPFL", dict(lamda=0.5, mu=0.1, local_epochs=1))}
 SERVER_METHODS = {"fedpac": ("send_models", "receive_models", "aggregate_parameters", "add_parameters",
-                             "receive_protos", "send_protos", "aggregate_and_send_heads", "add_heads")}
+                             "receive_protos", "send_protos", "aggregate_and_send_heads", "add_heads"),
+                  "gpfl": ("send_models", "receive_models", "aggregate_parameters", "add_parameters", "global_GCE",
+                           "add_GCE", "global_CoV", "add_CoV")}
 
 
 def params(m) -> dict:
@@ -53,6 +56,8 @@ def params(m) -> dict:
 
 
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
+    if algo == "gpfl":
+        return record_gpfl(pfllib, data, init)
     import importlib
 
     cmod, ccls, smod, scls, extra = RUNS[algo]
@@ -112,6 +117,65 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             "algorithm": algo, "dtype": "float32", "unit": "epochs",
             "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
             "init": init, "iterations": trace}
+
+
+def record_gpfl(pfllib: str, data: dict, init: dict) -> dict:
+    """GPFL: the server's round (clients' train(), receive_models, aggregate_parameters, send_models,
+    global_GCE, global_CoV), its GCE and CoV built as its __init__ builds them (torch seeded 0)."""
+    from flcore.clients.clientgpfl import clientGPFL
+    from flcore.servers import servergpfl
+
+    cmod, ccls, smod, scls, extra = RUNS["gpfl"]
+    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
+    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    torch.manual_seed(0)
+    gce, cov = servergpfl.GCE(in_features=8, num_classes=4, dev="cpu"), servergpfl.CoV(8)
+    modules = {"gce": params(gce), "cov": params(cov)}
+    args = types.SimpleNamespace(model=model(init), algorithm="gpfl", dataset="golden", device="cpu", save_folder_name="x",
+                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, few_shot=0, GCE=gce, CoV=cov,
+                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
+    rng = np.random.RandomState(BATCH_SEED)
+    logs: dict = {}
+    saved = clientGPFL.load_train_data
+    # every pass is logged under the client's current phase ("init": __init__'s class count)
+    clientGPFL.load_train_data = lambda self, batch_size=None: Shuffling(
+        xs[self.id], ys[self.id], rng, logs.setdefault(self.id, {}).setdefault(logs.get("phase"), []))
+    try:
+        logs["phase"] = "init"
+        with contextlib.redirect_stdout(io.StringIO()):
+            clients = [clientGPFL(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
+                                  send_slow=False) for i, c in enumerate(data["clients"])]
+        server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
+                                       time_threthold=float("inf"), global_model=copy.deepcopy(args.model.base))
+        for name in SERVER_METHODS["gpfl"]:
+            setattr(server, name, getattr(servergpfl.GPFL, name).__get__(server))
+        np.random.seed(SELECT_SEED)
+        trace = []
+        for r in range(ROUNDS):
+            logs.clear()
+            logs["phase"] = "train"
+            selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
+            server.selected_clients = [clients[i] for i in selected]
+            for c in server.selected_clients:
+                c.train()
+            server.receive_models()
+            server.aggregate_parameters()
+            server.send_models()
+            server.global_GCE()
+            server.global_CoV()
+            trace.append({
+                "selected": selected, "batches": {str(i): {"train": logs[i]["train"]} for i in selected},
+                "server": params(server.global_model), "gce": params(server.GCE), "cov": params(server.CoV),
+                "clients": {str(i): params(c.model) for i, c in enumerate(clients)},
+                "conditions": {str(i): [c.generic_conditional_input.tolist(), c.personalized_conditional_input.tolist()]
+                               for i, c in enumerate(clients)}})
+    finally:
+        clientGPFL.load_train_data = saved
+    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
+            "algorithm": "gpfl", "dtype": "float32", "unit": "epochs",
+            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+            "init": init, "modules": modules, "iterations": trace}
 
 
 @contextlib.contextmanager
