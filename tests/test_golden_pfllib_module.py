@@ -1,18 +1,21 @@
 """fedrun `protocol=official` against golden traces of PFLlib's methods with parts beside the model or
-feature alignment: FedPAC.
+feature alignment: FedPAC and GPFL.
 
 scripts/golden/record_pfllib_module.py ran PFLlib's own client class and server methods on the tiny
 problem of the other PFLlib traces (tests/test_golden_pfllib.py, whose helpers this reuses) with
 every pass over a client's rows a recorded shuffle. Each test composes the fedrun config saying what
 the recorder's PFLlib arguments said, feeds it the same initial weights, clients and passes (by
 replacing `fedrun.simulate.sample_phases`) and checks, after every round, the server's body, every
-client's head and the global prototypes, |fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32).
+client's head and the global prototypes (FedPAC), the CoV and the GCE (GPFL),
+|fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32). Also: FedPAC's QP solver by value, and both
+methods' state through batched seeds and a checkpoint.
 """
 from __future__ import annotations
 
 from unittest import mock
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -168,3 +171,40 @@ def test_gpfl_replays_pfllib_and_the_paper_rule_does_not():
     assert set(worst) == {"server", "head", "gce", "cov"} and all(v <= 0 for v in worst.values()), worst
     paper = compare(trace, replay(trace, ["algo.follow=paper"]))
     assert paper["head"] > 0 and paper["cov"] > 0
+
+
+@pytest.mark.parametrize("name,opts", [("fedpac", {"local_epochs": 1}), ("gpfl", {"follow": "pfllib"})])
+def test_state_survives_batched_seeds_and_a_checkpoint_and_resume(tmp_path, name, opts):
+    """Two seeds trained as one computation give each seed's own run, and 2 rounds, a checkpoint
+    written and read back, then 1 more give the 3 rounds straight, bit for bit: the server's model,
+    every per-client state (heads; GPFL's condition embeddings) and the extra state (FedPAC's
+    prototypes, GPFL's CoV and GCE). FedPAC in epochs, GPFL in tau steps (the other forms' state is
+    the same)."""
+    from fedrun import outputs
+    from fedrun.algorithms import build
+    from fedrun.algorithms.base import ServerState
+    from fedrun.engine import VmapEngine, params_of
+    from fedrun.models import MLP
+    from fedrun.simulate import Progress, Replica, Schedule, simulate, simulate_group
+    from torch.utils._pytree import tree_flatten
+
+    data = golden_data()
+    sched = Schedule(rounds=3, tau=3, clients_per_round=2, batch_size=4, eval_every=3)
+    torch.manual_seed(0)
+    model = MLP(12, 4, hidden=[8])
+    params, algo = params_of(model), build(name, lr=0.1, **opts)
+    leaves = lambda s: tree_flatten((s.params, s.extra, s.clients))[0]
+    ref = [simulate(algo, VmapEngine(model), data, params, sched, seed=s)[0] for s in (0, 1)]
+    runs = [Replica(0, params), Replica(1, params)]
+    simulate_group(algo, VmapEngine(model), data, runs, sched)
+    saved = []
+    simulate(algo, VmapEngine(model), data, params, Schedule(**{**sched.__dict__, "rounds": 2}), seed=0,
+             on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(str(tmp_path), at.round, {
+                 "transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
+                                                          "clients": at.state.clients}})))
+    ck = outputs.load_checkpoint(str(tmp_path))
+    resumed, _ = simulate(algo, VmapEngine(model), data, params, sched, seed=0,
+                          start=Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"]))
+    for got, want in ((runs[0].at.state, ref[0]), (runs[1].at.state, ref[1]), (resumed, ref[0])):
+        assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(leaves(ref[0]), leaves(ref[1])))
