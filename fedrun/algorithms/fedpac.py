@@ -1,8 +1,9 @@
 """FedPAC (Xu, Tong, Huang, ICLR 2023): feature alignment and classifier collaboration.
 
 The model is split at its output layer (`bodyhead.PartSharing`): the body (feature extractor) is
-shared and averaged, each client keeps its head (classifier), `ServerState.clients["part"]`. A
-client's round, in passes over its own training rows (`base.Phase`, epochs):
+shared and averaged, each client keeps its head (classifier), `ServerState.clients["part"]`. With
+`local_epochs` set, a client's round is, as PFLlib's, passes over its own training rows (`base.Phase`,
+epochs; tau and head_steps unused):
 
   1. statistics (1 pass, no training) of the received global body f: per class k the share p_k of
      the pass's rows, the mean feature mu_k and the summed squared norm S_k of the features; then
@@ -15,7 +16,8 @@ client's round, in passes over its own training rows (`base.Phase`, epochs):
   4. prototypes (1 pass, no training): the mean feature of each class under the trained body.
 
 With `local_epochs` null (the default), the round is `tau` steps: the first `head_steps` train the
-head and give the statistics, the others train the body and give the prototypes (`client_step`).
+head and give the statistics (minibatch estimates), the others train the body and give the
+prototypes (`client_step`).
 
 Server: the body is averaged (`weights`); the global prototypes are the clients' class means,
 averaged over the round's clients having the class (follow=pfllib: unweighted, PFLlib's FedProto
@@ -47,10 +49,10 @@ EPS = 1e-3  # head weights below this are dropped (the authors' code)
 class FedPAC(PartSharing):
     name = "fedpac"
     personal_part = "head"
-    optim_ok = False  # its phases train the head, then the body (not sgd_step)
+    optim_ok = False  # its steps train the head, then the body, with the alignment term (not sgd_step)
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
-    agreement_options = dict(lr=0.05)
+    agreement_options = dict(lr=0.05, head_steps=1)  # fedrun.bench.agreement: both parts in tau=2
 
     def __init__(self, lr: float, lam: float, head_steps: int, head_epochs: int, local_epochs: int | None, follow: str | None,
                  new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
