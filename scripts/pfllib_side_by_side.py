@@ -53,9 +53,9 @@ ALGOS = {
     "fedper": (["algo=fedper", f"algo.lr={LR}"], "pers_acc", "serverper", "FedPer", {}),
     "fedrep": (["algo=fedrep", f"algo.lr={LR}", "algo.head_steps=E"], "pers_acc", "serverrep", "FedRep",
                {"plocal_epochs": 1}),
-    "fedpac": (["algo=fedpac", f"algo.lr={LR}", "algo.lam=1.0", "algo.head_epochs=1", "algo.local_epochs=1"], "pers_acc",
+    "fedpac": (["algo=fedpac", f"algo.lr={LR}", "algo.lam=1.0", "algo.head_epochs=1", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
                "serverpac", "FedPAC", {"lamda": 1.0}),  # (its passes over each client's rows: tau unused)
-    "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1"], "pers_acc",
+    "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
              "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
 }
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
