@@ -245,6 +245,20 @@ MUTANTS += [
     Mutant("fedala-weight-step-sign", "fedrun/algorithms/fedala.py",
            "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))", "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
            (MIX_TRACES, "-k", "fedala"), "FedALA: the ALA weights climb the loss (the step's sign flipped)"),
+    # issue 36's methods with modules beside the model (tests/test_golden_pfllib_module.py)
+    Mutant("fedpac-alignment-sum", "fedrun/algorithms/fedpac.py",
+           "return ce + lam * ((target - feats) ** 2).mean()", "return ce + lam * ((target - feats) ** 2).sum()",
+           ("tests/test_golden_pfllib_module.py", "-k", "fedpac_replays"),
+           "FedPAC's alignment term summed over the features instead of averaged"),
+    Mutant("fedpac-qp-no-bias", "fedrun/algorithms/fedpac.py",
+           "+ E @ E.transpose(1, 2)).double()", "+ 0 * E @ E.transpose(1, 2)).double()",
+           ("tests/test_golden_pfllib_module.py", "-k", "fedpac_replays"), "FedPAC's head QP without its bias term D_i"),
+    Mutant("gpfl-alignment-squared", "fedrun/algorithms/gpfl.py",
+           "lam * torch.linalg.norm(feat_g - frozen[y])", "lam * torch.linalg.norm(feat_g - frozen[y]) ** 2",
+           ("tests/test_golden_pfllib_module.py", "-k", "gpfl_replays"), "GPFL's alignment: the squared norm"),
+    Mutant("gpfl-cov-no-identity", "fedrun/algorithms/gpfl.py",
+           "return F.relu(feat * (gamma + 1) + beta)", "return F.relu(feat * gamma + beta)",
+           ("tests/test_golden_pfllib_module.py", "-k", "gpfl_replays"), "GPFL's CoV scales by gamma, not gamma + 1"),
 ]
 
 

@@ -61,6 +61,10 @@ ALGOS = {
                  "FedProto", {"lamda": 1.0}),
     "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe", "FedDBE",
                {"momentum": 0.1, "kl_weight": 1.0}),
+    "fedpac": (["algo=fedpac", f"algo.lr={LR}", "algo.lam=1.0", "algo.head_epochs=1", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
+               "serverpac", "FedPAC", {"lamda": 1.0}),  # (its passes over each client's rows: tau unused)
+    "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
+             "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
 }
 # issue 36, the model-mixing methods (fedrun follows PFLlib's code where it differs from the paper: FedAMP's
 # regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local;

@@ -14,12 +14,14 @@ from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddbe import FedDBE
 from .feddyn import FedDyn
+from .fedpac import FedPAC
 from .fedper import FedPer
 from .fedphp import FedPHP
-from .fedprox import FedProx
 from .fedproto import FedProto
+from .fedprox import FedProx
 from .fedrep import FedRep
 from .fedrod import FedRoD
+from .gpfl import GPFL
 from .lgfedavg import LGFedAvg
 from .local import LocalOnly
 from .moon import MOON
@@ -32,7 +34,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA",
+           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL",
            "names", "build", "algorithm_class"]
 
 
