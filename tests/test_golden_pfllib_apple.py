@@ -15,7 +15,7 @@ from test_golden_pfllib import ATOL, RTOL, load
 
 OPTIONS = {"apple": lambda a: ["algo.lr=0.1", f"algo.dr_lr={a['dr_learning_rate']}", f"algo.mu={a['mu']}",
                                f"algo.decay={a['L']}"]}
-FIELDS = {"apple": {"core": "core", "clients": "params"}}
+FIELDS = {"apple": {"core": "params", "clients": "theta"}}
 
 
 def worst(trace: dict, states: list) -> dict[str, float]:
@@ -24,7 +24,7 @@ def worst(trace: dict, states: list) -> dict[str, float]:
         out = mix.compare(trace, states)
     for it, state in zip(trace["iterations"], states):
         ref = np.array([it["p"][str(c)] for c in range(len(it["p"]))])
-        d = np.abs(ref - state.clients["p"].double().numpy())
+        d = np.abs(ref - state.clients["p"]["p"].double().numpy())
         out["p"] = max(out.get("p", -np.inf), float((d - ATOL - RTOL * np.abs(ref)).max()))
     return out
 

@@ -21,7 +21,7 @@ computed at the start of its last step, as PFLlib's clientAPPLE does (docs/basel
 Served: theta_i (`pfllib`: that same model, which is what PFLlib scores; `paper`: p_i times the
 current cores).
 
-Vectorized: the C core models stacked [C, ...] in `ServerState.clients["core"]`; each local step
+Vectorized: the C core models stacked [C, ...] in `ServerState.clients["params"]`; each local step
 forms the mixtures of all the round's m clients as one [m, C] x [C, P] product per parameter tensor,
 and the p-gradients as one [m, P] x [P, C] product. The round's Local holds the stacked cores as an
 expanded (stride-0) view, so training keeps ONE copy of them on the device: C core models, plus
@@ -30,8 +30,8 @@ join the replicas' views into one [m, C, ...] tensor, a copy of C models per cli
 round's non-finite check allocates an [m, C, P] boolean once per round.)
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): `core` (started from the
-initial model), `params` (the served theta_i) and `p` [C, C]. Held-out clients have no core: their
+round's clients and scattered back, so unsampled clients keep theirs): `params`, the core models
+(started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C]. Held-out clients have no core: their
 columns of every p are 0 and never move (`extra["member"]`).
 """
 from __future__ import annotations
@@ -130,27 +130,27 @@ class APPLE(Algorithm):
         p = torch.where(member, 1.0 / len(n), 0.0).to(first.dtype)
         extra = {"p0": p0.to(first.dtype).to(first.device), "member": member.to(first.device)}
         return ServerState(params=params, extra=extra,
-                           clients={"core": stack(params, num_clients), "params": stack(params, num_clients),
-                                    "p": p.to(first.device).expand(num_clients, -1).clone()})
+                           clients={"params": stack(params, num_clients), "theta": stack(params, num_clients),
+                                    "p": {"p": p.to(first.device).expand(num_clients, -1).clone()}})
 
     def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> Local:
         m, C = len(clients), len(state.extra["p0"])
         first = next(iter(core.values()))
-        return {"p": p, "core": core, "params": mix(p, state.clients["core"]),
-                "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["core"].items()},
+        return {"p": p, "params": core, "theta": mix(p, state.clients["params"]),
+                "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
                 "own": torch.nn.functional.one_hot(clients, C).to(first.dtype),
                 "p0": state.extra["p0"].expand(m, -1), "member": state.extra["member"].expand(m, -1),
                 "lam": torch.full((m,), lam, dtype=first.dtype, device=first.device),
                 "scale": torch.full((m,), float(state.extra["member"].sum()), dtype=first.dtype, device=first.device)}
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        return self._local(state, clients, state.clients["p"][clients], gather(state.clients["core"], clients),
+        return self._local(state, clients, state.clients["p"]["p"][clients], gather(state.clients["params"], clients),
                            self.lam_at(rnd))
 
     @staticmethod
     def theta(local: Local) -> Params:
         """theta_i = sum_j p_ij c_j with the client's own core as it trains (an [m, C] x [C, P] product)."""
-        p, own, core = local["p"], local["own"], local["core"]
+        p, own, core = local["p"], local["own"], local["params"]
         base = mix_local(p, local["cores"])
         frozen = mix_local(own, local["cores"])  # its own core as the server holds it
         w = (p * own).sum(1)
@@ -162,37 +162,37 @@ class APPLE(Algorithm):
         theta = self.theta(local)
         g, _ = engine.grad(theta, x, y)
         pii = (p * own).sum(1) * local["scale"]
-        core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["core"].items()}
+        core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
         dots = _dots(g, local["cores"])
         mine = sum((g[k] * core[k]).flatten(1).mean(1) for k in g) / len(g)  # <g, c_i>~ with the updated c_i
         dots = torch.where(own.bool(), mine.unsqueeze(1), dots)
         grad = dots + (local["lam"] * self.mu).unsqueeze(1) * (p - local["p0"])
         p = torch.where(local["member"], p - self.dr_lr * grad, p)
-        return {**local, "params": theta, "core": core, "p": p}
+        return {**local, "theta": theta, "params": core, "p": p}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        up = local["params"] if self.follow == "pfllib" else local["core"]
-        kept = {"core": scatter(state.clients["core"], clients, up), "p": state.clients["p"].index_copy(0, clients, local["p"])}
-        served = local["params"] if self.follow == "pfllib" else self.theta(local)
-        kept["params"] = scatter(state.clients["params"], clients, served)
+        up = local["theta"] if self.follow == "pfllib" else local["params"]
+        kept = {"params": scatter(state.clients["params"], clients, up), "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
+        served = local["theta"] if self.follow == "pfllib" else self.theta(local)
+        kept["theta"] = scatter(state.clients["theta"], clients, served)
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.follow == "pfllib":
-            return state.clients["params"], None
-        return mix(state.clients["p"], state.clients["core"]), None
+            return state.clients["theta"], None
+        return mix(state.clients["p"]["p"], state.clients["params"]), None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no core in the mixtures: it starts from p_i = p0 (the FedAvg mixture
         of the trained cores) and takes new_client_steps (null: tau) APPLE steps that learn p_i alone
         (lam_t of the round after the last); it is served sum_j p_ij c_j."""
         p0 = state.extra["p0"]
-        local = self._local(state, new, p0.expand(len(new), -1).clone(), gather(state.clients["core"], new),
+        local = self._local(state, new, p0.expand(len(new), -1).clone(), gather(state.clients["params"], new),
                             self.lam_at((self.run_rounds or 0) + 1))
         local["own"] = torch.zeros_like(local["own"])  # no own core: theta = p . cores, c_i untouched
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
-        kept = {"p": state.clients["p"].index_copy(0, new, local["p"]),
-                "params": scatter(state.clients["params"], new, self.theta(local))}
+        kept = {"p": {"p": state.clients["p"]["p"].index_copy(0, new, local["p"])},
+                "theta": scatter(state.clients["theta"], new, self.theta(local))}
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
