@@ -173,7 +173,8 @@ class APPLE(Algorithm):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         up = local["theta"] if self.follow == "pfllib" else local["params"]
-        kept = {"params": scatter(state.clients["params"], clients, up), "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
+        kept = {"params": scatter(state.clients["params"], clients, up),
+                "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
         served = local["theta"] if self.follow == "pfllib" else self.theta(local)
         kept["theta"] = scatter(state.clients["theta"], clients, served)
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
