@@ -346,6 +346,7 @@ def simulate_group(
     After the first rounds, one line on stderr estimates the time left (fedrun.clock).
     """
     algo.set_schedule(sched)
+    algo.set_data(data)
     for r in runs:
         r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
                                                          eval_context(data, sched, r.seed, 0)))

@@ -261,6 +261,20 @@ MUTANTS += [
            ("tests/test_golden_pfllib_module.py", "-k", "gpfl_replays"), "GPFL's CoV scales by gamma, not gamma + 1"),
 ]
 
+# issue 36, APPLE: its key lines against its PFLlib trace
+APPLE_TRACE = "tests/test_golden_pfllib_apple.py"
+MUTANTS += [
+    Mutant("apple-proximal-dropped", "fedrun/algorithms/apple.py",
+           "grad = dots + (local[\"lam\"] * self.mu).unsqueeze(1) * (p - local[\"p0\"])", "grad = dots",
+           (APPLE_TRACE,), "APPLE: the proximal pull of p_i toward p0 dropped from p's gradient"),
+    Mutant("apple-own-core-frozen", "fedrun/algorithms/apple.py",
+           "dots = torch.where(own.bool(), mine.unsqueeze(1), dots)", "dots = dots",
+           (APPLE_TRACE,), "APPLE: p_ii's gradient with the client's core as downloaded, not as it trains"),
+    Mutant("apple-core-lr-unscaled", "fedrun/algorithms/apple.py",
+           "pii = (p * own).sum(1) * local[\"scale\"]", "pii = (p * own).sum(1)",
+           (APPLE_TRACE,), "APPLE: the own core's step without PFLlib's lr x C"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:
@@ -331,3 +345,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -77,6 +77,10 @@ ALGOS.update({
     # FedALA: PFLlib scores the models its ALA just mixed, fedrun the clients' trained ones (docs/baselines.md)
     "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
 })
+# APPLE: every client trains every round in both; PFLlib's clients, trained one after another in one
+# process, mix the cores that the clients before them trained that round (fedrun: the round's start), docs/baselines.md
+ALGOS["apple"] = (["algo=apple", f"algo.lr={LR}", "algo.dr_lr=0.01", "algo.mu=0.01", "algo.decay=1.0", "algo.follow=pfllib"],
+                  "pers_acc", "serverapple", "APPLE", {"dr_learning_rate": 0.01, "mu": 0.01, "L": 1.0})
 # PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
 # evaluation scores the models of fedrun's round i + 1
 EVAL_AFTER_TRAINING = {"fedphp"}

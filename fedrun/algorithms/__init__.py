@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .apfl import APFL
+from .apple import APPLE
 from .base import Algorithm, ServerState
 from .ditto import Ditto
 from .fedala import FedALA
@@ -34,7 +35,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL",
+           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL", "APPLE",
            "names", "build", "algorithm_class"]
 
 

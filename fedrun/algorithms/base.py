@@ -154,6 +154,11 @@ class Algorithm(metaclass=AlgorithmMeta):
         for what an algorithm schedules over the whole run (FedPHP's mu_t) or sizes by the run's tau
         (FedALA's training phase). Default: nothing."""
 
+    def set_data(self, data) -> None:
+        """The run's `FederatedData`, given before its first round (after `set_schedule`): for what an
+        algorithm's state starts from (APPLE's p0, the clients' shares of training rows). Default:
+        nothing."""
+
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
         BatchNorm buffers) cannot serve this algorithm; run before any file is written."""

@@ -1,0 +1,199 @@
+"""APPLE, learned core-model mixtures (Luo & Wu, IJCAI 2022): every client i keeps a core model c_i
+and a directed relationship vector p_i over the C training clients; its personalized model is
+
+    theta_i = sum_j p_ij c_j,
+
+the mixture of every client's core model as the server last received it, with its own c_i as it
+trains. A local step at theta_i (gradient g = grad f_i(theta_i)) moves its own core and its vector:
+
+    c_i  <- c_i  - (lr C) p_ii g                               (d theta_i / d c_i = p_ii; the C undoes p ~ 1/C)
+    p_ij <- p_ij - dr_lr (<g, c_j>~ + lam_t mu (p_ij - p0_j))  (j = 1..C, c_i the updated one)
+
+<g, c_j>~ the mean over parameter tensors of the element-wise mean of g c_j (PFLlib's normalization
+of the inner product), p0_j = n_j / N the clients' shares of training rows, lam_t a cosine decay of
+the proximal weight from 1 to 0 over the first L = int(decay x rounds) rounds
+(lam_1 = 1, lam_t = (cos((t - 2) pi / L) + 1) / 2 for t - 2 < L, else 0: PFLlib's schedule, which
+sets it after each round). p_i starts at 1/C.
+
+What the client uploads as its next core model (`follow`): `paper`, its trained c_i (the paper's
+"uploads its updated core model"); `pfllib` (protocol=official), its personalized model theta_i as
+computed at the start of its last step, as PFLlib's clientAPPLE does (docs/baselines.md, "APPLE").
+Served: theta_i (`pfllib`: that same model, which is what PFLlib scores; `paper`: p_i times the
+current cores).
+
+Vectorized: the C core models stacked [C, ...] in `ServerState.clients["params"]`; each local step
+forms the mixtures of all the round's m clients as one [m, C] x [C, P] product per parameter tensor,
+and the p-gradients as one [m, P] x [P, C] product. The round's Local holds the stacked cores as an
+expanded (stride-0) view, so training keeps ONE copy of them on the device: C core models, plus
+per client its own core, its mixture and its gradient (m x 3 models) and p [m, C]. (Batched seeds
+join the replicas' views into one [m, C, ...] tensor, a copy of C models per client; and the
+round's non-finite check allocates an [m, C, P] boolean once per round.)
+
+Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
+round's clients and scattered back, so unsampled clients keep theirs): `params`, the core models
+(started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C]. Held-out clients have no core: their
+columns of every p are 0 and never move (`extra["member"]`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, gather, scatter, stack
+from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .checks import check_choice, check_optional_int, check_positive
+from .personalize import onboarding_batches
+
+
+def mix(p: Tensor, cores: Params) -> Params:
+    """sum_j p[i, j] cores_j per row i of p [m, C], over cores stacked [C, ...] (one product per tensor)."""
+    return {k: (p @ v.flatten(1)).view(len(p), *v.shape[1:]) for k, v in cores.items()}
+
+
+def mix_local(p: Tensor, cores: Params) -> Params:
+    """The same over a Local's cores [m, C, ...]: one set for all clients (an expanded view, read
+    once), or each client's own (batched seeds: the replicas' sets joined)."""
+    out = {}
+    for k, v in cores.items():
+        if v.stride(0) == 0:
+            out[k] = (p @ v[0].flatten(1)).view(len(p), *v.shape[2:])
+        else:
+            out[k] = torch.bmm(p.unsqueeze(1), v.flatten(2)).view(len(p), *v.shape[2:])
+    return out
+
+
+def _dots(g: Params, cores: Params) -> Tensor:
+    """[m, C]: mean over tensors k of mean(g_i[k] * cores_j[k]) (PFLlib's normalized <g, c_j>)."""
+    total = 0
+    for k, gk in g.items():
+        v, gf = cores[k], gk.flatten(1)
+        if v.stride(0) == 0:  # one set for all clients: [m, P] x [P, C]
+            total = total + gf @ v[0].flatten(1).T / gf.shape[1]
+        else:
+            total = total + torch.bmm(v.flatten(2), gf.unsqueeze(2)).squeeze(2) / gf.shape[1]
+    return total / len(g)
+
+
+class APPLE(Algorithm):
+    name = "apple"
+
+    FOLLOW = ("paper", "pfllib")
+    protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's clientAPPLE uploads theta_i
+    agreement_options = dict(lr=0.05, dr_lr=0.1, mu=0.1)  # fedrun.bench.agreement: p moves
+
+    def __init__(self, lr: float, dr_lr: float, mu: float, decay: float, decay_rounds: int | None, follow: str | None,
+                 local_epochs: int | None, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_positive("algo.dr_lr", dr_lr, allow_zero=True)
+        check_positive("algo.mu", mu, allow_zero=True)
+        check_positive("algo.decay", decay, allow_zero=True)
+        check_optional_int("algo.decay_rounds", decay_rounds, 0)
+        check_choice("algo.follow", follow or "paper", self.FOLLOW)
+        check_optional_int("algo.local_epochs", local_epochs)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.dr_lr, self.mu, self.decay, self.decay_rounds = lr, dr_lr, mu, decay, decay_rounds
+        self.follow, self.local_epochs, self.new_client_steps = follow or "paper", local_epochs, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    run_rounds: int | None = None  # the run's rounds (`set_schedule`, which simulate calls first)
+    sizes: Tensor | None = None  # the training clients' rows (`set_data`, which simulate calls first)
+
+    def set_schedule(self, sched) -> None:
+        self.run_rounds = sched.rounds
+
+    def set_data(self, data) -> None:
+        self.sizes = data.train.sizes[: data.num_train_clients].detach().cpu().to(torch.float64)
+
+    def lam_at(self, rnd: int) -> float:
+        """lam_t of round `rnd` (1, 2, ...): 1, then PFLlib's cosine decay set after round t - 1."""
+        L = self.decay_rounds if self.decay_rounds is not None else (
+            None if self.run_rounds is None else int(self.decay * self.run_rounds))
+        if rnd <= 1 or L is None:
+            return 1.0
+        t = rnd - 2
+        return (math.cos(t * math.pi / L) + 1) / 2 if t < L else 0.0
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        first = next(iter(params.values()))
+        n = self.sizes if self.sizes is not None and len(self.sizes) <= num_clients else torch.ones(num_clients, dtype=torch.float64)
+        member = torch.zeros(num_clients, dtype=torch.bool)
+        member[: len(n)] = True
+        p0 = torch.zeros(num_clients, dtype=torch.float64)
+        p0[: len(n)] = n / n.sum()
+        p = torch.where(member, 1.0 / len(n), 0.0).to(first.dtype)
+        extra = {"p0": p0.to(first.dtype).to(first.device), "member": member.to(first.device)}
+        return ServerState(params=params, extra=extra,
+                           clients={"params": stack(params, num_clients), "theta": stack(params, num_clients),
+                                    "p": {"p": p.to(first.device).expand(num_clients, -1).clone()}})
+
+    def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> Local:
+        m, C = len(clients), len(state.extra["p0"])
+        first = next(iter(core.values()))
+        return {"p": p, "params": core, "theta": mix(p, state.clients["params"]),
+                "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
+                "own": torch.nn.functional.one_hot(clients, C).to(first.dtype),
+                "p0": state.extra["p0"].expand(m, -1), "member": state.extra["member"].expand(m, -1),
+                "lam": torch.full((m,), lam, dtype=first.dtype, device=first.device),
+                "scale": torch.full((m,), float(state.extra["member"].sum()), dtype=first.dtype, device=first.device)}
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        return self._local(state, clients, state.clients["p"]["p"][clients], gather(state.clients["params"], clients),
+                           self.lam_at(rnd))
+
+    @staticmethod
+    def theta(local: Local) -> Params:
+        """theta_i = sum_j p_ij c_j with the client's own core as it trains (an [m, C] x [C, P] product)."""
+        p, own, core = local["p"], local["own"], local["params"]
+        base = mix_local(p, local["cores"])
+        frozen = mix_local(own, local["cores"])  # its own core as the server holds it
+        w = (p * own).sum(1)
+        return {k: base[k] + w.view(-1, *[1] * (base[k].dim() - 1)) * (core[k] - frozen[k]) for k in base}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        p, own = local["p"], local["own"]
+        theta = self.theta(local)
+        g, _ = engine.grad(theta, x, y)
+        pii = (p * own).sum(1) * local["scale"]
+        core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
+        dots = _dots(g, local["cores"])
+        mine = sum((g[k] * core[k]).flatten(1).mean(1) for k in g) / len(g)  # <g, c_i>~ with the updated c_i
+        dots = torch.where(own.bool(), mine.unsqueeze(1), dots)
+        grad = dots + (local["lam"] * self.mu).unsqueeze(1) * (p - local["p0"])
+        p = torch.where(local["member"], p - self.dr_lr * grad, p)
+        return {**local, "theta": theta, "params": core, "p": p}
+
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        up = local["theta"] if self.follow == "pfllib" else local["params"]
+        kept = {"params": scatter(state.clients["params"], clients, up),
+                "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
+        served = local["theta"] if self.follow == "pfllib" else self.theta(local)
+        kept["theta"] = scatter(state.clients["theta"], clients, served)
+        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        if self.follow == "pfllib":
+            return state.clients["theta"], None
+        return mix(state.clients["p"]["p"], state.clients["params"]), None
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client has no core in the mixtures: it starts from p_i = p0 (the FedAvg mixture
+        of the trained cores) and takes new_client_steps (null: tau) APPLE steps that learn p_i alone
+        (lam_t of the round after the last); it is served sum_j p_ij c_j."""
+        p0 = state.extra["p0"]
+        local = self._local(state, new, p0.expand(len(new), -1).clone(), gather(state.clients["params"], new),
+                            self.lam_at((self.run_rounds or 0) + 1))
+        local["own"] = torch.zeros_like(local["own"])  # no own core: theta = p . cores, c_i untouched
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.client_step(engine, local, batches, 0)
+        kept = {"p": {"p": state.clients["p"]["p"].index_copy(0, new, local["p"])},
+                "theta": scatter(state.clients["theta"], new, self.theta(local))}
+        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
