@@ -211,6 +211,16 @@ MUTANTS += [
            "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))", "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
            (MIX_TRACES, "-k", "fedala"), "FedALA: the ALA weights climb the loss (the step's sign flipped)"),
 ]
+FOMO_TRACE = "tests/test_golden_pfllib_fomo.py"
+MUTANTS += [
+    Mutant("fedfomo-squared-distance", "fedrun/algorithms/fedfomo.py",
+           "w = torch.where(live, gain / (dist + 1e-5), torch.zeros_like(dist))",
+           "w = torch.where(live, gain / (dist.square() + 1e-5), torch.zeros_like(dist))",
+           (FOMO_TRACE,), "FedFomo: w_n divides the loss gain by the squared distance, not the distance"),
+    Mutant("fedfomo-negative-weights-kept", "fedrun/algorithms/fedfomo.py",
+           "pos = w.clamp(min=0)", "pos = w.abs()",
+           (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (|w_n|, not max(w_n, 0))"),
+]
 
 
 def _copy(dst: str) -> None:

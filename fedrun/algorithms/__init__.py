@@ -13,6 +13,7 @@ from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .feddyn import FedDyn
+from .fedfomo import FedFomo
 from .fedper import FedPer
 from .fedphp import FedPHP
 from .fedprox import FedProx
@@ -28,7 +29,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "FedAMP", "FedPHP", "FedALA",
+           "FedAMP", "FedPHP", "FedALA", "FedFomo",
            "names", "build", "algorithm_class"]
 
 
