@@ -69,7 +69,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             for c, models in it[field].items():
                 for name, ref in models.items():
                     worse(field, ref, state.clients[mine][NAMES[name]][int(c)])
-        worse("affinity", it["affinity"], state.clients["affinity"])
+        worse("affinity", it["affinity"], state.clients["affinity"]["P"])
     return worst
 
 

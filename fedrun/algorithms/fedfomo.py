@@ -37,7 +37,7 @@ model: FedFomo has no global model.
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back): `clients["params"]` (its model: the server's copy of its upload
 and the client's own model are the same tensors), `clients["old"]` (its model after its last mixture,
-PFLlib's old_model), `clients["affinity"]` (its row of P); `extra["sent"]`, a [C] mask of the
+PFLlib's old_model), `clients["affinity"]["P"]` (its row of P); `extra["sent"]`, a [C] mask of the
 clients whose models the previous round uploaded, `extra["trained"]`, of those that ever did.
 """
 from __future__ import annotations
@@ -80,7 +80,9 @@ class FedFomo(Algorithm):
 
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib: w_n measured from old_model
-    agreement_options = dict(lr=0.1)
+    # fedrun.bench.agreement: 2 neighbours on 1 validation minibatch (the defaults' 5 x 6 models per
+    # client and round made its CNN cases 25 s each, the loop engine scoring each model alone)
+    agreement_options = dict(lr=0.1, M=2, val_batches=1)
 
     def __init__(self, lr: float, M: int, val_batches: int, follow: str | None, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
@@ -106,10 +108,10 @@ class FedFomo(Algorithm):
         none = torch.zeros(num_clients, dtype=torch.bool, device=first.device)
         return ServerState(params=params, extra={"sent": none, "trained": none.clone()},
                            clients={"params": stack(params, num_clients), "old": stack(params, num_clients),
-                                    "affinity": torch.eye(num_clients, dtype=first.dtype, device=first.device)})
+                                    "affinity": {"P": torch.eye(num_clients, dtype=first.dtype, device=first.device)}})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        P = state.clients["affinity"]
+        P = state.clients["affinity"]["P"]
         M = min(self.M, len(P))
         ids = torch.topk(P[clients], M, dim=1).indices  # [m, M]
         count = torch.clamp(state.extra["sent"].sum(), max=self.M)  # PFLlib: min(M, previous uploads)
@@ -133,11 +135,11 @@ class FedFomo(Algorithm):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         up = clients[selected]
-        P = state.clients["affinity"].index_put((up.unsqueeze(1), local["ids"][selected]), local["w"][selected],
+        P = state.clients["affinity"]["P"].index_put((up.unsqueeze(1), local["ids"][selected]), local["w"][selected],
                                                 accumulate=True)
         sent = torch.zeros_like(state.extra["sent"]).index_fill(0, up, True)
         kept = {"params": scatter(state.clients["params"], clients, local["params"]),
-                "old": scatter(state.clients["old"], clients, local["old"]), "affinity": P}
+                "old": scatter(state.clients["old"], clients, local["old"]), "affinity": {"P": P}}
         return ServerState(params=state.params, extra={"sent": sent, "trained": state.extra["trained"] | sent},
                            clients={**state.clients, **kept})
 
@@ -150,7 +152,7 @@ class FedFomo(Algorithm):
         P off its diagonal, among clients that ever uploaded) on val_batches minibatches of its
         training rows, mixes them as a training client does, then takes new_client_steps (null: tau)
         steps of local SGD; it is served the result."""
-        P, trained = state.clients["affinity"], state.extra["trained"]
+        P, trained = state.clients["affinity"]["P"], state.extra["trained"]
         M = min(self.M, len(P))
         popular = torch.where(trained, P.sum(0) - P.diagonal(), torch.full_like(P[0], -float("inf")))
         ids = torch.topk(popular, M).indices.expand(len(new), M)
