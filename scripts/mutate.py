@@ -219,7 +219,7 @@ MUTANTS += [
            (FOMO_TRACE,), "FedFomo: w_n divides the loss gain by the squared distance, not the distance"),
     Mutant("fedfomo-negative-weights-kept", "fedrun/algorithms/fedfomo.py",
            "pos = w.clamp(min=0)", "pos = w.abs()",
-           (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (|w_n|, not max(w_n, 0))"),
+           (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (abs(w_n), not max(w_n, 0))"),
 ]
 
 
