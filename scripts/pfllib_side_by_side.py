@@ -66,9 +66,10 @@ ALGOS.update({
     "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
 })
 # FedFomo: PFLlib weighs on the last 20 % of a client's rows and trains on the rest; fedrun draws its
-# validation minibatches from all of them (2,625 rows: 525 / batch 10 = 53 minibatches) and trains on all
-# (docs/baselines.md, "FedFomo"); follow=pfllib: w_n measured from the model before its last training
-ALGOS["fedfomo"] = (["algo=fedfomo", f"algo.lr={LR}", "algo.M=5", "algo.val_batches=53", "algo.follow=pfllib"],
+# validation minibatches from all of them (2,625 rows: 525 in minibatches of the default --batch-size 50, 11 of
+# them, the last partial in PFLlib) and trains on all (docs/baselines.md, "FedFomo"); follow=pfllib: w_n
+# measured from the model before its last training
+ALGOS["fedfomo"] = (["algo=fedfomo", f"algo.lr={LR}", "algo.M=5", "algo.val_batches=11", "algo.follow=pfllib"],
                     "pers_acc", "serverfomo", "FedFomo", {"M": 5})
 # PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
 # evaluation scores the models of fedrun's round i + 1
