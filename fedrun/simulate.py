@@ -125,8 +125,10 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
     g = round_generator(seed, rnd)
     clients = _round_clients(data, sched, g)
     split, B = data.train, sched.batch_size
-    per_pass = split.sizes.cpu()[: data.num_train_clients] // B  # [C] minibatches per epoch (host-known)
-    longest = int(per_pass.max())
+    per_pass, longest = None, 0
+    if any(ph.epochs is not None for ph in phases):  # only epochs phases read the sizes (a host read)
+        per_pass = split.sizes.cpu()[: data.num_train_clients] // B  # [C] minibatches per epoch (host-known)
+        longest = int(per_pass.max())
 
     def draw(cs: torch.Tensor) -> tuple:
         out = []

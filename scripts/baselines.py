@@ -73,6 +73,7 @@ ENTRIES["FedAMP"] = ("fedamp", [f"algo.lr={LR}"], "pers")
 ENTRIES["FedPHP"] = ("fedphp", [f"algo.lr={LR}"], "pers")
 ENTRIES["FedALA"] = ("fedala", [f"algo.lr={LR}", "algo.ala_steps=null"], "pers")  # its ALA a pass over the rows, as PFLlib
 ENTRIES["APPLE"] = ("apple", [f"algo.lr={LR}"], "pers")  # dr_lr, mu: the yaml's (PFLlib's 0 turns p_i's learning off)
+ENTRIES["FedFomo"] = ("fedfomo", [f"algo.lr={LR}"], "pers")
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
 # cnn_bn), and these settings' models have none (fedrun refuses the pair in one line).
 MNIST_MLP = ["dataset=mnist", "model=dnn", "model.hidden=[100]"]  # 784-100-10 ReLU (pFedMe's DNN; PFLlib's DNN)

@@ -274,6 +274,16 @@ MUTANTS += [
            "pii = (p * own).sum(1) * local[\"scale\"]", "pii = (p * own).sum(1)",
            (APPLE_TRACE,), "APPLE: the own core's step without PFLlib's lr x C"),
 ]
+FOMO_TRACE = "tests/test_golden_pfllib_fomo.py"
+MUTANTS += [
+    Mutant("fedfomo-squared-distance", "fedrun/algorithms/fedfomo.py",
+           "w = torch.where(live, gain / (dist + 1e-5), torch.zeros_like(dist))",
+           "w = torch.where(live, gain / (dist.square() + 1e-5), torch.zeros_like(dist))",
+           (FOMO_TRACE,), "FedFomo: w_n divides the loss gain by the squared distance, not the distance"),
+    Mutant("fedfomo-negative-weights-kept", "fedrun/algorithms/fedfomo.py",
+           "pos = w.clamp(min=0)", "pos = w.abs()",
+           (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (abs(w_n), not max(w_n, 0))"),
+]
 
 
 def _copy(dst: str) -> None:

@@ -81,6 +81,12 @@ ALGOS.update({
 # process, mix the cores that the clients before them trained that round (fedrun: the round's start), docs/baselines.md
 ALGOS["apple"] = (["algo=apple", f"algo.lr={LR}", "algo.dr_lr=0.01", "algo.mu=0.01", "algo.decay=1.0", "algo.follow=pfllib"],
                   "pers_acc", "serverapple", "APPLE", {"dr_learning_rate": 0.01, "mu": 0.01, "L": 1.0})
+# FedFomo: PFLlib weighs on the last 20 % of a client's rows and trains on the rest; fedrun draws its
+# validation minibatches from all of them (2,625 rows: 525 in minibatches of the default --batch-size 50, 11 of
+# them, the last partial in PFLlib) and trains on all (docs/baselines.md, "FedFomo"); follow=pfllib: w_n
+# measured from the model before its last training
+ALGOS["fedfomo"] = (["algo=fedfomo", f"algo.lr={LR}", "algo.M=5", "algo.val_batches=11", "algo.follow=pfllib"],
+                    "pers_acc", "serverfomo", "FedFomo", {"M": 5})
 # PFLlib's servers that evaluate AFTER the round's local training (before aggregation): their i-th
 # evaluation scores the models of fedrun's round i + 1
 EVAL_AFTER_TRAINING = {"fedphp"}

@@ -16,6 +16,7 @@ from .fedbn import FedBN
 from .feddbe import FedDBE
 from .feddyn import FedDyn
 from .fedpac import FedPAC
+from .fedfomo import FedFomo
 from .fedper import FedPer
 from .fedphp import FedPHP
 from .fedproto import FedProto
@@ -35,7 +36,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL", "APPLE",
+           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL", "APPLE", "FedFomo",
            "names", "build", "algorithm_class"]
 
 
