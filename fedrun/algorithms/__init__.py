@@ -15,6 +15,7 @@ from .feddyn import FedDyn
 from .fedper import FedPer
 from .fedprox import FedProx
 from .gpfl import GPFL
+from .fedcp import FedCP
 from .fedrep import FedRep
 from .lgfedavg import LGFedAvg
 from .local import LocalOnly
@@ -27,7 +28,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "FedPAC", "GPFL",
+           "FedPAC", "GPFL", "FedCP",
            "names", "build", "algorithm_class"]
 
 
