@@ -101,7 +101,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             for name, v in model.items():
                 if NAMES[name] in part:
                     close("head", v, part[NAMES[name]][int(c)])
-            close("ctx", it["contexts"][c], state.clients["ctx"][int(c)])
+            close("ctx", it["contexts"][c], state.clients["cond"]["ctx"][int(c)])
             if "head_g" in state.clients:
                 for name, v in it["client_head_g"][c].items():
                     close("client_head_g", v, state.clients["head_g"][name][int(c)])
@@ -174,4 +174,4 @@ def test_fedcp_noise_batched_seeds_checkpoint_and_onboarding(tmp_path):
     after = algo.score(engine, algo.personalize(engine, after_state, ctx)[0], data.train)[0][3]
     for k, v in state.extra["cpn"].items():
         assert torch.equal(after_state.clients["cpn"][k][3], v)
-    assert torch.equal(after_state.clients["ctx"], state.clients["ctx"]) and after < before
+    assert torch.equal(after_state.clients["cond"]["ctx"], state.clients["cond"]["ctx"]) and after < before

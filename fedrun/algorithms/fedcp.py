@@ -28,7 +28,7 @@ A round is `tau` steps; with `local_epochs` set, `local_epochs` passes over the 
 
 follow=pfllib (protocol=official): PFLlib's servercp sends the new global head and CPN to the round's
 selected clients only, so a client starts its next round from the ones of the last round it took part
-in (`clients["head_g"]`, `clients["cpn"]`); follow=paper: every client starts from the current global
+in (`clients["head_g"]`, `clients["cpn"]`); `clients["cond"]["ctx"]` holds the conditions (unnormalized); follow=paper: every client starts from the current global
 ones (the server's broadcast).
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ class FedCP(PartSharing):
         mods = self.init_modules(params, num_clients)
         hw, hb = head_names(params)
         head_g = {"weight": params[hw], "bias": params[hb]}
-        clients = {**state.clients, "ctx": mods["ctx"]}
+        clients = {**state.clients, "cond": {"ctx": mods["ctx"]}}
         if self.follow == "pfllib":  # each client's own copies, replaced only when it is selected
             clients["head_g"], clients["cpn"] = stack(head_g, num_clients), stack(mods["cpn"], num_clients)
         return ServerState(params=state.params, extra={"cpn": mods["cpn"], "head_g": head_g, "key": mods["key"]},
@@ -123,7 +123,7 @@ class FedCP(PartSharing):
         part = state.clients["part"]
         frozen = {k: v for k, v in stack(state.params, m).items() if k not in part}  # the received body
         key = mix32((state.extra["key"] + mix32(torch.full_like(clients, rnd) * 65599 + clients.long())) & M32)
-        return {**local, "cpn": cpn, "head_g": head_g, "frozen": frozen, "ctx": state.clients["ctx"][clients],
+        return {**local, "cpn": cpn, "head_g": head_g, "frozen": frozen, "ctx": state.clients["cond"]["ctx"][clients],
                 "cid": clients.long(), "key": key, "step": torch.zeros_like(key)}
 
     # -- the round --------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class FedCP(PartSharing):
         head_g = weighted_mean(gather(upload, selected), weights)
         cpn = weighted_mean(gather(local["cpn"], selected), weights)
         kept = dict(new.clients)
-        kept["ctx"] = state.clients["ctx"].index_copy(0, clients, mine["weight"].sum(1))  # its head's row sum
+        kept["cond"] = {"ctx": state.clients["cond"]["ctx"].index_copy(0, clients, mine["weight"].sum(1))}  # its head's row sum
         if self.follow == "pfllib":  # set_head_g / set_cs: the round's clients only
             m = len(clients)
             kept["head_g"] = scatter(state.clients["head_g"], clients, expand(head_g, m))
@@ -190,10 +190,10 @@ class FedCP(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), its global
         head (`hg.*`), CPN (`cpn.*`) and condition (`ctx`)."""
         models, _ = super().personalize(engine, state, ctx)
-        C = state.clients["ctx"].shape[0]
+        C = state.clients["cond"]["ctx"].shape[0]
         head_g, cpn = self._modules_of(state, C)
         return {**models, **{f"hg.{k}": v for k, v in head_g.items()}, **{f"cpn.{k}": v for k, v in cpn.items()},
-                "ctx": state.clients["ctx"]}, None
+                "ctx": state.clients["cond"]["ctx"]}, None
 
     def score(self, engine: Engine, served, split):
         params = {k: v for k, v in served.items() if k != "ctx"}
@@ -222,7 +222,7 @@ class FedCP(PartSharing):
         part = state.clients["part"]
         body = {k: v for k, v in stack(state.params, m).items() if k not in part}
         head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
-        cond = state.clients["ctx"][new]
+        cond = state.clients["cond"]["ctx"][new]
         heads = gather(part, new)
         hw, hb = head_names(state.params)
 
