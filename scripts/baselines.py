@@ -59,6 +59,7 @@ ENTRIES = {
     "FedBABU": ("fedbabu", [f"algo.lr={LR}", f"algo.alpha={LR}", "algo.finetune_steps=5"], "pers"),
     "FedPAC": ("fedpac", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
     "GPFL": ("gpfl", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
+    "FedCP": ("fedcp", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
 }
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
 # cnn_bn), and these settings' models have none (fedrun refuses the pair in one line).

@@ -57,6 +57,8 @@ ALGOS = {
                "serverpac", "FedPAC", {"lamda": 1.0}),  # (its passes over each client's rows: tau unused)
     "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
              "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
+    "fedcp": (["algo=fedcp", f"algo.lr={LR}", "algo.lam=1.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
+              "servercp", "FedCP", {"lamda": 1.0}),  # (PFLlib's accuracy draws gate noise at test time: fedrun's does not)
 }
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
 SETTING = "mnist_shards2"
