@@ -15,7 +15,7 @@ round). A local step on one minibatch takes SGD of lr on the body, head_i and th
 with f0 the features of the round's received (frozen) body and MMD PFLlib's RBF estimate (bandwidths
 10, 15, 20, 50). After the round the client uploads its body, its CPN and head_g' = (head_i + head_g)/2;
 the server averages (`weights`) the three; each client keeps head_i and sets its condition from it.
-Served: the same output with the gate's mean-free form softmax(z) (no noise).
+Served: the same output with the noise-free gate softmax(z) (PFLlib's evaluation draws noise).
 
 The Gumbel noise of every step is a counter-based hash of (the run's key, round, client, step,
 coordinate) -> uniform -> -log(-log u): vectorized, on the device, no host reads, the same on every
@@ -28,8 +28,9 @@ A round is `tau` steps; with `local_epochs` set, `local_epochs` passes over the 
 
 follow=pfllib (protocol=official): PFLlib's servercp sends the new global head and CPN to the round's
 selected clients only, so a client starts its next round from the ones of the last round it took part
-in (`clients["head_g"]`, `clients["cpn"]`); `clients["cond"]["ctx"]` holds the conditions (unnormalized); follow=paper: every client starts from the current global
-ones (the server's broadcast).
+in (`clients["head_g"]`, `clients["cpn"]`); follow=paper: every client starts from the current global
+ones (the server's broadcast). `clients["cond"]["ctx"]` [C, d] holds every client's condition
+(unnormalized: random until its first round, then its head's row sum).
 """
 from __future__ import annotations
 
