@@ -67,6 +67,7 @@ ENTRIES = {
     "FedDBE": ("feddbe", [f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers"),
     "FedPAC": ("fedpac", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
     "GPFL": ("gpfl", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
+    "FedCP": ("fedcp", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
 }
 # issue 36, the model-mixing methods (their defaults otherwise: conf/algo/<name>.yaml)
 ENTRIES["FedAMP"] = ("fedamp", [f"algo.lr={LR}"], "pers")

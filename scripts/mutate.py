@@ -259,6 +259,16 @@ MUTANTS += [
     Mutant("gpfl-cov-no-identity", "fedrun/algorithms/gpfl.py",
            "return F.relu(feat * (gamma + 1) + beta)", "return F.relu(feat * gamma + beta)",
            ("tests/test_golden_pfllib_module.py", "-k", "gpfl_replays"), "GPFL's CoV scales by gamma, not gamma + 1"),
+    Mutant("fedcp-gate-no-noise", "fedrun/algorithms/fedcp.py",
+           "gate = torch.softmax(z if noise is None else z + noise, dim=-2)", "gate = torch.softmax(z, dim=-2)",
+           ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"), "FedCP's gate without its Gumbel noise in training"),
+    Mutant("fedcp-gate-swapped", "fedrun/algorithms/fedcp.py",
+           "return F.linear(feat * gate[..., 0, :], *head_p) + F.linear(feat * gate[..., 1, :], *head_g)",
+           "return F.linear(feat * gate[..., 1, :], *head_p) + F.linear(feat * gate[..., 0, :], *head_g)",
+           ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"), "FedCP's gate halves swapped between the heads"),
+    Mutant("fedcp-upload-unmixed", "fedrun/algorithms/fedcp.py",
+           "upload = {k: 0.5 * mine[k] + 0.5 * local[\"head_g\"][k] for k in mine}", "upload = {k: mine[k] for k in mine}",
+           ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"), "FedCP uploads its personalized head as the global one (no mixing)"),
 ]
 
 # issue 36, APPLE: its key lines against its PFLlib trace

@@ -65,6 +65,8 @@ ALGOS = {
                "serverpac", "FedPAC", {"lamda": 1.0}),  # (its passes over each client's rows: tau unused)
     "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
              "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
+    "fedcp": (["algo=fedcp", f"algo.lr={LR}", "algo.lam=1.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
+              "servercp", "FedCP", {"lamda": 1.0}),  # (PFLlib's accuracy draws gate noise at test time: fedrun's does not)
 }
 # issue 36, the model-mixing methods (fedrun follows PFLlib's code where it differs from the paper: FedAMP's
 # regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local;

@@ -13,6 +13,7 @@ from .fedamp import FedAMP
 from .fedavg import FedAvg
 from .fedbabu import FedBABU
 from .fedbn import FedBN
+from .fedcp import FedCP
 from .feddbe import FedDBE
 from .feddyn import FedDyn
 from .fedpac import FedPAC
@@ -21,6 +22,7 @@ from .fedper import FedPer
 from .fedphp import FedPHP
 from .fedproto import FedProto
 from .fedprox import FedProx
+from .gpfl import GPFL
 from .fedrep import FedRep
 from .fedrod import FedRoD
 from .gpfl import GPFL
@@ -36,7 +38,7 @@ from .scaffold import Scaffold
 
 __all__ = ["Algorithm", "ConfigError", "ServerState", "FedAvg", "PerFedAvg", "PFedMe", "PAvg", "PFLDyn", "PFLScaf",
            "FedDyn", "Scaffold", "FedProx", "LocalOnly", "Ditto", "APFL", "FedPer", "LGFedAvg", "FedRep", "FedBABU", "FedBN",
-           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL", "APPLE", "FedFomo",
+           "MOON", "FedRoD", "FedProto", "FedDBE", "FedAMP", "FedPHP", "FedALA", "FedPAC", "GPFL", "APPLE", "FedFomo", "FedCP",
            "names", "build", "algorithm_class"]
 
 

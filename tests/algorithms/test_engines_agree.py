@@ -72,7 +72,7 @@ SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME, "fedbn": BN64}  # o
 # client's rows (F64's clients hold up to 6,552: hundreds of steps a pass)
 ROWS64 = Setup(data=lambda: agreement.data_of("mlp", torch.float64, "cpu"), model=lambda d: MLP(d.in_features, d.num_classes, hidden=[5]).double(),
                schedule=dict(rounds=2, tau=2, clients_per_round=2, batch_size=4), tol=F64.tol, row_tol=F64.row_tol)
-SETUPS.update({name: ROWS64 for name in ("fedpac", "gpfl")})
+SETUPS.update({name: ROWS64 for name in ("fedpac", "gpfl", "fedcp")})
 
 # Hyperparameters merged over an algorithm's config: fedrun.bench.agreement's (small steps that keep 2-3
 # rounds finite, options that exercise code paths the defaults leave idle), pFedMe with 3 inner steps.

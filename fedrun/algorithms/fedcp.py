@@ -1,0 +1,280 @@
+"""FedCP (Zhang, Hua, Wang, Cao, Guan, KDD 2023): federated conditional policy.
+
+A conditional policy network (CPN) beside the model splits each sample's feature f [d] (the body's
+output) into a personalized and a global part: with the client's condition c [d] (the L2-normalized
+row sum of its personalized head's weight), the CPN's logits z = ReLU(LN(W (f * c) + b)) [2, d] give
+the gate (p, g) = gumbel_softmax(z, over the pair, tau 1, soft): p + g = 1 per coordinate. The output is
+
+    head_i(f * p) + head_g(f * g)
+
+(head_i the client's personalized head, trained; head_g the received global head, frozen in the
+round). A local step on one minibatch takes SGD of lr on the body, head_i and the CPN of
+
+    CE(output, y) + lam MMD(f, f0)
+
+with f0 the features of the round's received (frozen) body and MMD PFLlib's RBF estimate (bandwidths
+10, 15, 20, 50). After the round the client uploads its body, its CPN and head_g' = (head_i + head_g)/2;
+the server averages (`weights`) the three; each client keeps head_i and sets its condition from it.
+Served: the same output with the noise-free gate softmax(z) (PFLlib's evaluation draws noise).
+
+The Gumbel noise of every step is a counter-based hash of (the run's key, round, client, step,
+coordinate) -> uniform -> -log(-log u): vectorized, on the device, no host reads, the same on every
+engine and for batched seeds; the run's key, the initial conditions (uniform [0, 1), as PFLlib's
+torch.rand) and the CPN's initial parameters are drawn from a generator seeded by the model's initial
+parameters. `gumbel` is the one place the noise comes from (the golden trace feeds PFLlib's there).
+
+A round is `tau` steps; with `local_epochs` set, `local_epochs` passes over the client's rows
+(PFLlib's, `base.Phase`; tau unused).
+
+follow=pfllib (protocol=official): PFLlib's servercp sends the new global head and CPN to the round's
+selected clients only, so a client starts its next round from the ones of the last round it took part
+in (`clients["head_g"]`, `clients["cpn"]`); follow=paper: every client starts from the current global
+ones (the server's broadcast). `clients["cond"]["ctx"]` [C, d] holds every client's condition
+(unnormalized: random until its first round, then its head's row sum).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..engine import Engine
+from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
+from .base import EvalContext, Local, Phase, ServerState
+from .bodyhead import PartSharing
+from .checks import check_choice, check_optional_int, check_positive
+from .gpfl import per_client_pass
+from .personalize import onboarding_batches
+
+CPN_KEYS = ("fc.weight", "fc.bias", "ln.weight", "ln.bias")
+M32 = 0xFFFFFFFF
+BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+
+
+class FedCP(PartSharing):
+    name = "fedcp"
+    personal_part = "head"
+    optim_ok = False  # its step trains the model and the CPN together
+    models_per_round = 1
+    FOLLOW = ("paper", "pfllib")
+    protocol = {"follow": dict(honest="paper", official="pfllib")}
+    agreement_options = dict(lr=0.05, lam=1.0)
+
+    def __init__(self, lr: float, lam: float, local_epochs: int | None, follow: str | None,
+                 new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
+                 finetune_lr: float | None):
+        super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
+        check_positive("algo.lam", lam, allow_zero=True)
+        check_optional_int("algo.local_epochs", local_epochs, 1)
+        check_choice("algo.follow", follow or "paper", self.FOLLOW)
+        self.lam, self.local_epochs, self.follow = lam, local_epochs, follow or "paper"
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        from ..errors import ConfigError
+        if len(head_names(params)) != 2:
+            raise ConfigError(f"algo={self.name} needs a model whose output layer is one linear layer (weight and bias)")
+
+    def set_finetuning(self, steps: int, epochs: int | None, lr: float | None) -> None:
+        super().set_finetuning(steps, epochs, lr)
+        if steps or epochs:
+            from ..errors import ConfigError
+            raise ConfigError("algo=fedcp serves its models through its CPN and global head, which the generic "
+                              "fine-tuning does not use: set algo.finetune_steps=0 and algo.finetune_epochs=null")
+
+    # -- state ------------------------------------------------------------------------------------
+    def init_modules(self, params: Params, num_clients: int) -> dict:
+        """The CPN's initial parameters (nn.Linear(d, 2d) as PyTorch initializes it, LayerNorm ones /
+        zeros), every client's initial condition (uniform [0, 1)) and the run's noise key, from a
+        generator seeded by the model's initial parameters."""
+        w = params[head_names(params)[0]]
+        d = w.shape[1]
+        first = next(iter(params.values()))
+        seed = int(first.double().flatten()[:64].mul(1e6).round().abs().sum().item()) % (2 ** 62)
+        g = torch.Generator().manual_seed(seed)
+        bound = 1 / math.sqrt(d)
+        u = lambda *shape: (torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1) * bound
+        cpn = {"fc.weight": u(2 * d, d), "fc.bias": u(2 * d), "ln.weight": torch.ones(2 * d, dtype=torch.float64),
+               "ln.bias": torch.zeros(2 * d, dtype=torch.float64)}
+        ctx = torch.rand(num_clients, d, generator=g, dtype=torch.float64)
+        key = torch.randint(0, 2 ** 32, (), generator=g)
+        cast = lambda t: t.to(dtype=w.dtype, device=w.device)
+        return {"cpn": {k: cast(v) for k, v in cpn.items()}, "ctx": cast(ctx), "key": key.to(w.device)}
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        state = super().init(params, num_clients)
+        mods = self.init_modules(params, num_clients)
+        hw, hb = head_names(params)
+        head_g = {"weight": params[hw], "bias": params[hb]}
+        clients = {**state.clients, "cond": {"ctx": mods["ctx"]}}
+        if self.follow == "pfllib":  # each client's own copies, replaced only when it is selected
+            clients["head_g"], clients["cpn"] = stack(head_g, num_clients), stack(mods["cpn"], num_clients)
+        return ServerState(params=state.params, extra={"cpn": mods["cpn"], "head_g": head_g, "key": mods["key"]},
+                           clients=clients)
+
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+        local = super().client_init(state, clients, rnd)
+        m = len(clients)
+        if self.follow == "pfllib":
+            head_g, cpn = gather(state.clients["head_g"], clients), gather(state.clients["cpn"], clients)
+        else:
+            head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
+        part = state.clients["part"]
+        frozen = {k: v for k, v in stack(state.params, m).items() if k not in part}  # the received body
+        key = mix32((state.extra["key"] + mix32(torch.full_like(clients, rnd) * 65599 + clients.long())) & M32)
+        return {**local, "cpn": cpn, "head_g": head_g, "frozen": frozen, "ctx": state.clients["cond"]["ctx"][clients],
+                "cid": clients.long(), "key": key, "step": torch.zeros_like(key)}
+
+    # -- the round --------------------------------------------------------------------------------
+    def phases(self) -> tuple[Phase, ...] | None:
+        if self.local_epochs is None:
+            return None
+        return (Phase(self.train_step, epochs=self.local_epochs),)
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return self.train_step(engine, local, batches, rnd)
+
+    def gumbel(self, local: Local, rnd: int, shape: tuple[int, ...]) -> Tensor:
+        """The step's Gumbel noise [m, *shape] from each client's (key, step) counter."""
+        return gumbel_noise(local["key"], local["step"], shape, local["ctx"].dtype)
+
+    def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        (x, y), = batches
+        B, d = x.shape[1], local["ctx"].shape[-1]
+        noise = self.gumbel(local, rnd, (B, 2, d))
+        head = head_names(local["params"])
+        lam = self.lam
+        q = {**{f"m.{k}": v for k, v in local["params"].items()}, **{f"c.{k}": v for k, v in local["cpn"].items()},
+             **{f"g.{k}": v for k, v in local["head_g"].items()}, **{f"f.{k}": v for k, v in local["frozen"].items()}}
+
+        def loss(q: Params, x: Tensor, y: Tensor, ctx: Tensor, noise: Tensor) -> Tensor:
+            model = {k[2:]: v for k, v in q.items() if k.startswith("m.")}
+            cpn = {k[2:]: v for k, v in q.items() if k.startswith("c.")}
+            hg = {k[2:]: v.detach() for k, v in q.items() if k.startswith("g.")}
+            base = {k[2:]: v.detach() for k, v in q.items() if k.startswith("f.")}
+            feat = engine.features(model, x)
+            out = cp_output(cpn, feat, ctx, noise, (model[head[0]], model[head[1]]), (hg["weight"], hg["bias"]))
+            feat0 = engine.features({**base, head[0]: model[head[0]], head[1]: model[head[1]]}, x)
+            return F.cross_entropy(out, y) + lam * mmd(feat, feat0.detach())
+
+        g, _ = engine.value_and_grad(loss, q, x, y, local["ctx"], noise)
+        lr = self.lr
+        return {**local, "params": {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()},
+                "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}, "step": local["step"] + 1}
+
+    # -- the server -------------------------------------------------------------------------------
+    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        new = super().server_update(state, local, clients, selected, weights)
+        hw, hb = head_names(local["params"])
+        mine = {"weight": local["params"][hw], "bias": local["params"][hb]}
+        upload = {k: 0.5 * mine[k] + 0.5 * local["head_g"][k] for k in mine}  # generate_upload_head
+        head_g = weighted_mean(gather(upload, selected), weights)
+        cpn = weighted_mean(gather(local["cpn"], selected), weights)
+        kept = dict(new.clients)
+        kept["cond"] = {"ctx": state.clients["cond"]["ctx"].index_copy(0, clients, mine["weight"].sum(1))}  # its head's row sum
+        if self.follow == "pfllib":  # set_head_g / set_cs: the round's clients only
+            m = len(clients)
+            kept["head_g"] = scatter(state.clients["head_g"], clients, expand(head_g, m))
+            kept["cpn"] = scatter(state.clients["cpn"], clients, expand(cpn, m))
+        return ServerState(params=new.params, extra={**state.extra, "cpn": cpn, "head_g": head_g}, clients=kept)
+
+    # -- serving ----------------------------------------------------------------------------------
+    def _modules_of(self, state: ServerState, C: int) -> tuple[Params, Params]:
+        if self.follow == "pfllib":
+            return state.clients["head_g"], state.clients["cpn"]
+        return expand(state.extra["head_g"], C), expand(state.extra["cpn"], C)
+
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        """Per-client tensors [C, ...]: each client's model (the global body, its head), its global
+        head (`hg.*`), CPN (`cpn.*`) and condition (`ctx`)."""
+        models, _ = super().personalize(engine, state, ctx)
+        C = state.clients["cond"]["ctx"].shape[0]
+        head_g, cpn = self._modules_of(state, C)
+        return {**models, **{f"hg.{k}": v for k, v in head_g.items()}, **{f"cpn.{k}": v for k, v in cpn.items()},
+                "ctx": state.clients["cond"]["ctx"]}, None
+
+    def score(self, engine: Engine, served, split):
+        params = {k: v for k, v in served.items() if k != "ctx"}
+        head = head_names({k: v for k, v in params.items() if not k.startswith(("hg.", "cpn."))})
+
+        def fn(p: Params, _: Params, ctx: Tensor, x: Tensor, y: Tensor, mask: Tensor):
+            model = {k: v for k, v in p.items() if not k.startswith(("hg.", "cpn."))}
+            cpn = {k[4:]: v for k, v in p.items() if k.startswith("cpn.")}
+            feat = engine.features(model, x)
+            out = cp_output(cpn, feat, ctx, None, (model[head[0]], model[head[1]]), (p["hg.weight"], p["hg.bias"]))
+            loss = (F.cross_entropy(out, y, reduction="none") * mask).sum()
+            return loss, ((out.argmax(-1) == y).to(mask.dtype) * mask).sum()
+
+        return per_client_pass(engine, fn, params, {}, served["ctx"], split)
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """A held-out client receives the global body, global head and CPN (follow=pfllib: as its own
+        copies) and keeps its initial condition (it never trained, as PFLlib's clients before their
+        first round); it fits its head with the rest frozen: new_client_steps (null: tau) SGD steps of
+        lr on the served (noise-free) output's cross-entropy over minibatches of its training rows."""
+        m = len(new)
+        clients = dict(state.clients)
+        if self.follow == "pfllib":
+            clients["head_g"] = scatter(state.clients["head_g"], new, expand(state.extra["head_g"], m))
+            clients["cpn"] = scatter(state.clients["cpn"], new, expand(state.extra["cpn"], m))
+        part = state.clients["part"]
+        body = {k: v for k, v in stack(state.params, m).items() if k not in part}
+        head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
+        cond = state.clients["cond"]["ctx"][new]
+        heads = gather(part, new)
+        hw, hb = head_names(state.params)
+
+        def loss(h: Params, body: Params, cpn: Params, hg: Params, cond: Tensor, x: Tensor, y: Tensor) -> Tensor:
+            feat = engine.features({**body, **h}, x)
+            return F.cross_entropy(cp_output(cpn, feat, cond, None, (h[hw], h[hb]), (hg["weight"], hg["bias"])), y)
+
+        q = {**{f"h.{k}": v for k, v in heads.items()}, **{f"b.{k}": v for k, v in body.items()},
+             **{f"c.{k}": v for k, v in cpn.items()}, **{f"g.{k}": v for k, v in head_g.items()}}
+        split_q = lambda q, p: {k[2:]: v for k, v in q.items() if k.startswith(p)}
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            g, _ = engine.value_and_grad(lambda q, c, x, y: loss(split_q(q, "h."), split_q(q, "b."), split_q(q, "c."),
+                                                                 split_q(q, "g."), c, x, y), q, cond, x, y)
+            q = {k: v - self.lr * g[k] if k.startswith("h.") else v for k, v in q.items()}
+        clients["part"] = scatter(part, new, split_q(q, "h."))
+        return ServerState(params=state.params, extra=state.extra, clients=clients)
+
+
+def cp_output(cpn: Params, feat: Tensor, ctx: Tensor, noise: Tensor | None, head_p: tuple, head_g: tuple) -> Tensor:
+    """head_p(f * p) + head_g(f * g), (p, g) the CPN's gate of features [B, d] under condition ctx [d]
+    (Gumbel noise [B, 2, d], or None: the noise-free softmax)."""
+    d = feat.shape[-1]
+    z = F.linear(feat * F.normalize(ctx, dim=-1), cpn["fc.weight"], cpn["fc.bias"])
+    z = F.relu(F.layer_norm(z, (2 * d,), cpn["ln.weight"], cpn["ln.bias"])).view(*feat.shape[:-1], 2, d)
+    gate = torch.softmax(z if noise is None else z + noise, dim=-2)
+    return F.linear(feat * gate[..., 0, :], *head_p) + F.linear(feat * gate[..., 1, :], *head_g)
+
+
+def mmd(x: Tensor, y: Tensor) -> Tensor:
+    """PFLlib's RBF estimate of the maximum mean discrepancy of the rows of x and y [B, d]."""
+    sx, sy = (x * x).sum(-1), (y * y).sum(-1)
+    dxx = sx.unsqueeze(0) + sx.unsqueeze(1) - 2 * x @ x.T
+    dyy = sy.unsqueeze(0) + sy.unsqueeze(1) - 2 * y @ y.T
+    dxy = sx.unsqueeze(1) + sy.unsqueeze(0) - 2 * x @ y.T
+    k = lambda dist: sum(torch.exp(-0.5 * dist / a) for a in BANDWIDTHS)
+    return (k(dxx) + k(dyy) - 2 * k(dxy)).mean()
+
+
+def mix32(x: Tensor) -> Tensor:
+    """An integer hash of 32-bit values held in int64 (products stay below 2^60: no overflow)."""
+    x = x & M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(key: Tensor, step: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """Standard Gumbel draws [m, *shape] from each client's key [m] and step counter [m] (int64)."""
+    n = math.prod(shape)
+    base = mix32(key ^ mix32(step * 0x9E37 + 0x7F4A))
+    e = torch.arange(n, device=key.device)
+    bits = mix32(mix32(base.unsqueeze(-1) + e * 0x3C6EF) ^ base.unsqueeze(-1))
+    u = (bits.double() + 0.5) / 2.0 ** 32
+    return (-torch.log(-torch.log(u))).to(dtype).view(len(key), *shape)
