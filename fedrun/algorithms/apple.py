@@ -138,10 +138,11 @@ class APPLE(Algorithm):
         first = next(iter(core.values()))
         return {"p": p, "params": core, "theta": mix(p, state.clients["params"]),
                 "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
-                "own": torch.nn.functional.one_hot(clients, C).to(first.dtype),
+                "own": (clients.unsqueeze(1) == torch.arange(C, device=clients.device)).to(first.dtype),  # (one_hot
+                # checks its indices on the host)
                 "p0": state.extra["p0"].expand(m, -1), "member": state.extra["member"].expand(m, -1),
                 "lam": torch.full((m,), lam, dtype=first.dtype, device=first.device),
-                "scale": torch.full((m,), float(state.extra["member"].sum()), dtype=first.dtype, device=first.device)}
+                "scale": state.extra["member"].sum().to(first.dtype).repeat(m)}  # (on the device: no host read)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         return self._local(state, clients, state.clients["p"]["p"][clients], gather(state.clients["params"], clients),
