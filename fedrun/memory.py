@@ -83,7 +83,8 @@ def budget_bytes(option, device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(cuda_index(device))
-    return int(torch.cuda.memory_allocated(device) + free - max(CUDA_MARGIN * total, CUDA_MARGIN_MIN))
+    # the blocks this process's caching allocator holds (reserved) are its own to reuse, allocated or not
+    return int(torch.cuda.memory_reserved(device) + free - max(CUDA_MARGIN * total, CUDA_MARGIN_MIN))
 
 
 def cuda_index(device: torch.device) -> int:
