@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -45,9 +46,18 @@ def rows(data: dict):
 def pfllib_args(model, algo: str, **extra) -> types.SimpleNamespace:
     """PFLlib's argument namespace as its clients read it (CPU, B = 4, lr 0.1, 1 local epoch, no decay);
     `extra` adds the method's own arguments (or overrides these)."""
-    return types.SimpleNamespace(**{**dict(model=model, algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
-                                           num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1,
-                                           few_shot=0, learning_rate_decay_gamma=1.0, learning_rate_decay=False), **extra})
+    base = dict(model=model, algorithm=algo, dataset="golden", device="cpu", save_folder_name="x", num_classes=4,
+                batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0, learning_rate_decay_gamma=1.0,
+                learning_rate_decay=False)
+    return types.SimpleNamespace(**{**base, **extra})
+
+
+def classes(cmod: str, ccls: str, smod: str, scls: str):
+    """PFLlib's client class flcore.clients.<cmod>.<ccls>, its server module flcore.servers.<smod> and the
+    server class <scls> in it."""
+    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
+    smodule = importlib.import_module(f"flcore.servers.{smod}")
+    return Client, smodule, getattr(smodule, scls)
 
 
 def build_clients(Client, args, data: dict, ys, **kw) -> list:
@@ -91,6 +101,17 @@ def draw(rng, n: int, steps: int = STEPS) -> list:
 def one_pass(x, y, batches):
     """A load_train_data whose loader makes one pass over the given minibatches (row indices)."""
     return lambda batch_size=None: Passes([[(x[b], y[b]) for b in batches]])
+
+
+def train_passes(clients, ids, xs, ys, rng, train=lambda c: c.train()) -> dict:
+    """Each client of `ids` in turn: a recorded pass of STEPS minibatches drawn as its loader, then
+    `train(client)`; returns the draws as the traces record them, {"<id>": {"train": rows}}."""
+    batches = {}
+    for i in ids:
+        batches[str(i)] = {"train": (mine := draw(rng, len(ys[i])))}
+        clients[i].load_train_data = one_pass(xs[i], ys[i], mine)
+        train(clients[i])
+    return batches
 
 
 def shuffled(x, y, rng, log):

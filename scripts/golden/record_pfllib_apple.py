@@ -30,7 +30,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import STEPS, build_clients, draw, header, main, one_pass, params, per_client, pfllib_args, rows, stand_in  # noqa: E402
+from _pfllib import (STEPS, build_clients, header, main, params, per_client, pfllib_args, rows, stand_in,  # noqa: E402
+                     train_passes)
 from record_pfllib import BATCH_SEED, ROUNDS, model  # noqa: E402
 
 EXTRA = dict(dr_learning_rate=1.0, mu=0.5, L=1.0, global_rounds=ROUNDS)
@@ -52,11 +53,7 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
         server.send_models()
         for c in clients:  # each client's own copy of the downloads (see the docstring)
             c.set_models(copy.deepcopy(c.model_cs))
-        batches = {}
-        for i, c in enumerate(clients):
-            batches[str(i)] = {"train": (mine := draw(rng, len(ys[i])))}
-            c.load_train_data = one_pass(xs[i], ys[i], mine)
-            c.train(r)
+        batches = train_passes(clients, range(C), xs, ys, rng, lambda c: c.train(r))
         trace.append({"selected": list(range(C)), "batches": batches,
                       "core": per_client(clients, lambda c: params(c.model_c)),
                       "clients": per_client(clients, lambda c: params(c.model)),

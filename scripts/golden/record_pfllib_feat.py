@@ -27,13 +27,12 @@ given to every client) around PFLlib's own client.train(), and records the init 
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (STEPS, build_clients, draw, header, main, one_pass, params, per_client, pfllib_args,  # noqa: E402
-                     rows, seed_rounds, select, stand_in)
+from _pfllib import (STEPS, build_clients, classes, header, main, params, per_client, pfllib_args, rows,  # noqa: E402
+                     seed_rounds, select, stand_in, train_passes)
 from record_pfllib import JOIN, ROUNDS, model  # noqa: E402
 
 # algo -> (client module, class, server module, class, extra args)
@@ -43,14 +42,13 @@ RUNS = {
     "fedproto": ("clientproto", "clientProto", "serverproto", "FedProto", dict(lamda=1.0)),
     "feddbe": ("clientdbe", "clientDBE", "serverdbe", "FedDBE", dict(momentum=0.1, kl_weight=1.0)),
 }
-SERVER_METHODS = ("send_models", "receive_models", "aggregate_parameters", "add_parameters", "receive_protos", "send_protos")
+SERVER_METHODS = ("send_models", "receive_models", "aggregate_parameters", "add_parameters", "receive_protos",
+                  "send_protos")
 
 
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     cmod, ccls, smod, scls, extra = RUNS[algo]
-    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
-    smodule = importlib.import_module(f"flcore.servers.{smod}")
-    Server = getattr(smodule, scls)
+    Client, smodule, Server = classes(cmod, ccls, smod, scls)
     args = pfllib_args(model(init), algo, **extra)
     xs, ys = rows(data)
     base_loader = Client.load_train_data
@@ -64,12 +62,9 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     rng = seed_rounds()
     trace, out = [], {}
     if algo == "feddbe":  # its server's constructor: every client trains once (no bias yet), then the global mean
-        out["init_period"] = {"batches": {}}
-        for i, c in enumerate(clients):
-            out["init_period"]["batches"][str(i)] = mine = draw(rng, len(ys[i]))
-            c.load_train_data = one_pass(xs[i], ys[i], mine)
-            c.train()
-        total = sum(c.train_samples for c in clients)  # (FedDBE.__init__'s weighting, restated: it runs in the constructor)
+        first = train_passes(clients, range(len(clients)), xs, ys, rng)
+        out["init_period"] = {"batches": {i: b["train"] for i, b in first.items()}}
+        total = sum(c.train_samples for c in clients)  # (FedDBE.__init__'s weighting, restated: in its constructor)
         global_mean = sum(c.running_mean * (c.train_samples / total) for c in clients)
         for c in clients:
             c.global_mean = global_mean.data.clone()
@@ -78,12 +73,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         selected = select(server)
         if algo != "fedproto":
             server.send_models()
-        batches = {}
-        for i in selected:
-            batches[str(i)] = {"train": (mine := draw(rng, len(ys[i])))}
-            clients[i].load_train_data = one_pass(xs[i], ys[i], mine)
-            clients[i].train()
-        it = {"selected": selected, "batches": batches}
+        it = {"selected": selected, "batches": train_passes(clients, selected, xs, ys, rng)}
         if algo == "fedproto":
             server.receive_protos()
             server.global_protos = smodule.proto_aggregation(server.uploaded_protos)

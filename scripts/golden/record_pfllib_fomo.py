@@ -40,7 +40,8 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
     args = pfllib_args(model(init), "fedfomo", num_clients=C, M=M)
     clients = build_clients(clientFomo, args, data, ys)
     server = stand_in(FedFomo, ("send_models", "receive_models"), clients, JOIN, num_join_clients=JOIN, uploaded_ids=[],
-                      M=min(M, JOIN), P=torch.diag(torch.ones(C)), client_models=[copy.deepcopy(args.model) for _ in range(C)])
+                      M=min(M, JOIN), P=torch.diag(torch.ones(C)),
+                      client_models=[copy.deepcopy(args.model) for _ in range(C)])
     rng = seed_rounds()
     trace = []
     for r in range(ROUNDS):

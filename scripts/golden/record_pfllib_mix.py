@@ -29,8 +29,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (STEPS, build_clients, draw, header, main, one_pass, params, per_client, pfllib_args,  # noqa: E402
-                     rows, seed_rounds, select, stand_in)
+from _pfllib import (STEPS, build_clients, classes, header, main, params, per_client, pfllib_args, rows,  # noqa: E402
+                     seed_rounds, select, stand_in, train_passes)
 from record_pfllib import JOIN, ROUNDS, model  # noqa: E402
 
 # algo -> (client module, class, server module, class, PFLlib arguments, server methods used)
@@ -68,8 +68,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         real = ala.DataLoader
         ala.DataLoader = lambda data, *a, **k: CountingLoader(real(data, *a, **k), next(
             i for i in range(len(xs)) if len(data) == len(ys[i]) and torch.equal(torch.stack([d[0] for d in data]), xs[i])))
-    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
-    Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
+    Client, _, Server = classes(cmod, ccls, smod, scls)
     args = pfllib_args(model(init), algo, **extra)
     clients = build_clients(Client, args, data, ys)
     if algo == "fedala":  # its start phase: exactly num_pre_loss + 1 = 11 passes (the loss spread test always met)
@@ -86,11 +85,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             server.send_models(r)
         else:
             server.send_models()
-        batches = {}
-        for i in selected:
-            batches[str(i)] = {"train": (mine := draw(rng, len(ys[i])))}
-            clients[i].load_train_data = one_pass(xs[i], ys[i], mine)
-            clients[i].train()
+        batches = train_passes(clients, selected, xs, ys, rng)
         server.receive_models()
         if algo in ("fedphp", "fedala"):
             server.aggregate_parameters()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import io
 import os
 import random
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (build_clients, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
+from _pfllib import (build_clients, classes, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
                      shuffled, stand_in)
 from record_pfllib import BATCH_SEED, JOIN, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
 
@@ -53,9 +52,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     if algo == "gpfl":
         return record_gpfl(pfllib, data, init)
     cmod, ccls, smod, scls, extra = RUNS[algo]
-    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
-    server_module = importlib.import_module(f"flcore.servers.{smod}")
-    Server = getattr(server_module, scls)
+    Client, server_module, Server = classes(cmod, ccls, smod, scls)
     args = pfllib_args(model(init), algo, **extra)
     xs, ys = rows(data)
     clients = build_clients(Client, args, data, ys)
