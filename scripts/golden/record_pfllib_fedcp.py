@@ -16,23 +16,19 @@ model (body, personalized head), global head, CPN and condition.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import json
 import os
-import subprocess
 import sys
-import types
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
-from record_pfllib_module import params  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pfllib import (build_clients, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
+                     shuffled, stand_in)
+from record_pfllib import BATCH_SEED, JOIN, ROUNDS, SELECT_SEED, model  # noqa: E402
 
 EXTRA = dict(lamda=1.0, local_epochs=1)
 SERVER_METHODS = ("receive_models", "aggregate_parameters", "add_parameters", "send_models", "global_head", "add_head",
@@ -44,16 +40,10 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
     from flcore.clients.clientcp import clientCP
     from flcore.servers import servercp
 
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
-    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    xs, ys = rows(data)
     torch.manual_seed(0)
     cs = servercp.ConditionalSelection(8, 8)
-    args = types.SimpleNamespace(model=model(init), algorithm="fedcp", dataset="golden", device="cpu", save_folder_name="x",
-                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, few_shot=0,
-                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **EXTRA)
-    with contextlib.redirect_stdout(io.StringIO()):
-        clients = [clientCP(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
-                            send_slow=False, ConditionalSelection=cs) for i, c in enumerate(data["clients"])]
+    clients = build_clients(clientCP, pfllib_args(model(init), "fedcp", **EXTRA), data, ys, ConditionalSelection=cs)
     modules = {"cs": params(cs), "contexts": [c.context.view(-1).tolist() for c in clients]}
     rng = np.random.RandomState(BATCH_SEED)
     gen = torch.Generator().manual_seed(NOISE_SEED)
@@ -65,10 +55,7 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
         noise.append(g.tolist())
         return ((logits + g) / tau).softmax(dim)
 
-    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
-                                   time_threthold=float("inf"))
-    for name in SERVER_METHODS:
-        setattr(server, name, getattr(servercp.FedCP, name).__get__(server))
+    server = stand_in(servercp.FedCP, SERVER_METHODS, clients)
     saved = F.gumbel_softmax
     F.gumbel_softmax = gumbel_softmax
     np.random.seed(SELECT_SEED)
@@ -76,13 +63,11 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             for r in range(ROUNDS):
-                selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
-                server.selected_clients = [clients[i] for i in selected]
+                selected = select(server)
                 passes, draws = {}, {}
                 for i in selected:
                     c = clients[i]
-                    log = passes.setdefault(i, [])
-                    c.load_train_data = lambda batch_size=None, i=i, log=log: Shuffling(xs[i], ys[i], rng, log)
+                    c.load_train_data = shuffled(xs[i], ys[i], rng, passes.setdefault(i, []))
                     noise.clear()
                     c.train_cs_model()
                     draws[i] = list(noise)
@@ -97,36 +82,15 @@ def record(pfllib: str, data: dict, init: dict) -> dict:
                     "batches": {str(i): {"train": passes[i]} for i in selected},
                     "noise": {str(i): draws[i] for i in selected},
                     "server": params(server.global_modules), "head_g": params(server.head), "cs": params(server.cs),
-                    "clients": {str(i): params(c.model.model) for i, c in enumerate(clients)},
-                    "client_head_g": {str(i): params(c.model.head_g) for i, c in enumerate(clients)},
-                    "client_cs": {str(i): params(c.model.gate.cs) for i, c in enumerate(clients)},
-                    "contexts": {str(i): c.context.view(-1).tolist() for i, c in enumerate(clients)}})
+                    "clients": per_client(clients, lambda c: params(c.model.model)),
+                    "client_head_g": per_client(clients, lambda c: params(c.model.head_g)),
+                    "client_cs": per_client(clients, lambda c: params(c.model.gate.cs)),
+                    "contexts": per_client(clients, lambda c: c.context.view(-1).tolist())})
     finally:
         F.gumbel_softmax = saved
-    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": "clientcp.clientCP", "server": "servercp.FedCP"},
-            "algorithm": "fedcp", "dtype": "float32", "unit": "epochs",
-            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **EXTRA},
+    return {**header(pfllib, "fedcp", "clientcp.clientCP", "servercp.FedCP", JOIN, EXTRA, unit="epochs"),
             "init": init, "modules": modules, "iterations": trace}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
-    ap.add_argument("--out", default=FIXTURES)
-    a = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
-    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
-        init = json.load(f)["init"]
-    torch.set_num_threads(1)
-    out = record(a.pfllib, data, init)
-    path = os.path.join(a.out, "pfllib_fedcp.json")
-    with open(path, "w") as f:
-        json.dump(out, f)
-    print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, record, "fedcp")

@@ -21,26 +21,18 @@ recorded: the server model, every client's model and model_p. mu 0.9, lamda 0.5,
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
 import importlib
-import io
-import json
 import os
-import random
-import subprocess
 import sys
-import types
 
-import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Passes, model  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pfllib import (STEPS, build_clients, classes, header, main, params, per_client, pfllib_args, rows,  # noqa: E402
+                     seed_rounds, select, stand_in, train_passes)
+from record_pfllib import JOIN, ROUNDS, model  # noqa: E402
 
-STEPS = 3  # minibatches per selected client per round
 # algo -> (client module, class, server module, class, PFLlib arguments, server methods used)
 RUNS = {
     "fedamp": ("clientamp", "clientAMP", "serveramp", "FedAMP", dict(alphaK=1.0, lamda=1.0, sigma=10.0),
@@ -66,63 +58,40 @@ class CountingLoader:
         return iter(self.loader)
 
 
-def params(m) -> dict:
-    return {n: p.detach().tolist() for n, p in m.named_parameters()}
-
-
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     cmod, ccls, smod, scls, extra, methods = RUNS[algo]
     join = JOINS.get(algo, JOIN)
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
-    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    xs, ys = rows(data)
     if algo == "fedala":  # its ALA reads the client's rows itself: the trace's rows, as (x, y) pairs in order
         clientala, ala = importlib.import_module("flcore.clients.clientala"), importlib.import_module("utils.ALA")
         clientala.read_client_data = lambda dataset, idx, is_train=True, few_shot=0: list(zip(xs[idx], ys[idx]))
         real = ala.DataLoader
         ala.DataLoader = lambda data, *a, **k: CountingLoader(real(data, *a, **k), next(
             i for i in range(len(xs)) if len(data) == len(ys[i]) and torch.equal(torch.stack([d[0] for d in data]), xs[i])))
-    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
-    Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
-    args = types.SimpleNamespace(model=model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
-                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
-                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
-    with contextlib.redirect_stdout(io.StringIO()):
-        clients = [Client(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
-                          send_slow=False) for i, c in enumerate(data["clients"])]
+    Client, _, Server = classes(cmod, ccls, smod, scls)
+    args = pfllib_args(model(init), algo, **extra)
+    clients = build_clients(Client, args, data, ys)
     if algo == "fedala":  # its start phase: exactly num_pre_loss + 1 = 11 passes (the loss spread test always met)
         for c in clients:
             c.ALA.threshold = float("inf")
-    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=join,
-                                   num_join_clients=join, time_threthold=float("inf"), uploaded_ids=[],
-                                   uploaded_models=[], global_model=copy.deepcopy(args.model), **extra)
-    for name in methods:
-        setattr(server, name, getattr(Server, name).__get__(server))
-    rng = np.random.RandomState(BATCH_SEED)
-    np.random.seed(SELECT_SEED)
-    random.seed(0)
+    server = stand_in(Server, methods, clients, join, num_join_clients=join, uploaded_ids=[], uploaded_models=[],
+                      global_model=copy.deepcopy(args.model), **extra)
+    rng = seed_rounds()
     trace = []
     for r in range(ROUNDS):
-        selected = sorted(np.random.choice(len(clients), join, replace=False).tolist())
+        selected = select(server, join)
         CountingLoader.passes = {}
-        server.selected_clients = [clients[i] for i in selected]
         if algo == "fedphp":
             server.send_models(r)
         else:
             server.send_models()
-        batches = {}
-        for i in selected:
-            c = clients[i]
-            mine = [rng.randint(0, len(ys[i]), size=BATCH).tolist() for _ in range(STEPS)]
-            batches[str(i)] = {"train": mine}
-            c.load_train_data = lambda batch_size=None, i=i, mine=mine: Passes([[(xs[i][b], ys[i][b]) for b in mine]])
-            c.train()
+        batches = train_passes(clients, selected, xs, ys, rng)
         server.receive_models()
         if algo in ("fedphp", "fedala"):
             server.aggregate_parameters()
-        it = {"selected": selected, "batches": batches,
-              "clients": {str(i): params(c.model) for i, c in enumerate(clients)}}
+        it = {"selected": selected, "batches": batches, "clients": per_client(clients, lambda c: params(c.model))}
         if algo == "fedamp":
-            it["cloud"] = {str(i): params(c.client_u) for i, c in enumerate(clients)}
+            it["cloud"] = per_client(clients, lambda c: params(c.client_u))
         if algo == "fedala":  # the ALA weights of the higher layers, and how many ALA passes each client made
             names = [n for n, _ in clients[0].model.named_parameters()][-extra["layer_idx"]:]
             it["weights"] = {str(i): {n: w.tolist() for n, w in zip(names, c.ALA.weights)} for i, c in enumerate(clients)
@@ -131,33 +100,11 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         if algo in ("fedphp", "fedala"):
             it["server"] = params(server.global_model)
         if algo == "fedphp":
-            it["historical"] = {str(i): params(c.model_p) for i, c in enumerate(clients)}
+            it["historical"] = per_client(clients, lambda c: params(c.model_p))
         trace.append(it)
-    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
-            "algorithm": algo, "dtype": "float32",
-            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": join, **extra},
+    return {**header(pfllib, algo, f"{cmod}.{ccls}", f"{smod}.{scls}", join, extra),
             "phases": [["train", STEPS]], "init": init, "iterations": trace}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
-    ap.add_argument("--out", default=FIXTURES)
-    ap.add_argument("--algorithms", default=",".join(RUNS))
-    a = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
-    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
-        init = json.load(f)["init"]
-    torch.set_num_threads(1)
-    for algo in a.algorithms.split(","):
-        path = os.path.join(a.out, f"pfllib_{algo}.json")
-        with open(path, "w") as f:
-            json.dump(record(a.pfllib, algo, data, init), f)
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, record, RUNS)

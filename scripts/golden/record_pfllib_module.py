@@ -25,23 +25,20 @@ global prototypes and the clients' statistics (V, h) of the round.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import io
-import json
 import os
 import random
-import subprocess
 import sys
-import types
 
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _pfllib import (build_clients, classes, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
+                     shuffled, stand_in)
+from record_pfllib import BATCH_SEED, JOIN, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
 
 RUNS = {"fedpac": ("clientpac", "clientPAC", "serverpac", "FedPAC", dict(lamda=1.0, local_epochs=1)),
         "gpfl": ("clientgpfl", "clientGPFL", "servergpfl", "GPFL", dict(lamda=0.5, mu=0.1, local_epochs=1))}
@@ -51,47 +48,29 @@ SERVER_METHODS = {"fedpac": ("send_models", "receive_models", "aggregate_paramet
                            "add_GCE", "global_CoV", "add_CoV")}
 
 
-def params(m) -> dict:
-    return {n: p.detach().tolist() for n, p in m.named_parameters()}
-
-
 def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
     if algo == "gpfl":
         return record_gpfl(pfllib, data, init)
-    import importlib
-
     cmod, ccls, smod, scls, extra = RUNS[algo]
-    Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
-    server_module = importlib.import_module(f"flcore.servers.{smod}")
-    Server = getattr(server_module, scls)
-    args = types.SimpleNamespace(model=model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
-                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, few_shot=0,
-                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
-    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
-    with contextlib.redirect_stdout(io.StringIO()):
-        clients = [Client(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
-                          send_slow=False) for i, c in enumerate(data["clients"])]
-    server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
-                                   time_threthold=float("inf"), global_model=copy.deepcopy(args.model), num_classes=4)
-    for name in SERVER_METHODS[algo]:
-        setattr(server, name, getattr(Server, name).__get__(server))
+    Client, server_module, Server = classes(cmod, ccls, smod, scls)
+    args = pfllib_args(model(init), algo, **extra)
+    xs, ys = rows(data)
+    clients = build_clients(Client, args, data, ys)
+    server = stand_in(Server, SERVER_METHODS[algo], clients, global_model=copy.deepcopy(args.model), num_classes=4)
     rng = np.random.RandomState(BATCH_SEED)
     np.random.seed(SELECT_SEED)
     logs: dict = {}
 
     def loaders(phase: str) -> None:  # every client's passes from now on are logged under `phase`
         for i, c in enumerate(clients):
-            log = logs.setdefault(i, {}).setdefault(phase, [])
-            c.load_train_data = lambda batch_size=None, i=i, log=log: Shuffling(xs[i], ys[i], rng, log)
+            c.load_train_data = shuffled(xs[i], ys[i], rng, logs.setdefault(i, {}).setdefault(phase, []))
 
     trace = []
     in_order = lambda population, k: list(population)[:k]  # receive_models: the selection's order
     with mock_sample(in_order), contextlib.redirect_stdout(io.StringIO()):
         for r in range(ROUNDS):
             logs.clear()
-            selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
-            server.selected_clients = [clients[i] for i in selected]
+            selected = select(server)
             loaders("stats")
             server.send_models()
             server.Vars = [c.V for c in server.selected_clients]
@@ -109,13 +88,10 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
                 "selected": selected,
                 "batches": {str(i): {"stats": logs[i]["stats"], "train": logs[i]["train"]} for i in selected},
                 "server": params(server.global_model),
-                "clients": {str(i): params(c.model) for i, c in enumerate(clients)},
+                "clients": per_client(clients, lambda c: params(c.model)),
                 "protos": {str(k): v.tolist() for k, v in server.global_protos.items()},
                 "V": [float(v) for v in server.Vars], "h": [h.tolist() for h in server.Hs]})
-    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
-            "algorithm": algo, "dtype": "float32", "unit": "epochs",
-            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+    return {**header(pfllib, algo, f"{cmod}.{ccls}", f"{smod}.{scls}", JOIN, extra, unit="epochs"),
             "init": init, "iterations": trace}
 
 
@@ -126,14 +102,11 @@ def record_gpfl(pfllib: str, data: dict, init: dict) -> dict:
     from flcore.servers import servergpfl
 
     cmod, ccls, smod, scls, extra = RUNS["gpfl"]
-    xs = [torch.tensor(c["train"]["x"], dtype=torch.float32) for c in data["clients"]]
-    ys = [torch.tensor(c["train"]["y"]) for c in data["clients"]]
+    xs, ys = rows(data)
     torch.manual_seed(0)
     gce, cov = servergpfl.GCE(in_features=8, num_classes=4, dev="cpu"), servergpfl.CoV(8)
     modules = {"gce": params(gce), "cov": params(cov)}
-    args = types.SimpleNamespace(model=model(init), algorithm="gpfl", dataset="golden", device="cpu", save_folder_name="x",
-                                 num_classes=4, batch_size=BATCH, local_learning_rate=LR, few_shot=0, GCE=gce, CoV=cov,
-                                 learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
+    args = pfllib_args(model(init), "gpfl", GCE=gce, CoV=cov, **extra)
     rng = np.random.RandomState(BATCH_SEED)
     logs: dict = {}
     saved = clientGPFL.load_train_data
@@ -142,20 +115,14 @@ def record_gpfl(pfllib: str, data: dict, init: dict) -> dict:
         xs[self.id], ys[self.id], rng, logs.setdefault(self.id, {}).setdefault(logs.get("phase"), []))
     try:
         logs["phase"] = "init"
-        with contextlib.redirect_stdout(io.StringIO()):
-            clients = [clientGPFL(args, id=i, train_samples=len(ys[i]), test_samples=len(c["test"]["y"]), train_slow=False,
-                                  send_slow=False) for i, c in enumerate(data["clients"])]
-        server = types.SimpleNamespace(clients=clients, client_drop_rate=0.0, current_num_join_clients=JOIN,
-                                       time_threthold=float("inf"), global_model=copy.deepcopy(args.model.base))
-        for name in SERVER_METHODS["gpfl"]:
-            setattr(server, name, getattr(servergpfl.GPFL, name).__get__(server))
+        clients = build_clients(clientGPFL, args, data, ys)
+        server = stand_in(servergpfl.GPFL, SERVER_METHODS["gpfl"], clients, global_model=copy.deepcopy(args.model.base))
         np.random.seed(SELECT_SEED)
         trace = []
         for r in range(ROUNDS):
             logs.clear()
             logs["phase"] = "train"
-            selected = sorted(np.random.choice(len(clients), JOIN, replace=False).tolist())
-            server.selected_clients = [clients[i] for i in selected]
+            selected = select(server)
             for c in server.selected_clients:
                 c.train()
             server.receive_models()
@@ -166,15 +133,12 @@ def record_gpfl(pfllib: str, data: dict, init: dict) -> dict:
             trace.append({
                 "selected": selected, "batches": {str(i): {"train": logs[i]["train"]} for i in selected},
                 "server": params(server.global_model), "gce": params(server.GCE), "cov": params(server.CoV),
-                "clients": {str(i): params(c.model) for i, c in enumerate(clients)},
-                "conditions": {str(i): [c.generic_conditional_input.tolist(), c.personalized_conditional_input.tolist()]
-                               for i, c in enumerate(clients)}})
+                "clients": per_client(clients, lambda c: params(c.model)),
+                "conditions": per_client(clients, lambda c: [c.generic_conditional_input.tolist(),
+                                                            c.personalized_conditional_input.tolist()])})
     finally:
         clientGPFL.load_train_data = saved
-    commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
-            "algorithm": "gpfl", "dtype": "float32", "unit": "epochs",
-            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+    return {**header(pfllib, "gpfl", f"{cmod}.{ccls}", f"{smod}.{scls}", JOIN, extra, unit="epochs"),
             "init": init, "modules": modules, "iterations": trace}
 
 
@@ -188,25 +152,5 @@ def mock_sample(fn):
         random.sample = saved
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
-    ap.add_argument("--out", default=FIXTURES)
-    ap.add_argument("--algorithms", default=",".join(RUNS))
-    a = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
-    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
-        init = json.load(f)["init"]
-    torch.set_num_threads(1)
-    for algo in a.algorithms.split(","):
-        out = record(a.pfllib, algo, data, init)
-        path = os.path.join(a.out, f"pfllib_{algo}.json")
-        with open(path, "w") as f:
-            json.dump(out, f)
-        print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, record, RUNS)
