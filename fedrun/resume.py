@@ -56,9 +56,26 @@ def upgrade(config: dict) -> dict:
     return out
 
 
+def round_schedules(cfg: dict) -> dict:
+    """`canonical`, with the algorithm's schedules over the run's rounds made explicit, as cosine's
+    t_max is: FedPHP's mu_rounds null and APPLE's decay_rounds null follow `rounds`, so a run resumed
+    with more rounds would continue on another schedule than the one its first rounds took; with the
+    resolved value in the fingerprint such a resume is refused (one line naming the option)."""
+    cfg = canonical(cfg)
+    algo, rounds = cfg.get("algo"), cfg.get("rounds")
+    if not isinstance(algo, dict) or not isinstance(rounds, int):
+        return cfg
+    algo = dict(algo)
+    if "mu_rounds" in algo and algo["mu_rounds"] is None:
+        algo["mu_rounds"] = rounds
+    if "decay_rounds" in algo and algo["decay_rounds"] is None and isinstance(algo.get("decay"), (int, float)):
+        algo["decay_rounds"] = int(algo["decay"] * rounds)
+    return {**cfg, "algo": algo}
+
+
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
-    return drop_options(canonical(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
+    return drop_options(round_schedules(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -109,7 +126,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(canonical(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

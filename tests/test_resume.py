@@ -347,3 +347,24 @@ def test_resume_with_momentum_is_byte_identical(tmp_path):
     assert (tmp_path / "halves" / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
     code, _, err = finish([*RUN, *opt, "rounds=6", "optim.schedule=cosine", f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
     assert code == 2 and "different configuration" in err and "optim" in err
+
+
+def test_schedules_over_the_runs_rounds_are_part_of_the_fingerprint():
+    """FedPHP's mu_t (mu_rounds null: the run's rounds) and APPLE's lam_t (decay_rounds null: decay x
+    rounds) follow `rounds`: a run resumed with more rounds would continue on another schedule than its
+    first rounds took, so the resolved value is in the fingerprint and such a resume is refused; pinned,
+    or for an algorithm without such a schedule, more rounds still resume."""
+    from hydra import compose, initialize_config_dir
+
+    from fedrun.config import CONF_DIR
+    from fedrun.resume import _diff, fingerprint
+
+    def fp(*overrides):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return fingerprint(compose("config", overrides=list(overrides)))
+
+    assert _diff(fp("algo=fedphp", "rounds=4"), fp("algo=fedphp", "rounds=8"))
+    assert _diff(fp("algo=apple", "rounds=4"), fp("algo=apple", "rounds=8"))
+    assert not _diff(fp("algo=fedphp", "algo.mu_rounds=4", "rounds=4"), fp("algo=fedphp", "algo.mu_rounds=4", "rounds=8"))
+    assert not _diff(fp("algo=apple", "algo.decay_rounds=3", "rounds=4"), fp("algo=apple", "algo.decay_rounds=3", "rounds=8"))
+    assert not _diff(fp("algo=fedavg", "rounds=4"), fp("algo=fedavg", "rounds=8"))

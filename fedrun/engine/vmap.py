@@ -122,8 +122,8 @@ class VmapEngine(Engine):
         (grouped) convolutions, paper 004's meta-losses for 10 clients x 2 batches of 50 CIFAR-shaped
         images took 3.6 s (Proto) and 23.5 s (MAML, 5 second-order inner steps) of CPU, client by
         client 2.2 and 19.4 s (one thread)."""
-        if args and self._conv_on_cpu(args[0]):
-            return self._loop.value_and_grad(fn, params, *args)
+        if args and torch.is_tensor(args[0]) and self._conv_on_cpu(args[0]):  # (args led by a dict, as GPFL's
+            return self._loop.value_and_grad(fn, params, *args)  # onboarding passes its body: vmapped)
         with torch.enable_grad():
             p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
             values = vmap(fn)(p, *args)
