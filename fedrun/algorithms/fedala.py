@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, per_client, scatter, sgd, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
+from .base import Algorithm, EvalContext, Local, Phase, ServerState, sgd_step
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
@@ -124,9 +124,7 @@ class FedALA(Algorithm):
         return self._ala(engine, local, batches, local["start"])
 
     def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        return sgd_step(engine, local, batches, self.lr)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 

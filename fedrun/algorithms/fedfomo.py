@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, per_client, scatter, sgd, stack
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from ..engine.tree import Params, gather, per_client, scatter, stack
+from .base import Algorithm, EvalContext, Local, Phase, ServerState, sgd_step
 from .checks import check_choice, check_int, check_optional_int, check_positive
 
 
@@ -126,9 +126,7 @@ class FedFomo(Algorithm):
         return {**local, "params": mixed, "old": mixed, "w": w}
 
     def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        return sgd_step(engine, local, batches, self.lr)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 
