@@ -65,9 +65,11 @@ ENTRIES = {
     "FedRoD": ("fedrod", [f"algo.lr={LR}"], "pers"),
     "FedProto": ("fedproto", [f"algo.lr={LR}", "algo.lam=1.0"], "pers"),
     "FedDBE": ("feddbe", [f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers"),
-    "FedPAC": ("fedpac", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
-    "GPFL": ("gpfl", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
-    "FedCP": ("fedcp", [f"algo.lr={LR}", "algo.local_epochs=1"], "pers"),  # passes over the rows (tau unused)
+    # FedPAC, GPFL, FedCP: the table's tau steps like every entry (their local_epochs form is PFLlib's, used beside it:
+    # scripts/pfllib_side_by_side.py); FedPAC's head_steps are its yaml's 5 of the 10
+    "FedPAC": ("fedpac", [f"algo.lr={LR}"], "pers"),
+    "GPFL": ("gpfl", [f"algo.lr={LR}"], "pers"),
+    "FedCP": ("fedcp", [f"algo.lr={LR}"], "pers"),
 }
 # issue 36, the model-mixing methods (their defaults otherwise: conf/algo/<name>.yaml)
 ENTRIES["FedAMP"] = ("fedamp", [f"algo.lr={LR}"], "pers")
