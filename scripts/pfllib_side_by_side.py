@@ -110,6 +110,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--seeds", default="0,1,2", help="fedrun's run seeds")
     ap.add_argument("--pfllib-seeds", default="0", help="PFLlib's runs: torch/numpy/random seeded with each")
+    ap.add_argument("--device", default="cpu", help="both sides' device: cpu, cuda, cuda:N (default cpu)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (each run: one seed of one side, one torch thread); above 1 the s/round "
+                         "columns are taken under that contention and the table says so")
     ap.add_argument("--out", default=None, help="output folder (default outputs/papers/pfllib_side_by_side/<date_time>)")
     ap.add_argument("--replot", metavar="DIR", default=None,
                     help="run nothing: the table from DIR's results (comma-separated DIRs: runs of other algorithms "
@@ -129,12 +133,20 @@ def main(argv=None) -> int:
     except ValueError:
         print("error: --seeds and --pfllib-seeds take comma-separated integers", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"error: --jobs {args.jobs} is not allowed; give a count of 1 or more", file=sys.stderr)
+        return 2
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        print(f"error: --device {args.device} is not allowed; choose cpu, cuda or cuda:N", file=sys.stderr)
+        return 2
     if args.replot:
         dirs = [os.path.abspath(d) for d in args.replot.split(",") if d]
         results = json.load(open(os.path.join(dirs[0], "side_by_side.json")))
         for d in dirs[1:]:
             more = json.load(open(os.path.join(d, "side_by_side.json")))
             same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
+            more["meta"].setdefault("jobs", 1)  # (results written before --jobs and --device existed)
+            results["meta"].setdefault("jobs", 1)
             if any(more["meta"][k] != results["meta"][k] for k in same):
                 print(f"error: --replot {d} ran other settings than {dirs[0]}", file=sys.stderr)
                 return 2
@@ -159,12 +171,39 @@ def main(argv=None) -> int:
     results = json.load(open(res_path)) if os.path.exists(res_path) else {}
     results.update(meta={"setting": SETTING, "data": data_opts, "rounds": args.rounds, "eval_every": args.eval_every,
                          "batch_size": args.batch_size, "tau_epoch": tau, "n_train": n_train, "lr": LR,
-                         "pfllib_commit": git_commit(args.pfllib)})
-    for a in algos:
-        r = results.setdefault(a, {})
-        r["fedrun"] = run_fedrun(args, out, a, data_opts, tau, seeds)
-        r["pfllib"] = [run_pfllib(args, out, a, s) for s in pseeds]
-        write_atomic_json(res_path, results)
+                         "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs})
+    if args.jobs == 1:
+        for a in algos:
+            r = results.setdefault(a, {})
+            r["fedrun"] = run_fedrun(args, out, a, data_opts, tau, seeds)
+            r["pfllib"] = [run_pfllib(args, out, a, s) for s in pseeds]
+            write_atomic_json(res_path, results)
+    else:  # every (algorithm, side, seed) one run, --jobs of them at once; results saved as each algorithm completes
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futs = {a: ([pool.submit(run_fedrun, args, out, a, data_opts, tau, [s]) for s in seeds],
+                        [pool.submit(run_pfllib, args, out, a, s) for s in pseeds]) for a in algos}
+            failed = []
+            while futs:
+                running = [f for fr, pr in futs.values() for f in fr + pr if not f.done()]
+                if running:
+                    wait(running, return_when=FIRST_COMPLETED)
+                done = [a for a, (fr, pr) in futs.items() if all(f.done() for f in fr + pr)]
+                for a in done:
+                    fr, pr = futs.pop(a)
+                    if any(f.exception() for f in fr + pr):  # (its error printed by the run) the others go on
+                        failed.append(a)
+                        continue
+                    runs = [f.result() for f in fr]
+                    results[a] = {"fedrun": {"command": [r["command"] for r in runs], "metric": runs[0]["metric"],
+                                             "runs": [x for r in runs for x in r["runs"]], "wall": [r["wall"] for r in runs]},
+                                  "pfllib": [f.result() for f in pr]}
+                    write_atomic_json(res_path, results)
+        if failed:
+            write_table(out, results)
+            print(f"error: {', '.join(failed)} failed (their output above); the table holds the others", file=sys.stderr)
+            return 1
     write_table(out, results)
     return 0
 
@@ -209,10 +248,10 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
     opts, col = ALGOS[algo][0], ALGOS[algo][1]
     opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
     tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
-    sweep = os.path.join(out, "fedrun", algo)
+    sweep = os.path.join(out, "fedrun", algo) + ("" if args.jobs == 1 else f"_seed{seeds[0]}")
     cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
            "sampling=epochs", "aggregate=samples", "clients_per_round=20", f"rounds={args.rounds}",
-           f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", "device=cpu", "threads=1", "progress=false",
+           f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
     print("run: fedrun " + " ".join(cmd[4:]), flush=True)
@@ -237,6 +276,7 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
 def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
     work = os.path.join(out, "pfllib")
     job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
+           "device": args.device,
            "eval_every": args.eval_every, "batch_size": args.batch_size, "log": os.path.join(work, f"{algo}_seed{seed}.log")}
     cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
     t0 = time.time()
@@ -284,7 +324,7 @@ def pfllib_worker(job: dict) -> int:
     _, _, module, cls, extra = ALGOS[job["algo"]]
     server_cls = getattr(__import__(f"flcore.servers.{module}", fromlist=[cls]), cls)
     a = types.SimpleNamespace(**main_py_defaults(job["pfllib"]))
-    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = "cpu", DATASET_NAME, 10, 20, 1.0
+    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = job["device"], DATASET_NAME, 10, 20, 1.0
     a.local_learning_rate, a.batch_size, a.local_epochs = LR, job["batch_size"], 1
     a.global_rounds, a.eval_gap, a.times, a.algorithm = job["rounds"], job["eval_every"], 1, cls
     a.model_str = "fedrun_mlp"
@@ -331,7 +371,9 @@ def write_table(out: str, results: dict) -> None:
     lines = [f"fedrun vs PFLlib (commit {meta['pfllib_commit']}), {meta['setting']}: personalized test accuracy % "
              f"(pooled over clients' test rows) at round {meta['rounds']} (last) and at the best of the rounds evaluated "
              f"every {meta['eval_every']}; mean ± std over runs (seeds in brackets). "
-             f"Seconds per round: wall time with that evaluation schedule, same machine, one after the other.", "",
+             f"Seconds per round: wall time with that evaluation schedule, same machine (device {meta.get('device', 'cpu')}), "
+             + ("one after the other." if meta.get("jobs", 1) == 1 else
+                f"{meta['jobs']} runs at once (the s/round columns were taken under that contention)."), "",
              "| algo | scored | fedrun last | fedrun best | PFLlib last | PFLlib best | last gap (fedrun - PFLlib) "
              "| fedrun s/round | PFLlib s/round | PFLlib s/round, rounds without evaluation | PFLlib / fedrun |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -364,8 +406,12 @@ def write_atomic_json(path: str, obj) -> None:
 
 
 def git_commit(repo: str) -> str:
-    r = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
+    r = subprocess.run(["git", "-C", repo, "rev-parse", "--show-toplevel", "--short", "HEAD"], capture_output=True, text=True)
+    top, _, commit = r.stdout.strip().partition("\n")
+    if r.returncode == 0 and os.path.realpath(top) == os.path.realpath(repo):  # its own repository, not one around it
+        return commit
+    note = os.path.join(repo, "COMMIT")  # a copy of system/ without its .git (e.g. carried to another machine)
+    return open(note).read().strip() if os.path.exists(note) else "unknown"
 
 
 if __name__ == "__main__":
