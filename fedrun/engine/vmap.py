@@ -2,6 +2,7 @@
 row chunks for full passes)."""
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -45,7 +46,8 @@ class VmapEngine(Engine):
         self._chunk_class = {
             shared: vmap(self._class_sums, in_dims=(None if shared else 0, 0, 0, 0)) for shared in (True, False)
         }
-        self._chunk_x: dict[int, tuple[Tensor, Tensor] | None] = {}
+        # id(split) -> (a weak reference to the split, its padded chunk view or None when too large)
+        self._chunk_x: dict[int, tuple[weakref.ref, tuple[Tensor, Tensor] | None]] = {}
         # Full passes of convolutional models on the CPU run client by client (the loop engine's;
         # branch "conv"): one convolution over a whole group of row chunks makes activations of
         # hundreds of MB (64x28x28 floats per CIFAR image) that leave the caches, and with per-client
@@ -143,10 +145,12 @@ class VmapEngine(Engine):
 
     def _chunk_rows(self, split: ClientSplit, sl: slice) -> tuple[Tensor, Tensor]:
         key = id(split)
-        if key not in self._chunk_x:
+        held = self._chunk_x.get(key)
+        if held is None or held[0]() is not split:  # (a freed split's id can be reused by another split)
             nbytes = split.chunk_idx.numel() * split.x[0].numel() * split.x.element_size()
-            self._chunk_x[key] = split.rows(split.chunk_idx) if nbytes <= self.CACHE_BYTES else None
-        cached = self._chunk_x[key]
+            held = (weakref.ref(split), split.rows(split.chunk_idx) if nbytes <= self.CACHE_BYTES else None)
+            self._chunk_x[key] = held
+        cached = held[1]
         if cached is not None:
             return cached[0][sl], cached[1][sl]
         return split.rows(split.chunk_idx[sl])

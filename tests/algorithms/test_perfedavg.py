@@ -188,7 +188,21 @@ def test_full_passes_in_small_groups_without_the_cached_view_give_the_same_numbe
             torch.testing.assert_close(ga[k], gb[k])
         with torch.no_grad():
             torch.testing.assert_close(whole.evaluate(p, small_data.test, shared), grouped.evaluate(p, small_data.test, shared))
-    assert grouped._chunk_x[id(small_data.train)] is None  # really took the uncached path
+    assert grouped._chunk_x[id(small_data.train)][1] is None  # really took the uncached path
+
+
+def test_a_cached_chunk_view_is_not_served_for_another_split_that_took_its_id(small_data):
+    """The engine keeps small splits' chunk views by id(split); a freed split's id can come back as
+    another split's: the view must be checked to be that split's own (here the reuse is staged)."""
+    torch.manual_seed(0)
+    model = MLP(small_data.in_features, small_data.num_classes, hidden=[20])
+    w = stack(params_of(model), small_data.num_clients)
+    a, b = small_data.train, small_data.test
+    engine = VmapEngine(model)
+    with torch.no_grad():
+        engine.evaluate(w, a, False)  # caches a's view under id(a)
+        engine._chunk_x[id(b)] = engine._chunk_x.pop(id(a))  # as if b had been given a's id after a was freed
+        torch.testing.assert_close(engine.evaluate(w, b, False), VmapEngine(model).evaluate(w, b, False))
 
 
 @pytest.mark.parametrize("make", [lambda: MLR(7, 3), lambda: MLP(7, 3, hidden=[5, 4], activation="elu")])
