@@ -147,7 +147,8 @@ def main(argv=None) -> int:
             same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
             more["meta"].setdefault("jobs", 1)  # (results written before --jobs and --device existed)
             results["meta"].setdefault("jobs", 1)
-            if any(more["meta"][k] != results["meta"][k] for k in same):
+            where = lambda m: {**m, "data": [o for o in m["data"] if not o.startswith("dataset.root=")]}  # (the same files elsewhere)
+            if any(where(more["meta"])[k] != where(results["meta"])[k] for k in same):
                 print(f"error: --replot {d} ran other settings than {dirs[0]}", file=sys.stderr)
                 return 2
             results.update({k: v for k, v in more.items() if k != "meta"})
@@ -351,7 +352,7 @@ def pfllib_worker(job: dict) -> int:
     budget = list(server.Budget)
     plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
     print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,
-                      "setup": setup, "per_round": sum(budget) / len(budget), "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
+                      "setup": setup, "per_round": sum(budget) / len(budget) if budget else None, "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
     return 0
 
 
@@ -386,12 +387,14 @@ def write_table(out: str, results: dict) -> None:
         pl = [100 * r["acc"][-1] for r in p]
         pb = [100 * max(r["acc"][1:]) for r in p]  # round 0 (the initial model) left out, as fedrun has none
         fs = sum(r["seconds"] for r in f["runs"]) / len(f["runs"]) / meta["rounds"]
-        ps = sum(r["per_round"] for r in p) / len(p)
+        pr = [r["per_round"] for r in p if r["per_round"] is not None]  # (PFLlib's FedPHP keeps no Budget)
+        ps = sum(pr) / len(pr) if pr else None
         pn = [r["per_round_no_eval"] for r in p if r["per_round_no_eval"] is not None]
         pn = f"{sum(pn) / len(pn):.2f}" if pn else "n/a"
         gap = sum(fl) / len(fl) - sum(pl) / len(pl)
         lines.append(f"| {a} | {f['metric'].split('_')[0]} | {_ms(fl)} ({len(fl)}) | {_ms(fb)} | {_ms(pl)} ({len(pl)}) | "
-                     f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {ps:.2f} | {pn} | {ps / fs:.1f}x |")
+                     f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {'n/a' if ps is None else f'{ps:.2f}'} | {pn} | "
+                     f"{'n/a' if ps is None else f'{ps / fs:.1f}x'} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
         fh.write(text)
