@@ -1,0 +1,59 @@
+"""scripts/pfllib_side_by_side.py without PFLlib: its option checks and the table merged from several runs'
+results (the runs themselves need a PFLlib checkout and are not part of the suite)."""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import pfllib_side_by_side as sbs  # noqa: E402
+
+
+def _results(root: str, algo: str, fed_acc: list[float], pfl_acc: list[float], budget: list[float]) -> dict:
+    meta = {"setting": sbs.SETTING, "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10, "eval_every": 5,
+            "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR, "pfllib_commit": "d832e76"}
+    fed = {"command": "fedrun ...", "metric": sbs.ALGOS[algo][1], "wall": 1.0,
+           "runs": [{"seed": s, "rounds": [5, 10], "acc": [a - 0.01, a], "seconds": 20.0} for s, a in enumerate(fed_acc)]}
+    per_round = sum(budget) / len(budget) if budget else None
+    pfl = [{"seed": s, "rounds": [0, 5, 10], "acc": [0.1, a - 0.01, a], "budget": budget, "setup": 1.0,
+            "per_round": per_round, "per_round_no_eval": None, "wall": 30.0} for s, a in enumerate(pfl_acc)]
+    return {"meta": meta, algo: {"fedrun": fed, "pfllib": pfl}}
+
+
+def _write(folder, results):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "side_by_side.json"), "w") as f:
+        json.dump(results, f)
+
+
+def test_replot_merges_runs_from_another_data_folder_and_a_server_without_budget(tmp_path, capsys):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    _write(a, _results("/data/here", "fedavg", [0.87, 0.88], [0.86], [2.0, 4.0]))
+    _write(b, _results("/elsewhere/MNIST", "fedphp", [0.97, 0.98], [0.975, 0.985], []))  # PFLlib's FedPHP keeps no Budget
+    assert sbs.main(["--replot", f"{a},{b}"]) == 0
+    table = open(os.path.join(a, "side_by_side.md")).read()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| fed")}
+    assert set(rows) == {"fedavg", "fedphp"}
+    assert "| +1.50 |" in rows["fedavg"] and "| 3.00 |" in rows["fedavg"]  # 87.5 - 86.0; PFLlib's mean Budget
+    assert "| -0.50 |" in rows["fedphp"]  # 97.5 - 98.0
+    assert "| n/a |" in rows["fedphp"]
+
+
+def test_replot_refuses_runs_of_another_setting(tmp_path, capsys):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    _write(a, _results("/data", "fedavg", [0.87], [0.86], [2.0]))
+    other = _results("/data", "fedphp", [0.97], [0.975], [2.0])
+    other["meta"]["rounds"] = 20
+    _write(b, other)
+    assert sbs.main(["--replot", f"{a},{b}"]) == 2
+    assert "ran other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [(["--jobs", "0"], "--jobs 0"), (["--device", "tpu"], "--device tpu"),
+                                         (["--algos", "fedx"], "--algos fedx")])
+def test_bad_options_are_one_line_before_any_work(argv, words, tmp_path, capsys):
+    assert sbs.main(argv + ["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+    assert not os.path.exists(tmp_path / "out")
