@@ -168,7 +168,7 @@ class Plan:
     train_per_client: int = 0
     eval_fixed: int = 0
     eval_per_chunk: int = 0
-    clients: int | None = None  # clients trained at once (None: all)
+    clients: int | None = None  # clients trained at once (None: all), in a round and in `prepare`
     chunks: int | None = None  # row chunks per full-pass call (None: the engine's own)
 
     def line(self) -> str:
@@ -284,6 +284,12 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "
                               f"allowed: a larger memory= or a smaller batch_size")
         out.clients = fit if fit < m else None
+        n = data.num_train_clients
+        if out.clients is None and n > m:  # `prepare`'s work over every training client (FedDBE's round
+            # before round 1) goes in the same chunks (EvalContext.chunked), each holding its own clients'
+            # states, where the round's m states were counted as resident
+            more = _fit(room() + FILL * m * per_state, out.train_fixed, out.train_per_client + per_state, n)
+            out.clients = max(more, m) if more < n else None
 
     split = max(data.train, data.test, key=lambda s: s.chunk_idx.shape[1])  # (the longer chunks: the probe's)
     chunks = len(split.chunk_idx)
