@@ -17,10 +17,12 @@ import os
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 
 import fedrun.simulate as sim
 from fedrun import memory
-from fedrun.algorithms import PerFedAvg, build
+from fedrun.algorithms import PerFedAvg, build, names
+from fedrun.algorithms.base import Algorithm
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.errors import ConfigError
@@ -196,3 +198,42 @@ def test_prepare_chunked_by_hand_equals_all_at_once(data):
         peaks.append(meter.peak)
     assert torch.equal(means[0], means[1]) and torch.equal(means[0], means[2])
     assert peaks[1] < peaks[2] < peaks[0]
+
+
+def _mlp(data):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[64])
+    return VmapEngine(model), params_of(model)
+
+
+def test_the_probes_train_the_runs_own_round(data):
+    """The plan probes after the algorithm's set_schedule and set_data, as the round loop calls them: a
+    fresh FedFomo's probes take the run's tau=3 training steps (its phase sized by set_schedule) after
+    its weighing step, as its round 1 does."""
+    sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=20)
+    seen = []
+
+    def spy(algo, engine, local, data_, idx, rnd, aug=None):
+        seen.append(tuple(d.idx.shape[1] for d in idx))  # (a round of phases: a PhaseDraw each)
+        return sim.local_training(algo, engine, local, data_, idx, rnd, aug)
+
+    engine, params = _mlp(data)
+    memory.plan(build("fedfomo"), engine, data, sched, params, 0, 2**40, steps=spy)
+    probed = set(seen)
+    seen.clear()
+    simulate(build("fedfomo"), engine, data, params, sched, 0, steps=spy)
+    assert probed == set(seen) == {(1, 3)}
+
+
+@pytest.mark.parametrize("name", [n for n in names() if type(build(n)).prepare is not Algorithm.prepare])
+def test_prepare_sets_values_not_shapes(data, name):
+    """Why the plan may probe on `init`'s state, before `prepare` (docs/performance.md, "When the probes
+    run"): every algorithm's prepare returns tensors of the shapes, dtypes and devices init made."""
+    engine, params = _mlp(data)
+    algo = build(name)
+    state = algo.init(params, data.num_clients)
+    ready = algo.prepare(engine, state, sim.eval_context(data, SCHED, 0, 0))
+
+    def meta(s):
+        return tree_map(lambda v: (v.shape, v.dtype, v.device), (s.params, s.extra, s.clients))
+    assert meta(ready) == meta(state)
