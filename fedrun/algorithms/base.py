@@ -252,6 +252,19 @@ class Algorithm(metaclass=AlgorithmMeta):
         return state
 
 
+class LocalLR(Algorithm):
+    """An algorithm whose options are its local SGD lr `lr`, the held-out clients' `new_client_steps`
+    (null: tau) and the test-time fine-tuning (`set_finetuning`): Local, the body/head family
+    (`bodyhead.PartSharing`), FedRoD."""
+
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+
 def sgd_step(engine: Engine, local: Local, batches, lr: float, optim: LocalOptim = PLAIN, rnd: int = 1) -> Local:
     """One step of `optim` (default: plain SGD) of every client's `local["params"]` on its one
     minibatch, at round `rnd`'s learning rate (FedAvg's local step; Local's and FedPer's too)."""
