@@ -19,6 +19,14 @@ its sums are split. A plan that still runs out of memory (the allocator's fragme
 probes did not cover) falls back on halving: the clients of a round (`simulate.ChunkedTraining`) and
 the chunks of a full pass (`simulate._evaluate_fitted`), each retried from its pure inputs.
 
+The probes run after the algorithm's `set_schedule` and `set_data` (called here as simulate_group
+calls them, with the same values) on `init`'s state, and BEFORE `prepare`, which cannot come first:
+its own work over every training client (FedDBE's round before round 1) runs in the chunks planned
+here (`EvalContext.chunked`; `Plan.clients` bounds those chunks too, each holding its clients'
+states), a resumed run never calls it and is planned as the uninterrupted one was, and it sets
+values of the tensors `init` made, not their shapes (tests/test_memory.py), so
+the probes cost the same on either state.
+
 Chunked and all-at-once runs compute the same sums split differently: the same numbers up to float
 rounding (tests/test_memory.py: parameters within rtol 1e-6, atol 1e-7, metrics within rel 1e-5), so
 `memory` is one of the options that never enter a run's fingerprint (fedrun.config.NEUTRAL_OPTIONS).
@@ -168,7 +176,7 @@ class Plan:
     train_per_client: int = 0
     eval_fixed: int = 0
     eval_per_chunk: int = 0
-    clients: int | None = None  # clients trained at once (None: all)
+    clients: int | None = None  # clients trained at once (None: all), in a round and in `prepare`
     chunks: int | None = None  # row chunks per full-pass call (None: the engine's own)
 
     def line(self) -> str:
@@ -243,6 +251,8 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
     # On CUDA the first call of a kernel may allocate workspaces that stay (cuBLAS, cuDNN): one warm-up
     # call of each probe first, so they count as resident and not as the first probe's unit.
     warm = device.type == "cuda"
+    algo.set_schedule(sched)  # (as simulate_group does first: what the round's work is sized by, FedALA's and
+    algo.set_data(data)       # FedFomo's tau steps, APPLE's p0; pure setters, called again with the same values)
     state = algo.init(params, data.num_clients)
     _, trained, idx, aug = round_draws(algo, data, sched, seed, 1)
     local = algo.optim.client_state(state, trained, algo.client_init(state, trained, 1))
@@ -284,6 +294,12 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "
                               f"allowed: a larger memory= or a smaller batch_size")
         out.clients = fit if fit < m else None
+        n = data.num_train_clients
+        if out.clients is None and n > m:  # `prepare`'s work over every training client (FedDBE's round
+            # before round 1) goes in the same chunks (EvalContext.chunked), each holding its own clients'
+            # states, where the round's m states were counted as resident
+            more = _fit(room() + FILL * m * per_state, out.train_fixed, out.train_per_client + per_state, n)
+            out.clients = max(more, m) if more < n else None
 
     split = max(data.train, data.test, key=lambda s: s.chunk_idx.shape[1])  # (the longer chunks: the probe's)
     chunks = len(split.chunk_idx)

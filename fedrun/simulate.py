@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -239,15 +239,18 @@ class ChunkedTraining:
 
     def __call__(self, algo: Algorithm, engine: Engine, local: Local, data: FederatedData, idx: torch.Tensor, rnd: int,
                  aug: tuple | None = None) -> Local:
-        m = tree_leaves(idx)[0].shape[0]  # (idx: a tensor, or a tuple of PhaseDraw)
+        return self.map(lambda i, l, a: self.steps(algo, engine, l, data, i, rnd, a), idx, local, aug)
+
+    def map(self, fn: Callable, *trees):
+        """`fn(*trees)` for the clients of `trees` (each a tree whose leaves lead with the same clients,
+        or None), a chunk of them at a time, the chunks' results (leading with their clients) joined:
+        the round's local training, and any other work over many clients that is a pure function of
+        its inputs (FedDBE's round before round 1: `EvalContext.chunked`)."""
+        m = tree_leaves(trees[0])[0].shape[0]  # (trees[0]: idx, a tensor or a tuple of PhaseDraw)
         while True:
             size = min(self.size or m, m)
             try:
-                parts = [
-                    self.steps(algo, engine, clients_slice(local, i, i + size), data, clients_slice(idx, i, i + size),
-                               rnd, None if aug is None else clients_slice(aug, i, i + size))
-                    for i in range(0, m, size)
-                ]
+                parts = [fn(*(clients_slice(t, i, i + size) for t in trees)) for i in range(0, m, size)]
                 break
             except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
                 if self.fixed or size == 1 or not is_oom(e):
@@ -349,10 +352,10 @@ def simulate_group(
     """
     algo.set_schedule(sched)
     algo.set_data(data)
-    for r in runs:
-        r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
-                                                         eval_context(data, sched, r.seed, 0)))
     train = ChunkedTraining(client_chunk, steps or local_training, start_chunk)
+    for r in runs:  # (`prepare`'s own work over many clients goes in the round's chunks: train.map)
+        r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
+                                                         replace(eval_context(data, sched, r.seed, 0), chunked=train.map)))
     bar = None
     first = min(r.at.round for r in runs)
     clock = RoundClock(sched.rounds, sched.eval_every)

@@ -89,19 +89,91 @@ def padded_passes(passes: list, epochs: int, longest: int, offset: int) -> tuple
     return idx, live
 
 
+def official_cfg(algo: str, options: list[str], a: dict, tau: int, engine: str = "vmap", extra=(),
+                 model: str = "dnn"):
+    """The validated config `protocol=official algo=<algo>` plus `options`, on the traces' problem: the
+    recorder's arguments `a` (rounds, batch_size, join), `tau`, model=<model> with 8 ReLU hidden units."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "protocol=official", f"algo={algo}", *options, f"model={model}", "model.hidden=[8]", "model.activation=relu",
+            f"rounds={a['rounds']}", f"tau={tau}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
+            "frac=null", "device=cpu", f"engine={engine}", *extra])
+    apply_protocol(cfg)
+    assert not validate(cfg)
+    return cfg
+
+
+def replay_setup(trace: dict, cfg) -> tuple:
+    """(data, algorithm, model, initial params) of a float32 trace's replay under `cfg`."""
+    data = golden_data()
+    model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+    return data, instantiate(cfg.algo), model, {NAMES[k]: torch.tensor(v) for k, v in trace["init"].items()}
+
+
+def replay_rounds(cfg, algorithm, engine, data, params, **draws) -> list:
+    """The state after every round of fedrun's round loop under `cfg`, with fedrun.simulate's draw
+    functions replaced by `draws` (sample_round, sample_phases: the trace's clients and minibatches)."""
+    states = []
+    with mock.patch.multiple(fedrun.simulate, **draws):
+        fedrun.simulate.simulate(algorithm, engine, data, params, schedule(cfg, data.num_clients), cfg.seed,
+                                 on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
+    return states
+
+
+class Worst(dict):
+    """name -> worst |fedrun - PFLlib| - ATOL - RTOL |PFLlib| over the entries `close` was given (> 0: a
+    mismatch)."""
+
+    def close(self, key: str, ref, val: torch.Tensor) -> None:
+        ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
+        assert ref.shape == val.shape, key
+        self[key] = max(self.get(key, -np.inf), float((np.abs(ref - val) - ATOL - RTOL * np.abs(ref)).max()))
+
+    def rounds(self, trace: dict, states: list):
+        """(the trace's iteration, fedrun's state) of every round (as many of each), the server's model
+        entries (PFLlib's server model: the shared part) closed first as "server"."""
+        assert len(states) == len(trace["iterations"])
+        for it, state in zip(trace["iterations"], states):
+            for name, v in it["server"].items():
+                self.close("server", v, state.params[NAMES[name]])
+            yield it, state
+
+
+def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
+    """Checks that two seeds trained as one computation give each seed's own run, and that `sched`'s
+    rounds less one, a checkpoint written and read back, then the last give them straight, bit for bit
+    (the server's model, every per-client and extra state). Returns the two seeds' final states."""
+    from torch.utils._pytree import tree_flatten
+
+    from fedrun import outputs
+    from fedrun.algorithms.base import ServerState
+    from fedrun.engine import VmapEngine
+    from fedrun.simulate import Progress, Replica, Schedule, simulate, simulate_group
+
+    leaves = lambda s: tree_flatten((s.params, s.extra, s.clients))[0]
+    ref = [simulate(algo, VmapEngine(model), data, params, sched, seed=s)[0] for s in (0, 1)]
+    runs = [Replica(0, params), Replica(1, params)]
+    simulate_group(algo, VmapEngine(model), data, runs, sched)
+    simulate(algo, VmapEngine(model), data, params, Schedule(**{**sched.__dict__, "rounds": sched.rounds - 1}), seed=0,
+             on_checkpoint=lambda at: outputs.save_checkpoint(str(tmp_path), at.round, {
+                 "transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
+                                                          "clients": at.state.clients}}))
+    ck = outputs.load_checkpoint(str(tmp_path))
+    resumed, _ = simulate(algo, VmapEngine(model), data, params, sched, seed=0,
+                          start=Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"]))
+    for got, want in ((runs[0].at.state, ref[0]), (runs[1].at.state, ref[1]), (resumed, ref[0])):
+        assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(leaves(ref[0]), leaves(ref[1])))
+    return ref
+
+
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     """fedrun on the trace's problem with its clients and minibatches; the state after every round."""
     a, algo = trace["args"], trace["algorithm"]
     phases, epochs = trace["phases"], trace.get("unit") == "epochs"
     tau = 1 if epochs else sum(n for _, n in phases) if algo == "fedrep" else phases[0][1]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "protocol=official", f"algo={algo}", *(EPOCH_OPTIONS if epochs else OPTIONS)[algo](a), "model=mlp_bn" if algo == "fedbn" else "model=dnn",
-            "model.hidden=[8]", "model.activation=relu",
-            f"rounds={a['rounds']}", f"tau={tau}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
-            "frac=null", "device=cpu", f"engine={engine}", *extra])
-    apply_protocol(cfg)
-    assert not validate(cfg)
+    cfg = official_cfg(algo, (EPOCH_OPTIONS if epochs else OPTIONS)[algo](a), a, tau, engine, extra,
+                       "mlp_bn" if algo == "fedbn" else "dnn")
     data = golden_data()
     algorithm = instantiate(cfg.algo)
     model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
@@ -139,12 +211,8 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         assert all(first == len(it["batches"][str(c)]) for c in it["selected"])  # every recorded pass used
         return clients, clients, tuple(out)
 
-    states = []
     engine = ENGINES[cfg.engine](model)
-    with mock.patch.object(fedrun.simulate, "sample_round", sample_round), \
-            mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
-        fedrun.simulate.simulate(algorithm, engine, data, params, schedule(cfg, data.num_clients),
-                                 cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
+    states = replay_rounds(cfg, algorithm, engine, data, params, sample_round=sample_round, sample_phases=sample_phases)
     if "finetune" in trace:  # FedBABU: every client's model fine-tuned from the final one on its recorded passes
         states.append(finetuned(trace, algorithm, engine, data, states[-1], cfg.batch_size))
     return states

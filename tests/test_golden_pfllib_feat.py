@@ -70,12 +70,10 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         return G.replay(trace, extra, engine)
     rows = trace["init_period"]["batches"]
 
-    def init_batches(ctx, clients, steps):
-        split = ctx.data.train
-        idx = torch.tensor([rows[str(c)] for c in clients.tolist()]) + split.offsets[clients].view(-1, 1, 1)
-        return [[split.rows(idx[:, s])] for s in range(idx.shape[1])]
+    def init_rows(ctx, clients, steps):
+        return torch.tensor([rows[str(c)] for c in clients.tolist()]) + ctx.data.train.offsets[clients].view(-1, 1, 1)
 
-    with mock.patch.object(fedrun.algorithms.feddbe, "init_batches", init_batches):
+    with mock.patch.object(fedrun.algorithms.feddbe, "init_rows", init_rows):
         return G.replay(trace, extra, engine)
 
 

@@ -10,38 +10,22 @@ checkpoint, the noise's law, and a held-out client's onboarding.
 """
 from __future__ import annotations
 
-from unittest import mock
-
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 import fedrun.simulate
-from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
 from test_golden_pfedme import golden_data
-from test_golden_pfllib import ATOL, NAMES, RTOL, load, padded_passes
+from test_golden_pfllib import NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds, replay_setup
 
 CPN = {"fc.0.weight": "fc.weight", "fc.0.bias": "fc.bias", "fc.1.weight": "ln.weight", "fc.1.bias": "ln.bias"}
 
 
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     a = trace["args"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "protocol=official", "algo=fedcp", "algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.local_epochs={a['local_epochs']}",
-            "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}", "tau=1",
-            f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}", "frac=null", "device=cpu",
-            f"engine={engine}", *extra])
-    apply_protocol(cfg)
-    assert not validate(cfg)
-    data = golden_data()
-    algorithm = instantiate(cfg.algo)
-    model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
-    params = {NAMES[k]: torch.tensor(v) for k, v in trace["init"].items()}
+    cfg = official_cfg("fedcp", ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.local_epochs={a['local_epochs']}"],
+                       a, 1, engine, extra)
+    data, algorithm, model, params = replay_setup(trace, cfg)
     its = trace["iterations"]
     C = data.num_clients
     # per round: every client's recorded noise [C, S, B, 2, d] (zero where it took no such step)
@@ -72,26 +56,14 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
 
     algorithm.init_modules = modules
     algorithm.gumbel = lambda local, rnd, shape: tables[rnd - 1][local["cid"], local["step"].clamp(max=S - 1)]
-    states = []
-    with mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
-        fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
-                                 cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
-    return states
+    return replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params, sample_phases=sample_phases)
 
 
-def compare(trace: dict, states: list) -> dict[str, float]:
+def compare(trace: dict, states: list) -> Worst:
     """name -> worst |d| - ATOL - RTOL |ref| over every compared entry (> 0: a mismatch)."""
-    worst: dict[str, float] = {}
-
-    def close(key, ref, val):
-        ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
-        assert ref.shape == val.shape, key
-        worst[key] = max(worst.get(key, -np.inf), float((np.abs(ref - val) - ATOL - RTOL * np.abs(ref)).max()))
-
-    assert len(states) == len(trace["iterations"])
-    for it, state in zip(trace["iterations"], states):
-        for name, v in it["server"].items():
-            close("server", v, state.params[NAMES[name]])
+    worst = Worst()
+    close = worst.close
+    for it, state in worst.rounds(trace, states):
         for name, v in it["head_g"].items():
             close("head_g", v, state.extra["head_g"][name])
         for name, v in it["cs"].items():
@@ -131,14 +103,11 @@ def test_fedcp_noise_batched_seeds_checkpoint_and_onboarding(tmp_path):
     2 rounds, a checkpoint written and read back, then 1 more give the 3 rounds straight, bit for bit
     (body, heads, global head, CPN, conditions, per-client copies); a held-out client gets the global
     head and CPN and a fitted head that lowers its served loss."""
-    from fedrun import outputs
     from fedrun.algorithms import build
-    from fedrun.algorithms.base import ServerState
     from fedrun.algorithms.fedcp import gumbel_noise
     from fedrun.engine import VmapEngine, params_of
     from fedrun.models import MLP
-    from fedrun.simulate import Progress, Replica, Schedule, eval_context, simulate, simulate_group
-    from torch.utils._pytree import tree_flatten
+    from fedrun.simulate import Schedule, eval_context
 
     g = gumbel_noise(torch.tensor([5, 5, 6]), torch.tensor([0, 0, 0]), (2 ** 18,), torch.float64)
     assert torch.equal(g[0], g[1]) and not torch.equal(g[0], g[2])
@@ -149,21 +118,7 @@ def test_fedcp_noise_batched_seeds_checkpoint_and_onboarding(tmp_path):
     torch.manual_seed(0)
     model = MLP(12, 4, hidden=[8])
     params, algo = params_of(model), build("fedcp", lr=0.1, follow="pfllib")
-    leaves = lambda s: tree_flatten((s.params, s.extra, s.clients))[0]
-    ref = [simulate(algo, VmapEngine(model), data, params, sched, seed=s)[0] for s in (0, 1)]
-    runs = [Replica(0, params), Replica(1, params)]
-    simulate_group(algo, VmapEngine(model), data, runs, sched)
-    saved = []
-    simulate(algo, VmapEngine(model), data, params, Schedule(**{**sched.__dict__, "rounds": 2}), seed=0,
-             on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(str(tmp_path), at.round, {
-                 "transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
-                                                          "clients": at.state.clients}})))
-    ck = outputs.load_checkpoint(str(tmp_path))
-    resumed, _ = simulate(algo, VmapEngine(model), data, params, sched, seed=0,
-                          start=Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"]))
-    for got, want in ((runs[0].at.state, ref[0]), (runs[1].at.state, ref[1]), (resumed, ref[0])):
-        assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(leaves(ref[0]), leaves(ref[1])))
+    ref = batched_and_resumed(algo, model, data, params, sched, tmp_path)
 
     state, engine, new = ref[0], VmapEngine(model), torch.tensor([3])
     ctx = eval_context(data, sched, 0, 4)

@@ -6,37 +6,20 @@ client's model, its model after the round's mixture (PFLlib's old_model) and the
 """
 from __future__ import annotations
 
-from unittest import mock
-
-import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 import fedrun.simulate
-from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
-from test_golden_pfedme import golden_data
-from test_golden_pfllib import ATOL, NAMES, RTOL, load
+from test_golden_pfllib import NAMES, Worst, load, official_cfg, replay_rounds, replay_setup
 
 
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     """fedrun's FedFomo fed the trace's clients, validation minibatches (its first phase, one step of
     val_batches minibatches) and training minibatches (its second); the state after every round."""
     a, its = trace["args"], trace["iterations"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "protocol=official", "algo=fedfomo", f"algo.lr={a['lr']}", f"algo.M={a['M']}", f"algo.val_batches={a['val_batches']}",
-            "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}", f"tau={trace['phases'][1][1]}",
-            f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}", "frac=null", "device=cpu", f"engine={engine}", *extra])
-    apply_protocol(cfg)
-    assert not validate(cfg)
-    data = golden_data()
-    algorithm = instantiate(cfg.algo)
-    model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
-    params = {NAMES[k]: torch.tensor(v) for k, v in trace["init"].items()}
+    cfg = official_cfg("fedfomo", [f"algo.lr={a['lr']}", f"algo.M={a['M']}", f"algo.val_batches={a['val_batches']}"],
+                       a, trace["phases"][1][1], engine, extra)
+    data, algorithm, model, params = replay_setup(trace, cfg)
 
     def sample_phases(data, sched, phases, seed, rnd, train_all=False):
         it = its[rnd - 1]
@@ -47,23 +30,14 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         assert val.shape[1:3] == (phases[0].steps, phases[0].batches) and train.shape[1] == phases[1].steps
         return clients, clients, (fedrun.simulate.PhaseDraw(val, None), fedrun.simulate.PhaseDraw(train, None))
 
-    states = []
-    with mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
-        fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
-                                 cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
-    return states
+    return replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params, sample_phases=sample_phases)
 
 
-def compare(trace: dict, states: list) -> dict[str, float]:
+def compare(trace: dict, states: list) -> Worst:
     """field -> worst |d| - ATOL - RTOL |ref| over its entries in every round (> 0: a mismatch)."""
-    worst: dict[str, float] = {}
+    worst = Worst()
+    worse = worst.close
     assert len(states) == len(trace["iterations"])
-
-    def worse(field, ref, val):
-        ref = np.asarray(ref, dtype=np.float64)
-        d = np.abs(ref - val.detach().double().numpy())
-        worst[field] = max(worst.get(field, -np.inf), float((d - ATOL - RTOL * np.abs(ref)).max()))
-
     for it, state in zip(trace["iterations"], states):
         for field, mine in (("clients", "params"), ("old", "old")):
             for c, models in it[field].items():

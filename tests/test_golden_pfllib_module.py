@@ -12,21 +12,13 @@ methods' state through batched seeds and a checkpoint.
 """
 from __future__ import annotations
 
-from unittest import mock
-
-import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 import fedrun.simulate
-from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
 from test_golden_pfedme import golden_data
-from test_golden_pfllib import ATOL, NAMES, RTOL, load, padded_passes
+from test_golden_pfllib import NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds, replay_setup
 
 # algo -> (fedrun options for the trace's args, which recorded passes feed each of fedrun's phases)
 OPTIONS = {
@@ -60,17 +52,8 @@ COV = {f"Conditional_{p}.{i}.{w}": f"{p}.{n}{w}" for p in ("gamma", "beta") for 
 
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     a, algo = trace["args"], trace["algorithm"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "protocol=official", f"algo={algo}", *OPTIONS[algo](a), "model=dnn", "model.hidden=[8]",
-            "model.activation=relu", f"rounds={a['rounds']}", "tau=1", f"batch_size={a['batch_size']}",
-            f"clients_per_round={a['join']}", "frac=null", "device=cpu", f"engine={engine}", *extra])
-    apply_protocol(cfg)
-    assert not validate(cfg)
-    data = golden_data()
-    algorithm = instantiate(cfg.algo)
-    model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
-    params = {NAMES[k]: torch.tensor(v) for k, v in trace["init"].items()}
+    cfg = official_cfg(algo, OPTIONS[algo](a), a, 1, engine, extra)
+    data, algorithm, model, params = replay_setup(trace, cfg)
     its = trace["iterations"]
 
     def sample_phases(data, sched, phases, seed, rnd, train_all=False):
@@ -90,26 +73,14 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         m = trace["modules"]
         algorithm.init_modules = lambda p: {"cov": {COV[k]: torch.tensor(v) for k, v in m["cov"].items()},
                                             "gce": torch.tensor(m["gce"]["embedding.weight"])}
-    states = []
-    with mock.patch.object(fedrun.simulate, "sample_phases", sample_phases):
-        fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
-                                 cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
-    return states
+    return replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params, sample_phases=sample_phases)
 
 
-def compare(trace: dict, states: list) -> dict[str, float]:
+def compare(trace: dict, states: list) -> Worst:
     """name -> worst |d| - ATOL - RTOL |ref| over every compared entry (> 0: a mismatch)."""
-    worst: dict[str, float] = {}
-
-    def close(key, ref, val):
-        ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
-        assert ref.shape == val.shape, key
-        worst[key] = max(worst.get(key, -np.inf), float((np.abs(ref - val) - ATOL - RTOL * np.abs(ref)).max()))
-
-    assert len(states) == len(trace["iterations"])
-    for it, state in zip(trace["iterations"], states):
-        for name, v in it["server"].items():  # PFLlib's server holds the body alone
-            close("server", v, state.params[NAMES[name]])
+    worst = Worst()
+    close = worst.close
+    for it, state in worst.rounds(trace, states):  # (PFLlib's server holds the body alone)
         part = state.clients["part"]
         for c, models in it["clients"].items():
             for name, v in models.items():
@@ -180,31 +151,13 @@ def test_state_survives_batched_seeds_and_a_checkpoint_and_resume(tmp_path, name
     every per-client state (heads; GPFL's condition embeddings) and the extra state (FedPAC's
     prototypes, GPFL's CoV and GCE). FedPAC in epochs, GPFL in tau steps (the other forms' state is
     the same)."""
-    from fedrun import outputs
     from fedrun.algorithms import build
-    from fedrun.algorithms.base import ServerState
-    from fedrun.engine import VmapEngine, params_of
+    from fedrun.engine import params_of
     from fedrun.models import MLP
-    from fedrun.simulate import Progress, Replica, Schedule, simulate, simulate_group
-    from torch.utils._pytree import tree_flatten
+    from fedrun.simulate import Schedule
 
     data = golden_data()
     sched = Schedule(rounds=3, tau=3, clients_per_round=2, batch_size=4, eval_every=3)
     torch.manual_seed(0)
     model = MLP(12, 4, hidden=[8])
-    params, algo = params_of(model), build(name, lr=0.1, **opts)
-    leaves = lambda s: tree_flatten((s.params, s.extra, s.clients))[0]
-    ref = [simulate(algo, VmapEngine(model), data, params, sched, seed=s)[0] for s in (0, 1)]
-    runs = [Replica(0, params), Replica(1, params)]
-    simulate_group(algo, VmapEngine(model), data, runs, sched)
-    saved = []
-    simulate(algo, VmapEngine(model), data, params, Schedule(**{**sched.__dict__, "rounds": 2}), seed=0,
-             on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(str(tmp_path), at.round, {
-                 "transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
-                                                          "clients": at.state.clients}})))
-    ck = outputs.load_checkpoint(str(tmp_path))
-    resumed, _ = simulate(algo, VmapEngine(model), data, params, sched, seed=0,
-                          start=Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"]))
-    for got, want in ((runs[0].at.state, ref[0]), (runs[1].at.state, ref[1]), (resumed, ref[0])):
-        assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(leaves(ref[0]), leaves(ref[1])))
+    batched_and_resumed(build(name, lr=0.1, **opts), model, data, params_of(model), sched, tmp_path)

@@ -5,7 +5,9 @@ What is counted (`SyncCounter`), on the CPU, of the operations that on a GPU wai
 copy from it: the dispatcher's `_local_scalar_dense` (`.item()`, `float()`, `int()`, `bool()` and
 Python conditionals on a tensor, indexing with a 0-d tensor), `nonzero`, `masked_select`, boolean
 indexing, `unique`, `equal`/`allclose`, and `repeat_interleave` without `output_size` (each must know
-a data-dependent size on the host); and the Python calls `Tensor.tolist()`, `.cpu()` and `.numpy()`
+a data-dependent size on the host); the linear algebra that checks its solver's `info` on the host on
+CUDA: `_linalg_check_errors` (torch.linalg's non-`_ex` wrappers) and `_linalg_eigh` (eigh, eigvalsh:
+the check is inside its kernel, so the op itself is counted); and the Python calls `Tensor.tolist()`, `.cpu()` and `.numpy()`
 made from fedrun's code (on the CPU these never reach the dispatcher, so they are counted at the call,
 whatever device the tensor is on: an upper bound). Host-to-device copies (the CPU generators' draws
 moved to the device) are not syncs of this kind and are not counted.
@@ -18,7 +20,10 @@ The reads that remain, per round (vmap engine, every algorithm, evaluation every
                                     and p10/p25/p75 accuracy, pooled and mean loss), one stacked copy
   evaluate.evaluate              1  the row's train_loss float
                                  3-5 `.cpu()` of the per-client metrics for clients.csv (one copy each)
-Nothing in local training, the server step or the engines' passes reads from the device.
+  algorithms.fedpac.head_weights 1  FedPAC only: torch.linalg.eigh of the round's head-mixing QP
+                                    matrices (its info check; see fedpac.head_weights for why no
+                                    sync-free solver replaces it)
+Nothing else in local training, the server step or the engines' passes reads from the device.
 
 torch's FakeTensorMode runs a round's local training and server step with every tensor on a fake
 `cuda` device on this CPU-only machine (`test_a_round_runs_on_a_fake_cuda_device`): a CPU tensor
@@ -47,7 +52,9 @@ from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-            "equal", "allclose"}
+            "equal", "allclose", "_linalg_check_errors", "_linalg_eigh"}
+# the reads an algorithm's own server step keeps, per round, each with its reason in the module docstring
+OWN_READS = {"fedpac": {("_linalg_eigh", "algorithms.fedpac.head_weights"): 1}}
 PYTHON_READS = ("tolist", "cpu", "numpy")
 # the folder fedrun's modules are imported from (fedrun is a namespace package: no __file__ of its own)
 PACKAGE = Path(fedrun.simulate.__file__).resolve().parent
@@ -148,7 +155,7 @@ def test_reads_per_round_do_not_grow_with_the_clients_and_are_the_named_ones(dat
     expected = {("_local_scalar_dense", "simulate._nonfinite_clients"): 1,
                 ("tolist", "evaluate._summaries"): served,
                 ("_local_scalar_dense", "evaluate.evaluate"): 1,
-                ("cpu", "evaluate.<dictcomp>"): 1 + 2 * served}
+                ("cpu", "evaluate.<dictcomp>"): 1 + 2 * served, **OWN_READS.get(algo_name, {})}
     assert dict(per_round) == expected
 
 

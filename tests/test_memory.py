@@ -12,14 +12,17 @@ CPU and without timing:
   - a budget that cannot hold one client stops with one line naming the model, the batch and the
     budget, from the command line before the run folder is made.
 """
+import dataclasses
 import os
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 
 import fedrun.simulate as sim
 from fedrun import memory
-from fedrun.algorithms import PerFedAvg
+from fedrun.algorithms import PerFedAvg, build, names
+from fedrun.algorithms.base import Algorithm
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.errors import ConfigError
@@ -138,3 +141,99 @@ def test_memory_is_not_part_of_a_runs_fingerprint():
 
     prints = [fingerprint(_compose(o)) for o in (["memory=8"], ["memory=auto"], ["memory=0.5", "tau=3"])]
     assert prints[0] == prints[1] != prints[2]
+
+
+DBE = Schedule(rounds=1, tau=2, clients_per_round=2, batch_size=200)
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):  # 24 training clients, 2 a round: FedDBE's prepare is the run's dearest part
+    return synthetic(num_clients=24, seed=1, size_factor=1, cache_dir=str(tmp_path_factory.mktemp("c")), chunk_len=32)
+
+
+def _feddbe(data):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[64])
+    return build("feddbe"), VmapEngine(model), params_of(model)
+
+
+def test_feddbe_prepare_trains_every_client_in_the_planned_chunks(many):
+    """FedDBE's round before round 1 trains all 24 training clients where a round trains 2: it goes in
+    the round's chunks (EvalContext.chunked), which the plan sizes for it too, so the run stays inside
+    the enforced budget; all at once it is refused there and the halving finishes it; the global mean
+    and the model are those of the unplanned run, bit for bit (on the CPU)."""
+    algo, engine, params = _feddbe(many)
+    whole, _ = simulate(algo, engine, many, params, DBE, 0)
+    costs = memory.plan(algo, engine, many, DBE, params, 0, 2**40)
+    # room for ~6 clients' training (and for the global model's full pass, which the probes do not cover)
+    budget = int(costs.resident + 6 * costs.train_per_client / memory.FILL)
+    limit = budget - memory.tensor_bytes(many.train, many.test)  # (the data was allocated before the meter)
+    algo, engine, params = _feddbe(many)
+    plan = memory.plan(algo, engine, many, DBE, params, 0, budget, what="model=mlp")
+    assert DBE.clients_per_round <= plan.clients < many.num_train_clients  # the round whole, prepare in chunks
+    with memory.AllocationMeter(limit) as meter:
+        fitted, _ = simulate(algo, engine, many, params, DBE, 0, start_chunk=plan.clients)
+    assert meter.refused == 0 and meter.peak <= limit
+
+    algo, engine, params = _feddbe(many)
+    with memory.AllocationMeter(limit) as meter:  # unplanned under the same cap: refused, then halved
+        halved, _ = simulate(algo, engine, many, params, DBE, 0)
+    assert meter.refused > 0 and meter.peak <= limit
+    for state in (fitted, halved):
+        assert torch.equal(state.extra["global_mean"], whole.extra["global_mean"])
+        for k in whole.params:
+            assert torch.equal(state.params[k], whole.params[k]), k
+
+
+def test_prepare_chunked_by_hand_equals_all_at_once(data):
+    """FedDBE.prepare with 1 and 3 clients at a time (ChunkedTraining.map, as simulate passes it) gives
+    the global mean of all at once, bit for bit, and holds less at its peak."""
+    algo, engine, params = _feddbe(data)
+    means, peaks = [], []
+    for size in (None, 1, 3):
+        ctx = dataclasses.replace(sim.eval_context(data, DBE, 0, 0), chunked=sim.ChunkedTraining(size).map)
+        with memory.AllocationMeter() as meter:
+            state = algo.prepare(engine, algo.init(params, data.num_clients), ctx)
+        means.append(state.extra["global_mean"])
+        peaks.append(meter.peak)
+    assert torch.equal(means[0], means[1]) and torch.equal(means[0], means[2])
+    assert peaks[1] < peaks[2] < peaks[0]
+
+
+def _mlp(data):
+    torch.manual_seed(0)
+    model = MLP(data.in_features, data.num_classes, hidden=[64])
+    return VmapEngine(model), params_of(model)
+
+
+def test_the_probes_train_the_runs_own_round(data):
+    """The plan probes after the algorithm's set_schedule and set_data, as the round loop calls them: a
+    fresh FedFomo's probes take the run's tau=3 training steps (its phase sized by set_schedule) after
+    its weighing step, as its round 1 does."""
+    sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=20)
+    seen = []
+
+    def spy(algo, engine, local, data_, idx, rnd, aug=None):
+        seen.append(tuple(d.idx.shape[1] for d in idx))  # (a round of phases: a PhaseDraw each)
+        return sim.local_training(algo, engine, local, data_, idx, rnd, aug)
+
+    engine, params = _mlp(data)
+    memory.plan(build("fedfomo"), engine, data, sched, params, 0, 2**40, steps=spy)
+    probed = set(seen)
+    seen.clear()
+    simulate(build("fedfomo"), engine, data, params, sched, 0, steps=spy)
+    assert probed == set(seen) == {(1, 3)}
+
+
+@pytest.mark.parametrize("name", [n for n in names() if type(build(n)).prepare is not Algorithm.prepare])
+def test_prepare_sets_values_not_shapes(data, name):
+    """Why the plan may probe on `init`'s state, before `prepare` (docs/performance.md, "When the probes
+    run"): every algorithm's prepare returns tensors of the shapes, dtypes and devices init made."""
+    engine, params = _mlp(data)
+    algo = build(name)
+    state = algo.init(params, data.num_clients)
+    ready = algo.prepare(engine, state, sim.eval_context(data, SCHED, 0, 0))
+
+    def meta(s):
+        return tree_map(lambda v: (v.shape, v.dtype, v.device), (s.params, s.extra, s.clients))
+    assert meta(ready) == meta(state)

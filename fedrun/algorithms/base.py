@@ -79,12 +79,21 @@ class ServerState:
     clients: dict = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
 
 
+def all_at_once(fn: Callable, *trees):
+    """`EvalContext.chunked` outside the round loop: `fn(*trees)`, every client at once."""
+    return fn(*trees)
+
+
 @dataclass
 class EvalContext:
     """What test-time personalization may use besides the server state.
 
     `gen` is the round's own random stream for adaptation minibatches (it never shifts the training
     draws). `personalize_batch`: None = adapt on all of a client's training rows, N = a minibatch of N.
+    `chunked(fn, *trees)`: `fn(*trees)` over trees whose leaves lead with the same clients, run as the
+    round's local training is, in chunks of clients (`client_chunk`, memory='s plan, halved on out of
+    memory: simulate.ChunkedTraining.map) with the chunks' results joined; `fn` must be a pure function
+    of its inputs (a retry repeats it). Default: all at once.
     """
 
     data: FederatedData
@@ -92,25 +101,31 @@ class EvalContext:
     batch_size: int
     tau: int
     personalize_batch: int | None = None
+    chunked: Callable = all_at_once
 
     def train_batch(self, size: int | None = None, steps: tuple[int, ...] = (),
                     clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Minibatches of TRAINING rows of every client (or of `clients`): x [C, *steps, size, ...],
         y [C, *steps, size]."""
+        return self.data.train.rows(self.train_rows(size, steps, clients))
+
+    def train_rows(self, size: int | None = None, steps: tuple[int, ...] = (),
+                   clients: Tensor | None = None) -> Tensor:
+        """`train_batch`'s row indices [C, *steps, size] into the training split (the same draws)."""
         return _draw(self.data.train, size or self.personalize_batch, steps, self.gen, clients)
 
     def test_batch(self, size: int, steps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
         """Minibatches of TEST rows: only the official protocols' reproductions of code that
         personalized on test data use this (it leaks test data into personalization)."""
-        return _draw(self.data.test, size, steps, self.gen)
+        return self.data.test.rows(_draw(self.data.test, size, steps, self.gen))
 
 
-def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator,
-          clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator, clients: Tensor | None = None) -> Tensor:
+    """Row indices [len(clients), *steps, size] of `split` drawn uniformly, with replacement."""
     dev = split.x.device
     clients = torch.arange(split.num_clients, device=dev) if clients is None else clients.to(dev)
     u = torch.rand(len(clients), *steps, size, generator=gen).to(dev)
-    return split.rows(split.sample_indices(clients, u))
+    return split.sample_indices(clients, u)
 
 
 class Algorithm(metaclass=AlgorithmMeta):
@@ -235,6 +250,19 @@ class Algorithm(metaclass=AlgorithmMeta):
         it was. Default: nothing to fit per client (the served models derive from the shared model
         alone, for held-out and training clients alike)."""
         return state
+
+
+class LocalLR(Algorithm):
+    """An algorithm whose options are its local SGD lr `lr`, the held-out clients' `new_client_steps`
+    (null: tau) and the test-time fine-tuning (`set_finetuning`): Local, the body/head family
+    (`bodyhead.PartSharing`), FedRoD."""
+
+    def __init__(self, lr: float, new_client_steps: int | None,
+                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
+        check_positive("algo.lr", lr)
+        check_optional_int("algo.new_client_steps", new_client_steps)
+        self.lr, self.new_client_steps = lr, new_client_steps
+        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
 
 def sgd_step(engine: Engine, local: Local, batches, lr: float, optim: LocalOptim = PLAIN, rnd: int = 1) -> Local:

@@ -16,24 +16,17 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
-from .checks import check_optional_int, check_positive, require_body
+from .base import EvalContext, Local, LocalLR, ServerState, sgd_step
+from .checks import require_body
 from .personalize import onboarding_batches
 
 
-class PartSharing(Algorithm):
+class PartSharing(LocalLR):
     """`tau` SGD steps of lr `lr` on the whole model; the server averages the shared part, each client
     keeps its `personal_part` (head | body)."""
 
     personal_part = "head"  # which part each client keeps: head | body
     optim_ok = True  # (optim.*: its local step is sgd_step)
-
-    def __init__(self, lr: float, new_client_steps: int | None,
-                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        check_positive("algo.lr", lr)
-        check_optional_int("algo.new_client_steps", new_client_steps)
-        self.lr, self.new_client_steps = lr, new_client_steps
-        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def personal_names(self, params: Params) -> list[str]:
         head = head_names(params)

@@ -60,11 +60,19 @@ class FedDBE(Algorithm):
 
     def prepare(self, engine: Engine, state: ServerState, ctx: EvalContext) -> ServerState:
         """The global mean representation g: every training client's running mean after a round of
-        plain cross-entropy steps from the initial model, weighted by its training rows."""
-        everyone = torch.arange(ctx.data.num_train_clients, device=ctx.data.train.x.device)
-        local = self.client_init(state, everyone, 0)
-        for batches in init_batches(ctx, everyone, None):
-            local = self._step(engine, local, batches, dbe=False)
+        plain cross-entropy steps from the initial model, weighted by its training rows. The clients
+        train in the round's chunks (`ctx.chunked`: client_chunk, memory='s plan, out-of-memory
+        halving), each chunk from its clients' rows drawn for all of them first."""
+        split = ctx.data.train
+        everyone = torch.arange(ctx.data.num_train_clients, device=split.x.device)
+
+        def running(clients: Tensor, rows: Tensor) -> Tensor:
+            local = self.client_init(state, clients, 0)
+            for s in range(rows.shape[1]):
+                local = self._step(engine, local, [split.rows(rows[:, s])], dbe=False)
+            return local["running"]
+
+        local = {"running": ctx.chunked(running, everyone, init_rows(ctx, everyone, None))}
         n = ctx.data.train.sizes[: ctx.data.num_train_clients].to(local["running"].device, local["running"].dtype)
         g = (n.unsqueeze(-1) * local["running"]).sum(0) / n.sum()
         return ServerState(params=state.params, extra={**state.extra, "global_mean": g}, clients=state.clients)
@@ -125,10 +133,11 @@ class FedDBE(Algorithm):
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
 
 
-def init_batches(ctx: EvalContext, clients: Tensor, steps: int | None):
-    """The minibatches of the round before round 1 (`prepare`): tau draws of batch_size training
-    rows per client from round 0's stream (tests replace it with a trace's)."""
-    return onboarding_batches(ctx, clients, steps)
+def init_rows(ctx: EvalContext, clients: Tensor, steps: int | None) -> Tensor:
+    """The training rows [len(clients), steps, B] of the round before round 1 (`prepare`): `steps`
+    (None: tau) draws of batch_size rows per client from round 0's stream, as `onboarding_batches`
+    draws them (tests replace it with a trace's)."""
+    return ctx.train_rows(ctx.batch_size, (steps or ctx.tau,), clients)
 
 
 def client_means(engine: Engine, params: Params, x: Tensor) -> Tensor:

@@ -235,28 +235,39 @@ def head_weights(V: Tensor, H: Tensor) -> Tensor:
     """A [s, s]: row i the weights of client i's combined head, argmin over the simplex of
     a^T (diag(V) + D_i) a, D_i[j, l] = <H_i - H_j, H_i - H_l> (flattened over classes and features);
     weights under EPS set to 0. A matrix with a negative eigenvalue (rounding: it is PSD in exact
-    arithmetic) is rebuilt from its eigenvalues >= 0.01, as the authors' code does."""
+    arithmetic) is rebuilt from its eigenvalues >= 0.01, as the authors' code does.
+
+    One host read a round (on CUDA): torch.linalg.eigh checks its solver's `info` on the host (torch has
+    no eigh without that check), which waits for the server step's kernels queued since the round's
+    divergence guard read (simulate._nonfinite_clients); tests/test_host_syncs.py names it. A
+    sync-free eigensolver (fixed sweeps of Jacobi rotations) would queue thousands of small kernels a
+    round in its place. Its eigenvalues also give `simplex_qp` its step (no second solver call)."""
     s = len(V)
     flat = H.reshape(s, -1)
     E = flat.unsqueeze(1) - flat.unsqueeze(0)  # [i, j, :] = H_i - H_j
     P = (torch.diag_embed(V.expand(s, s)) + E @ E.transpose(1, 2)).double()
     P = (P + P.transpose(1, 2)) / 2
     evals, evecs = torch.linalg.eigh(P)
-    repaired = (evecs * (evals * (evals >= 0.01)).unsqueeze(1)) @ evecs.transpose(1, 2)
-    P = torch.where((evals < 0).any(-1).view(-1, 1, 1), repaired, P)
-    a = simplex_qp(P)
+    kept = evals * (evals >= 0.01)
+    repaired = (evecs * kept.unsqueeze(1)) @ evecs.transpose(1, 2)
+    negative = (evals < 0).any(-1)
+    P = torch.where(negative.view(-1, 1, 1), repaired, P)
+    a = simplex_qp(P, largest=torch.where(negative, kept[:, -1], evals[:, -1]))  # (ascending: the last)
     return (a * (a > EPS)).to(V.dtype)
 
 
-def simplex_qp(P: Tensor, iters: int = 500) -> Tensor:
+def simplex_qp(P: Tensor, iters: int = 500, largest: Tensor | None = None) -> Tensor:
     """argmin_a a^T P a subject to a >= 0, sum a = 1, for a batch of PSD matrices P [b, s, s]: the
     exact solution on a support S (P_SS a_S proportional to 1, the optimality conditions checked):
     on every client's full support, else on the support that `iters` steps of accelerated projected
-    gradient find, else that iterate. A fixed number of steps and no host read (each round's cost
-    is known; nothing waits on the device)."""
+    gradient find, else that iterate. A fixed number of steps (each round's cost is known).
+
+    `largest` [b]: P's largest eigenvalues (the step size; `head_weights` passes its eigh's). None:
+    torch.linalg.eigvalsh computes them, which on CUDA reads its solver's `info` on the host; given,
+    nothing here reads from the device."""
     b, s, _ = P.shape
     a, ok = _on_support(P, torch.ones(b, s, dtype=torch.bool, device=P.device))
-    L = torch.linalg.eigvalsh(P)[:, -1].clamp(min=1e-300).view(b, 1)
+    L = (torch.linalg.eigvalsh(P)[:, -1] if largest is None else largest).clamp(min=1e-300).view(b, 1)
     x = torch.full((b, s), 1.0 / s, dtype=P.dtype, device=P.device)
     z, t = x, 1.0
     for _ in range(iters):

@@ -22,24 +22,16 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, head_names, scatter, sgd, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, ServerState
-from .checks import check_optional_int, check_positive
+from .base import EvalContext, Local, LocalLR, ServerState
 from .personalize import onboarding_batches
 from .representation import apply_head, features_and_logits, require_linear_head
 
 PERSONAL = "personal."  # the personal head's entries among a step's differentiated params
 
 
-class FedRoD(Algorithm):
+class FedRoD(LocalLR):
     name = "fedrod"
     agreement_options = dict(lr=0.1)  # fedrun.bench.agreement
-
-    def __init__(self, lr: float, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
-                 finetune_lr: float | None):
-        check_positive("algo.lr", lr)
-        check_optional_int("algo.new_client_steps", new_client_steps)
-        self.lr, self.new_client_steps = lr, new_client_steps
-        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)

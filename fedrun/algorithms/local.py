@@ -11,22 +11,14 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, scatter, stack
-from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
-from .checks import check_optional_int, check_positive
+from .base import EvalContext, Local, LocalLR, ServerState, sgd_step
 from .personalize import onboarding_batches
 
 
-class LocalOnly(Algorithm):
+class LocalOnly(LocalLR):
     name = "local"
     optim_ok = True  # (optim.*: its local step is sgd_step)
     models_per_round = 0  # nothing is transmitted
-
-    def __init__(self, lr: float, new_client_steps: int | None,
-                 finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
-        check_positive("algo.lr", lr)
-        check_optional_int("algo.new_client_steps", new_client_steps)
-        self.lr, self.new_client_steps = lr, new_client_steps
-        self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"params": stack(params, num_clients)})

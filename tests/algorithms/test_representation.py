@@ -66,9 +66,10 @@ def test_feddbe_global_mean_by_hand_and_its_bias_served_before_the_head():
     t = data.num_train_clients
     local = algo.client_init(algo.init({k: v for k, v in model.state_dict().items()}, data.num_clients), torch.arange(t), 0)
     running = torch.zeros(t, local["running"].shape[1])
-    from fedrun.algorithms.feddbe import init_batches
+    from fedrun.algorithms.feddbe import init_rows
 
-    for (x, y), in init_batches(ctx, torch.arange(t), None):
+    for rows in init_rows(ctx, torch.arange(t), None).unbind(1):
+        x, y = data.train.rows(rows)
         running = 0.7 * running + 0.3 * torch.stack([engine.features({k: v[c] for k, v in local["params"].items()}, x[c]).mean(0)
                                                     for c in range(t)])
         g, _ = engine.grad(local["params"], x, y)
