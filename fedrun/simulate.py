@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -354,8 +354,12 @@ def simulate_group(
     algo.set_data(data)
     train = ChunkedTraining(client_chunk, steps or local_training, start_chunk)
     for r in runs:  # (`prepare`'s own work over many clients goes in the round's chunks: train.map)
-        r.at = r.done = r.start or Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),
-                                                         replace(eval_context(data, sched, r.seed, 0), chunked=train.map)))
+        if r.start:
+            r.at = r.done = r.start
+            continue
+        ctx = eval_context(data, sched, r.seed, 0)
+        ctx.chunked = train.map  # (set, not dataclasses.replace: a context subclass keeps its own __init__)
+        r.at = r.done = Progress(algo.prepare(engine, algo.init(r.params, data.num_clients), ctx))
     bar = None
     first = min(r.at.round for r in runs)
     clock = RoundClock(sched.rounds, sched.eval_every)
