@@ -174,33 +174,35 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
     assert "| official (best round) | official - paper | official_2020 (best round) |" in md
 
 
-def test_pfedme_table1_quick(data_root, tmp_path, monkeypatch):
+# one data set a test (the script's --datasets): two halves that the test workers run side by side
+# instead of one 24-job test that ended the suite alone (79 s of the loaded 2-core run)
+@pytest.mark.parametrize("d, paper_pm_dnn", [("synthetic", "86.36"), ("mnist", "99.46")])
+def test_pfedme_table1_quick(d, paper_pm_dnn, data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
-    # --rounds 2 (one less than --quick's 3, over 24 jobs): still the best and the last of several rounds
-    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", "synthetic,mnist", "--data-root",
+    # --rounds 2 (one less than --quick's 3, over 12 jobs): still the best and the last of several rounds
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", d, "--data-root",
                                        root, "--out", str(out)], tmp_path, monkeypatch)
-    assert f"outputs: {out}" in text and "fedrun data=mnist_pfedme" in text
-    if not real:
+    assert f"outputs: {out}" in text and ("fedrun data=mnist_pfedme" in text) == (d == "mnist")
+    if not real and d == "mnist":
         assert "NOT the full 70,000" in text
     table = pd.read_csv(out / "table1.csv")
-    assert len(table) == 16  # 2 data sets x 2 models x (FedAvg, Per-FedAvg, pFedMe GM, pFedMe PM)
+    assert len(table) == 8 and set(table.dataset) == {d}  # 2 models x (FedAvg, Per-FedAvg, pFedMe GM, pFedMe PM)
     assert (table["official_seeds"] == 1).all() and (table["honest_seeds"] == 1).all()
-    for d in ("synthetic", "mnist"):
-        jobs = job_metrics(out / "runs" / d)
-        assert len(jobs) == 12  # 6 presets x 2 protocols
-        for key, m in jobs.items():
-            ov = dict(key)
-            assert len(m) == 2
-            _, data, model, algo = ov["experiment"].split("_")
-            for entry, prefix in {"fedavg": [("FedAvg", "global")], "perfedavg": [("Per-FedAvg", "pers")],
-                                  "pfedme": [("pFedMe GM", "global"), ("pFedMe PM", "pers")]}[algo]:
-                row = table[(table.dataset == d) & (table.model == model.upper()) & (table.entry == entry)].iloc[0]
-                proto = ov["protocol"]
-                assert row[f"{proto}_best"] == pytest.approx(100 * m[f"{prefix}_acc"].max(), abs=1e-6)
-                assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
+    jobs = job_metrics(out / "runs" / d)
+    assert len(jobs) == 12  # 6 presets x 2 protocols
+    for key, m in jobs.items():
+        ov = dict(key)
+        assert len(m) == 2
+        _, data, model, algo = ov["experiment"].split("_")
+        for entry, prefix in {"fedavg": [("FedAvg", "global")], "perfedavg": [("Per-FedAvg", "pers")],
+                              "pfedme": [("pFedMe GM", "global"), ("pFedMe PM", "pers")]}[algo]:
+            row = table[(table.dataset == d) & (table.model == model.upper()) & (table.entry == entry)].iloc[0]
+            proto = ov["protocol"]
+            assert row[f"{proto}_best"] == pytest.approx(100 * m[f"{prefix}_acc"].max(), abs=1e-6)
+            assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
     md = (out / "table1.md").read_text()
-    assert "| synthetic | DNN | pFedMe PM | 86.36 |" in md and "FedAvg < Per-FedAvg < pFedMe PM" in md
+    assert f"| {d} | DNN | pFedMe PM | {paper_pm_dnn} |" in md and f"- {d} DNN, official: FedAvg < Per-FedAvg < pFedMe PM" in md
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,14 +311,19 @@ def test_pfl_cifar_quick_table_figure_and_replot(tmp_path, monkeypatch):
     assert set(lowest["gain_bound"].fillna("")) == {"", "<", ">"}  # reached by both, the baseline only, the method only
 
 
-def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
+PFL_PAPER_METHODS = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto",
+                     "feddyn", "scaffold")
+
+
+# the paper's 8 methods, 4 a test (--methods): two halves the workers run side by side, not one test of
+# 77 s at the suite's end (a run's own figures, tables and tiny CIFAR cost ~6 s: 4 tests of 2 cost more in all)
+@pytest.mark.parametrize("methods", [PFL_PAPER_METHODS[:4], PFL_PAPER_METHODS[4:]], ids=lambda m: m[0])
+def test_pfl_cifar_quick_runs_every_paper_method(methods, tmp_path, monkeypatch):
     out = tmp_path / "all"
-    # --rounds 2 (one less than --quick's 3, over 8 methods): the count still grows round by round
-    text = script("pfl_cifar.py", ["--quick", "--rounds", "2", "--target", "15", "--out", str(out)], tmp_path,
-                  monkeypatch)
+    # --rounds 2 (one less than --quick's 3): the count still grows round by round
+    text = script("pfl_cifar.py", ["--quick", "--rounds", "2", "--methods", ",".join(methods), "--target", "15",
+                                   "--out", str(out)], tmp_path, monkeypatch)
     assert "done in" in text and (out / "summary.md").exists() and (out / "figure2.png").exists()
-    methods = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto",
-               "feddyn", "scaffold")
     for k in methods:
         (ov, m), = job_metrics(out / "runs" / k).items()
         assert dict(ov)["experiment"] == f"cifar10_acid5_{k}"
@@ -380,13 +387,21 @@ def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     assert (out / "figure3.png").stat().st_size > 10000 and (out / "figure2.png").exists()  # the first run's kept
 
 
+import baselines  # noqa: E402 - the script's module, for its list of entries
+
+# every entry of the table, 5 at a time (--entries): 5 tests that the test workers share, not one of 25
+# runs (67-93 s) that the suite waited for at its end
+BASELINE_GROUPS = [list(baselines.ENTRIES)[i:i + 5] for i in range(0, len(baselines.ENTRIES), 5)]
+
+
 # the PFL baseline table (scripts/baselines.py): every entry, --quick, then --replot
-def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
+@pytest.mark.parametrize("entries", BASELINE_GROUPS, ids=lambda g: g[0])
+def test_baselines_quick_table_figure_and_replot(entries, tmp_path, monkeypatch):
     out = tmp_path / "bl"
-    text = script("baselines.py", ["--quick", "--rounds", "2", "--out", str(out)], tmp_path, monkeypatch)
+    text = script("baselines.py", ["--quick", "--rounds", "2", "--entries", ",".join(entries), "--out", str(out)],
+                  tmp_path, monkeypatch)
     table = pd.read_csv(out / "baselines.csv")
-    import baselines  # noqa: E402 - the script's module, for its list of entries
-    assert list(table["entry"]) == list(baselines.ENTRIES) and (table["rounds"] == 2).all()
+    assert list(table["entry"]) == entries and (table["rounds"] == 2).all()
     assert (out / "baselines.png").stat().st_size > 0
     for _, row in table.iterrows():  # the table's numbers are the runs' CSVs
         run = next(p for p in (out / "runs" / baselines._slug(row["entry"])).iterdir() if (p / "metrics.csv").exists())
@@ -402,11 +417,14 @@ def test_baselines_quick_table_figure_and_replot(tmp_path, monkeypatch):
     assert "<svg" in (out / "baselines.svg").read_text()[:1000]  # the figure in the file type asked for
 
 
+def test_the_split_quick_runs_are_every_entry_and_method_once():
+    assert [e for g in BASELINE_GROUPS for e in g] == list(baselines.ENTRIES)
+    assert list(PFL_PAPER_METHODS) == _load_script("pfl_cifar.py")["DEFAULT_METHODS"]
+
+
 def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
     """With a holdout, the lowest decile is over the training clients and the new_* columns over
     the held-out ones (a mixed decile showed Ditto's untrained new clients as its lowest, 6.55)."""
-    import baselines  # noqa: E402
-
     run = tmp_path / "runs" / baselines._slug("Ditto") / "0_seed=0"
     run.mkdir(parents=True)
     pd.DataFrame({"round": [1, 2], "pers_acc": [0.5, 0.9], "new_pers_acc": [0.3, 0.7]}).to_csv(run / "metrics.csv")
@@ -421,8 +439,6 @@ def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
 
 
 def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
-    import baselines  # noqa: E402
-
     monkeypatch.chdir(tmp_path)
     for argv, named, allowed in ((["--setting", "mnist_dir1"], "--setting 'mnist_dir1'", "mnist_dir01, mnist_shards2"),
                                  (["--entries", "FedAvg,FedNope"], "--entries FedNope", "Local, FedAvg, FedAvg+FT")):
