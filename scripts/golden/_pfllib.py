@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Passes, Shuffling  # noqa: E402
+from record_pfllib import (BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Passes, Shuffling,  # noqa: E402
+                           load_problem)
 
 STEPS = 3  # minibatches of one recorded train() pass
 
@@ -139,12 +140,7 @@ def main(doc: str, record, algorithms=None) -> None:
     if not isinstance(algorithms, str):
         ap.add_argument("--algorithms", default=",".join(algorithms))
     a = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
-    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
-        init = json.load(f)["init"]
-    torch.set_num_threads(1)
+    data, init = load_problem(a.pfllib)
     for algo in [algorithms] if isinstance(algorithms, str) else a.algorithms.split(","):
         out = record(a.pfllib, data, init) if isinstance(algorithms, str) else record(a.pfllib, algo, data, init)
         path = os.path.join(a.out, f"pfllib_{algo}.json")

@@ -225,6 +225,18 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
             "phases": phases, **({"unit": "epochs"} if epochs else {}), "init": init, "iterations": trace, **out}
 
 
+def load_problem(pfllib: str) -> tuple[dict, dict]:
+    """Every recorder's start: PFLlib's system/ importable, one torch thread, and the traced problem's
+    rows and initial model from the pFedMe fixtures (their `data` and `init`)."""
+    sys.path.insert(0, os.path.join(os.path.abspath(pfllib), "system"))
+    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
+        data = json.load(f)
+    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
+        init = json.load(f)["init"]
+    torch.set_num_threads(1)
+    return data, init
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
@@ -232,12 +244,7 @@ def main() -> None:
     ap.add_argument("--algorithms", default=None, help="default: all of RUNS (with --epochs: of EPOCH_RUNS)")
     ap.add_argument("--epochs", action="store_true", help="local work in epochs (EPOCH_RUNS): pfllib_<algo>_epochs.json")
     a = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.abspath(a.pfllib), "system"))
-    with open(os.path.join(FIXTURES, "pfedme_data.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(FIXTURES, "pfedme_fedavg_dnn.json")) as f:
-        init = json.load(f)["init"]
-    torch.set_num_threads(1)
+    data, init = load_problem(a.pfllib)
     for algo in (a.algorithms or ",".join(EPOCH_RUNS if a.epochs else RUNS)).split(","):
         out = record(a.pfllib, algo, data, init, a.epochs)
         path = os.path.join(a.out, f"pfllib_{algo}{'_epochs' if a.epochs else ''}.json")
