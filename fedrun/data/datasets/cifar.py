@@ -17,6 +17,7 @@ from .base import Dataset, Rows, all_present, choice, corrupt, download_into
 
 PAD_FILLS = ("black", "mean")
 LABELS = {"fine": b"fine_labels", "coarse": b"coarse_labels"}  # CIFAR-100's two label sets (100 classes, 20 superclasses)
+LABEL_COUNTS = {b"labels": 10, b"fine_labels": 100, b"coarse_labels": 20}  # a label key -> its labels 0..n-1
 
 
 class Cifar(Dataset):
@@ -142,13 +143,20 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
                    else type(x).__name__)
             raise DataCorruptError(corrupt(p, f"not a CIFAR batch: its {b'data'!r} is a {got}, expected a "
                                                f"uint8 array of shape [N, 3072]"))
-        try:
-            y = np.asarray(y, dtype=np.int64)
-        except (TypeError, ValueError):
+        try:  # the release's labels are a list of Python ints: a float (3.7) or a bool is not one
+            y = np.asarray(y)
+            y = y.astype(np.int64) if y.dtype.kind in "iu" or (y.size == 0 and y.dtype.kind == "f") else None
+        except (TypeError, ValueError, OverflowError):
             y = None
         if y is None or y.ndim != 1 or len(y) != len(x):
             raise DataCorruptError(corrupt(p, f"not a CIFAR batch: its {label_key!r} is not {len(x)} integer "
                                                f"labels, one per image"))
+        count = LABEL_COUNTS[label_key]
+        bad = np.flatnonzero((y < 0) | (y >= count))
+        if len(bad):  # one label past the model's outputs would stop training mid-run (IndexError)
+            rows = f"{len(bad)} row{'s' if len(bad) > 1 else ''}"
+            raise DataCorruptError(corrupt(p, f"not a CIFAR batch: its {label_key!r} include label {int(y[bad[0]])} "
+                                               f"at row {int(bad[0])} ({rows} outside 0..{count - 1})"))
         xs.append(x.reshape(-1, 3, 32, 32))
         ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)

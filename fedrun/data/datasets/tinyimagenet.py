@@ -23,6 +23,7 @@ from .cifar import channel_stats
 FOLDER = "tiny-imagenet-200"
 URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 SIDE = 64
+NUM_CLASSES = 200
 PARTS = ["wnids.txt", "train", os.path.join("val", "val_annotations.txt"), os.path.join("val", "images")]
 
 
@@ -47,12 +48,59 @@ def _stack(paths: list[str]) -> np.ndarray:
     return out
 
 
+def _lines(path: str) -> list[str]:
+    """The lines of one of the release's index files (ASCII); one that is not text is one line naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readlines()
+    except UnicodeDecodeError as e:
+        raise DataCorruptError(corrupt(path, f"not a text file of the release (byte {e.start}: "
+                                             f"{e.object[e.start:e.start + 1]!r} is not UTF-8)")) from None
+
+
+def _plain(name: str) -> bool:
+    """A file or folder name inside one folder: no separator, not . or .. (nothing outside the release is read)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and os.sep not in name
+
+
+def read_wnids(path: str, train: str) -> list[str]:
+    """The class ids of wnids.txt, line order = label. Refused in one line naming the file: not text,
+    no classes, a class listed twice (its images would be read twice, under the later label, and the
+    earlier label would have none), more than the model's NUM_CLASSES outputs, a line that is not a
+    folder name, or a class folder in `train` it does not list (a torn copy). Fewer than NUM_CLASSES
+    is a subset of the release, read as labels 0..k-1 of the model's NUM_CLASSES outputs."""
+    wnids = [w.strip() for w in _lines(path)]
+    lines = [i for i, w in enumerate(wnids, 1) if w]
+    wnids = [w for w in wnids if w]
+    if not wnids:
+        raise DataCorruptError(corrupt(path, "an empty wnids.txt (no class ids)"))
+    first = {}
+    for n, w in zip(lines, wnids):
+        if not _plain(w) or any(c.isspace() for c in w):
+            raise DataCorruptError(corrupt(path, f"not Tiny-ImageNet's wnids.txt: line {n} is not a class id "
+                                                 f"({w[:60]!r})"))
+        if w in first:
+            raise DataCorruptError(corrupt(path, f"not Tiny-ImageNet's wnids.txt: class {w} is listed twice "
+                                                 f"(lines {first[w]} and {n})"))
+        first[w] = n
+    if len(wnids) > NUM_CLASSES:
+        raise DataCorruptError(corrupt(path, f"not Tiny-ImageNet's wnids.txt: it lists {len(wnids)} classes, the "
+                                             f"release {NUM_CLASSES} (the model's outputs)"))
+    extra = sorted(set(os.listdir(train)) - set(wnids)) if os.path.isdir(train) else []
+    extra = [e for e in extra if os.path.isdir(os.path.join(train, e))]
+    if extra:
+        raise DataCorruptError(corrupt(path, f"not the wnids.txt of {os.path.abspath(train)}: it lists {len(wnids)} "
+                                             f"classes, and {len(extra)} class folder{'s' if len(extra) > 1 else ''} "
+                                             f"there {'are' if len(extra) > 1 else 'is'} not among them "
+                                             f"(e.g. {extra[0]}; a torn copy?)"))
+    return wnids
+
+
 def tinyimagenet_files(root: str) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
     """(train paths, train labels, val paths, val labels) of the release under `root`, labels by
     wnids.txt's order; files sorted by name (the order is fixed across copies)."""
     base = os.path.join(root, FOLDER)
-    with open(os.path.join(base, "wnids.txt")) as f:
-        wnids = [w.strip() for w in f if w.strip()]
+    wnids = read_wnids(os.path.join(base, "wnids.txt"), os.path.join(base, "train"))
     label = {w: i for i, w in enumerate(wnids)}
     trp, trl = [], []
     for w in wnids:
@@ -65,16 +113,20 @@ def tinyimagenet_files(root: str) -> tuple[list[str], np.ndarray, list[str], np.
         trl += [label[w]] * len(names)
     vap, val = [], []
     ann = os.path.join(base, "val", "val_annotations.txt")
-    with open(ann) as f:
-        for n, line in enumerate(f, 1):
-            cols = line.rstrip("\n").split("\t")
-            if not line.strip():
-                continue
-            if len(cols) < 2 or cols[1] not in label:
-                raise DataCorruptError(corrupt(ann, f"not Tiny-ImageNet's val_annotations.txt: line {n} is not "
-                                                    f"'<file>\\t<wnid of wnids.txt>...' ({line.strip()[:60]!r})"))
-            vap.append(os.path.join(base, "val", "images", cols[0]))
-            val.append(label[cols[1]])
+    seen = {}
+    for n, line in enumerate(_lines(ann), 1):
+        cols = line.rstrip("\n").split("\t")
+        if not line.strip():
+            continue
+        if len(cols) < 2 or not _plain(cols[0]) or cols[1] not in label:
+            raise DataCorruptError(corrupt(ann, f"not Tiny-ImageNet's val_annotations.txt: line {n} is not "
+                                                f"'<file>\\t<wnid of wnids.txt>...' ({line.strip()[:60]!r})"))
+        if cols[0] in seen:  # the same image twice would be two test rows
+            raise DataCorruptError(corrupt(ann, f"not Tiny-ImageNet's val_annotations.txt: {cols[0]!r} is listed "
+                                                f"twice (lines {seen[cols[0]]} and {n})"))
+        seen[cols[0]] = n
+        vap.append(os.path.join(base, "val", "images", cols[0]))
+        val.append(label[cols[1]])
     order = np.argsort(vap, kind="stable")
     return trp, np.asarray(trl, dtype=np.int64), [vap[i] for i in order], np.asarray(val, dtype=np.int64)[order]
 
@@ -83,7 +135,7 @@ class TinyImageNet(Dataset):
     """`dataset=tinyimagenet` (conf/dataset): `root`/tiny-imagenet-200 in the release's layout."""
 
     augment = "crop_flip"
-    num_classes = 200
+    num_classes = NUM_CLASSES
 
     def __init__(self, name: str = "tinyimagenet", root: str = "data", download: bool = True) -> None:
         choice("dataset.name", name, ["tinyimagenet"])
