@@ -89,16 +89,22 @@ def _leaf_users(path: str, dataset: str):
         if not isinstance(u, dict) or "x" not in u or "y" not in u:
             raise bad(f"not a LEAF user file: user {user!r} has no x and y in user_data")
         try:
-            y = np.asarray(u["y"], dtype=np.int64).reshape(-1)
+            y = np.asarray(u["y"])
             x = np.asarray(u["x"], dtype=np.float32)
-        except (ValueError, TypeError):  # ragged rows (mixed feature widths) land here too
+        except (ValueError, TypeError, OverflowError):  # ragged rows (mixed feature widths) land here too
             raise bad(f"not a LEAF user file: user {user!r}'s x or y is not numbers in rows of one width") from None
+        if y.dtype.kind not in "iu" and not (y.size == 0 and y.dtype.kind == "f"):  # 3.7 or true is not a label
+            raise bad(f"not {dataset} rows: user {user!r}'s y is not integer labels ({str(u['y'])[:40]})")
+        y = y.astype(np.int64).reshape(-1)
         if x.ndim < 1 or len(x) != len(y):
             raise bad(f"not a LEAF user file: user {user!r} has {len(x) if x.ndim else 0} rows of x but {len(y)} of y")
         if counts is not None and counts[i] != len(y):
             raise bad(f"a LEAF user file whose metadata contradicts its rows: \"num_samples\" gives user {user!r} "
                       f"{counts[i]!r} rows, its user_data holds {len(y)}")
-        x = x.reshape(len(y), -1)
+        x = x.reshape(len(y), -1) if len(y) else np.zeros((0, width), np.float32)  # a user of no rows: [0, width]
+        if not np.isfinite(x).all():  # JSON's NaN / Infinity (json.dump writes them) would train to NaN
+            r = int(np.flatnonzero(~np.isfinite(x).all(1))[0])
+            raise bad(f"not {dataset} rows: user {user!r}'s row {r} holds a pixel that is not a finite number")
         if len(y) and x.shape[1] != width:
             raise bad(f"not {dataset} rows: user {user!r}'s rows have {x.shape[1]} features, {dataset} has {width} "
                       f"(28 x 28 pixels)")
