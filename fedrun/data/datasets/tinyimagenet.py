@@ -6,7 +6,10 @@ random-crop (pad 4) + flip augmented as CIFAR's (`augment.crop_flip`, padding bl
 
 Layout: `root`/tiny-imagenet-200/wnids.txt (the 200 class ids, line order = label),
 train/<wnid>/images/*.JPEG, val/val_annotations.txt (`file<TAB>wnid<TAB>box...`) + val/images/*.JPEG;
-downloaded (the Stanford zip, ~240 MB) when missing and `download` is set. Decoding 110,000 JPEGs
+downloaded (the Stanford zip, ~240 MB) when missing and `download` is set. wnids.txt may list at most
+the model's 200 outputs (labels are its line numbers), each class once, and every class folder of
+train/; fewer than 200 is read as a subset (labels 0..k-1 of the 200 outputs). Anything else is
+refused in one line naming the file (`read_wnids`). Decoding 110,000 JPEGs
 takes a minute or two once; the data cache keeps the result. The rows in float32 take ~5 GB
 (training) on the run's device.
 """
