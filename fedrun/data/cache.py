@@ -36,6 +36,8 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
                 blob = torch.load(path, weights_only=True)
             except Exception:  # a torn or stale cache file is rebuilt, never trusted
                 blob = None
+            if blob is not None and not _labels_fit(blob):  # written before its reader refused such labels
+                blob = None
     if blob is None:
         train, test, num_classes, *meta = build()
         blob = {"num_classes": num_classes, "meta": {k: torch.as_tensor(v) for k, v in (meta or [{}])[0].items()}}
@@ -50,6 +52,17 @@ def _cached(name: str, settings: dict, cache_dir: str | None, build, chunk_len: 
     splits = {s: ClientSplit.from_flat(chunk_len=chunk_len, **blob[s]) for s in ("train", "test")}
     return FederatedData(name, splits["train"], splits["test"], int(blob["num_classes"]), augment=augment,
                          **blob.get("meta", {}))
+
+
+def _labels_fit(blob) -> bool:
+    """Every label of a cache file's rows is one of its 0..num_classes-1 (a file cached by a reader
+    that let a label 100 of CIFAR-100 through would otherwise stop training mid-run on every use)."""
+    try:
+        k = int(blob["num_classes"])
+        return all(len(y) == 0 or (int(y.min()) >= 0 and int(y.max()) < k)
+                   for y in (blob["train"]["y"], blob["test"]["y"]))
+    except Exception:  # noqa: BLE001 - a blob of another layout: rebuilt
+        return False
 
 
 DIGESTS = "file-digests.json"  # in the cache folder: path -> [size, mtime_ns, ctime_ns, inode, sha1]

@@ -364,3 +364,18 @@ def test_emnist_letters_idx_rows_are_literal(tmp_path):
     want[1, 0 * 28 + 27] = hi  # upright (row 0, col 27)
     np.testing.assert_allclose(rows.train_x, want, rtol=4 * np.finfo(np.float32).eps, atol=0)
     np.testing.assert_allclose(rows.test_x, want, rtol=4 * np.finfo(np.float32).eps, atol=0)
+
+
+def test_a_cache_file_with_labels_outside_its_classes_is_rebuilt(tmp_path):
+    """A cache file written before the reader refused such labels (CIFAR-100 fine label 100) is not
+    served: the rows are read again, from the files (here good ones)."""
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    write_cifar_files(str(root), "cifar100", {b"fine_labels": [0, 99], b"coarse_labels": [0, 19]},
+                      {b"fine_labels": [99, 0], b"coarse_labels": [19, 0]})
+    spec = (dict(name="cifar100", root=str(root), download=False), dict(name="iid", num_clients=1, test="dataset"))
+    assert sorted(composed(*spec, cache_dir=str(cache)).train.y.tolist()) == [0, 99]
+    (path,) = [os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".pt")]
+    blob = torch.load(path, weights_only=True)
+    blob["train"]["y"] = torch.tensor([0, 100])  # as the old reader cached a file holding label 100
+    torch.save(blob, path)
+    assert sorted(composed(*spec, cache_dir=str(cache)).train.y.tolist()) == [0, 99]
