@@ -295,6 +295,61 @@ MUTANTS += [
            (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (abs(w_n), not max(w_n, 0))"),
 ]
 
+# issue 45.2 / 46.3, the dataset readers: each against the literal rows of tests/data/test_reader_quirks.py
+RQ = "tests/data/test_reader_quirks.py"
+DS = "fedrun/data/datasets/"
+MUTANTS += [
+    Mutant("cifar-label-range-unchecked", DS + "cifar.py", "bad = np.flatnonzero((y < 0) | (y >= count))",
+           "bad = np.flatnonzero(y < 0)", (RQ, "-k", "cifar_labels_outside"),
+           "CIFAR: a label past the release's (fine 100, coarse 20, CIFAR-10 10) read (training stops mid-run)"),
+    Mutant("cifar-coarse-not-in-cache-key", DS + "cifar.py",
+           "return {k: v for k, v in s.items() if not (k == \"labels\" and v == \"fine\")}",
+           "return {k: v for k, v in s.items() if k != \"labels\"}", (RQ, "-k", "label_choice_keys_the_cache"),
+           "CIFAR-100: labels=coarse missing from the cache key (a cached fine run served to a coarse run)"),
+    Mutant("cifar-coarse-reads-fine", DS + "cifar.py",
+           "label_key=LABELS[self.labels] if self.files_classes == 100 else None)", "label_key=None)",
+           (RQ, "-k", "label_choice_keys_the_cache"), "CIFAR-100: labels=coarse reads the fine labels"),
+    Mutant("tinyimagenet-labels-by-name", DS + "tinyimagenet.py", "label = {w: i for i, w in enumerate(wnids)}",
+           "label = {w: i for i, w in enumerate(sorted(wnids))}", (RQ, "-k", "tinyimagenet_rows"),
+           "Tiny-ImageNet: labels by sorted class id, not by wnids.txt's line order"),
+    Mutant("tinyimagenet-val-unsorted", DS + "tinyimagenet.py", "order = np.argsort(vap, kind=\"stable\")",
+           "order = np.arange(len(vap))", (RQ, "-k", "tinyimagenet_rows"),
+           "Tiny-ImageNet: val rows in val_annotations.txt's order, not by file name"),
+    Mutant("tinyimagenet-fill-dropped", DS + "tinyimagenet.py", "augment_fill=(-mean / std).reshape(-1))",
+           "augment_fill=None)", (RQ, "-k", "tinyimagenet_rows"),
+           "Tiny-ImageNet: the crop's padding the mean colour (0), not a black pixel"),
+    Mutant("tinyimagenet-duplicate-class-read", DS + "tinyimagenet.py", "        if w in first:\n",
+           "        if False:\n", (RQ, "-k", "tinyimagenet_refusals"),
+           "Tiny-ImageNet: a class listed twice in wnids.txt read twice under the later label"),
+    Mutant("agnews-entity-kept", DS + "agnews.py", "lambda m: chr(int(m.group(1)))", "lambda m: m.group(0)",
+           (RQ, "-k", "agnews"), "AG News: #39;-style entities (their & lost) kept as text"),
+    Mutant("agnews-newline-escape-kept", DS + "agnews.py", "text = text.replace(\"\\\\n\", \" \").replace(",
+           "text = text.replace(", (RQ, "-k", "agnews"), "AG News: the \\n escape read as a backslash and an n"),
+    Mutant("agnews-html-kept", DS + "agnews.py", "return html.unescape(text)", "return text", (RQ, "-k", "agnews"),
+           "AG News: &amp; &lt; &gt; &quot; kept as text"),
+    Mutant("agnews-vocab-ties-unordered", DS + "agnews.py", "key=lambda kv: (-kv[1], kv[0])", "key=lambda kv: -kv[1]",
+           (RQ, "-k", "agnews"), "AG News: the vocabulary's ties in first-seen order, not by the token"),
+    Mutant("shakespeare-unknown-as-newline", DS + "shakespeare.py",
+           "return np.where(codes < 256, _TABLE[np.minimum(codes, 255)], _TABLE[ord(\" \")])",
+           "return np.where(codes < 256, _TABLE[np.minimum(codes, 255)], 0)", (RQ, "-k", "shakespeare"),
+           "Shakespeare: a character past latin-1 (the ’, an emoji) read as id 0 (newline), not the space"),
+    Mutant("shakespeare-latin1-unknown-as-newline", DS + "shakespeare.py",
+           "_TABLE = np.full(256, LETTERS.index(\" \"), dtype=np.int64)", "_TABLE = np.full(256, 0, dtype=np.int64)",
+           (RQ, "-k", "shakespeare"), "Shakespeare: a latin-1 character outside LEAF's alphabet (ù, tab, ~) read as id 0"),
+    Mutant("femnist-stats-with-test-rows", DS + "leaf.py", "mean, std = float(trx.mean()), float(trx.std()) or 1.0",
+           "mean, std = float(np.concatenate([trx, tex]).mean()), float(trx.std()) or 1.0", (RQ, "-k", "femnist_rows"),
+           "FEMNIST: the normalization's mean over the test rows too"),
+    Mutant("femnist-nonfinite-accepted", DS + "leaf.py", "if not np.isfinite(x).all():", "if False:",
+           (RQ, "-k", "femnist_refuses"), "FEMNIST: a NaN / Infinity pixel read (training to NaN)"),
+    Mutant("emnist-untransposed", DS + "idx.py", "trx, tex = trx.transpose(0, 2, 1), tex.transpose(0, 2, 1)",
+           "trx, tex = trx, tex", (RQ, "-k", "emnist"), "EMNIST: images left column-major (transposed)"),
+    Mutant("emnist-letters-unshifted", DS + "idx.py", "try_, tey = try_ - 1, tey - 1", "try_, tey = try_, tey",
+           (RQ, "-k", "emnist"), "EMNIST letters: labels 1..26 kept, not 0..25"),
+    Mutant("cache-labels-unchecked", "fedrun/data/cache.py", "if blob is not None and not _labels_fit(blob):",
+           "if False:", (RQ, "-k", "cache_file_with_labels"),
+           "the data cache serves a file whose labels fall outside its classes"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:
