@@ -263,6 +263,18 @@ def test_tinyimagenet_refusals_name_the_file_in_one_line(tmp_path):
     assert "val_annotations.txt: line 4 is not '<file>\\t<wnid of wnids.txt>...'" in msg
 
 
+def test_tinyimagenet_val_image_listed_but_missing_is_one_line(tmp_path):
+    from fedrun.data.datasets.tinyimagenet import TinyImageNet
+    from fedrun.errors import DataMissingError
+
+    base = write_good_tiny(str(tmp_path))
+    os.remove(os.path.join(base, "val", "images", "val_0.JPEG"))
+    with pytest.raises(DataMissingError) as e:
+        TinyImageNet(root=str(tmp_path), download=False).load()
+    assert one_line_naming(e, base).startswith(f"Tiny-ImageNet incomplete: {base}/val/images/val_0.JPEG, line 2 of "
+                                               f"{base}/val/val_annotations.txt, is not there")
+
+
 def test_tinyimagenet_subset_of_classes_reads_as_labels_from_0(tmp_path):
     """Fewer classes than 200 (a subset, every class folder listed) are labels 0..k-1 of the 200 outputs."""
     from fedrun.data.datasets.tinyimagenet import TinyImageNet
