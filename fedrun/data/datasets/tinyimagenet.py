@@ -131,7 +131,8 @@ def tinyimagenet_files(root: str) -> tuple[list[str], np.ndarray, list[str], np.
         vap.append(os.path.join(base, "val", "images", cols[0]))
         if not os.path.isfile(vap[-1]):
             raise DataMissingError(f"Tiny-ImageNet incomplete: {os.path.abspath(vap[-1])}, line {n} of "
-                                   f"{os.path.abspath(ann)}, is not there; copy the whole tiny-imagenet-200 folder again")
+                                   f"{os.path.abspath(ann)}, is not there; copy the whole tiny-imagenet-200 folder "
+                                   f"again")
         val.append(label[cols[1]])
     order = np.argsort(vap, kind="stable")
     return trp, np.asarray(trl, dtype=np.int64), [vap[i] for i in order], np.asarray(val, dtype=np.int64)[order]
