@@ -10,14 +10,13 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from torch.utils._pytree import tree_leaves, tree_map
-
 from .algorithms.base import Algorithm, EvalContext, Local, Phase, ServerState
 from .clock import RoundClock, hms
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
 from .engine import Engine, Params
+from .engine.tree import tree_leaves, tree_map
 
 
 class Diverged(RuntimeError):

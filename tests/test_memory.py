@@ -17,7 +17,6 @@ import os
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 import fedrun.simulate as sim
 from fedrun import memory
@@ -25,6 +24,7 @@ from fedrun.algorithms import PerFedAvg, build, names
 from fedrun.algorithms.base import Algorithm
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
+from fedrun.engine.tree import tree_map
 from fedrun.errors import ConfigError
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, simulate

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+# torch's pytree functions come from its private torch.utils._pytree (torch has no public module for
+# them); fedrun imports that module here and nowhere else (tests/test_layers.py checks): the rest of
+# the package takes these four names from this module.
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 Params = dict[str, Tensor]
 
