@@ -4,7 +4,7 @@ the one line the round loop prints after the first rounds."""
 import pytest
 import torch
 
-from fedrun.algorithms import FedAvg
+from fedrun.algorithms.fedavg import FedAvg
 from fedrun.clock import RoundClock, RoundReporter, hms
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of

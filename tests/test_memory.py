@@ -20,7 +20,8 @@ import torch
 
 import fedrun.simulate as sim
 from fedrun import memory
-from fedrun.algorithms import PerFedAvg, build, names
+from fedrun.algorithms import build, names
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.base import Algorithm
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
