@@ -309,7 +309,8 @@ MUTANTS += [
            ("tests/algorithms/test_discovery.py", "tests/test_resume.py", "-k", "short_targets or the_module_resumes"),
            "module_target: fedrun.algorithms.<Class> not made fedrun.algorithms.<module>.<Class>"),
     Mutant("resume-old-algo-target", "fedrun/resume.py",
-           'out["algo"] = {**out["algo"], "_target_": module_target(out["algo"]["_target_"])}', 'out["algo"] = out["algo"]',
+           'out["algo"] = {**out["algo"], "_target_": module_target(out["algo"]["_target_"])}',
+           'out["algo"] = out["algo"]',
            ("tests/test_resume.py", "-k", "the_module_resumes"),
            "resume: a checkpoint from before the yamls named the module is refused as another configuration"),
 ]

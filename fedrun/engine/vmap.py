@@ -12,7 +12,7 @@ from torch.func import grad, grad_and_value, jvp, vmap
 
 from ..data.federated import ClientSplit
 from .loop import LoopEngine
-from .tree import Params, stack, tree_flatten, tree_unflatten
+from .tree import Params, tree_flatten, tree_unflatten
 from .batchnorm import _training
 from .base import Engine
 
