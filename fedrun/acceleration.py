@@ -33,8 +33,8 @@ import sys
 from typing import Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
+from .engine.tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .errors import ConfigError
 from .simulate import local_training, one_step
 

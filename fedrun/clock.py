@@ -1,12 +1,13 @@
 """What a run will cost, told before it is long under way: after the first rounds, one line with the
 measured seconds per round times the rounds left (also in the progress bar), and for a run of hours
-on the CPU, what shortens it.
+on the CPU, what shortens it. `RoundReporter` is all the round loop calls: once a round, `on_round`.
 
 Host wall-clock time only: no device synchronization of its own (the round loop already waits for
 each round's divergence check, so a round's host time is its device time too).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 LONG_ROUND_S = 20.0  # a first round this long is measured enough: tell at once, not a round later
@@ -101,3 +102,40 @@ class RoundClock:
             return []
         hint = est.hint(device_type)
         return [est.line(), *([hint] if hint else [])]
+
+
+class RoundReporter:
+    """What the round loop shows as it goes, out of its body (nanoGPT's `log_metrics`): the progress
+    bar (tqdm, with `progress`) of rounds `first`+1..`clock.rounds`, its postfix the last evaluated
+    accuracies and the time left, and the estimate's line on stderr once (`RoundClock.tell`). The
+    loop calls `on_round` after each round and `close` after the last."""
+
+    def __init__(self, clock: RoundClock, device_type: str, desc: str, first: int, progress: bool):
+        self.clock, self.device_type, self.bar = clock, device_type, None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=clock.rounds, initial=first, desc=desc, unit="round", dynamic_ncols=True)
+
+    def on_round(self, rnd: int, seconds: float, eval_seconds: float, row: dict | None) -> None:
+        """Round `rnd` took `seconds`, `eval_seconds` of them evaluating; `row`: the metrics of the
+        last evaluation of the run the bar follows (None: none yet)."""
+        clock, bar = self.clock, self.bar
+        clock.tick(rnd, seconds, eval_seconds)
+        for line in clock.tell(self.device_type):
+            (bar.write if bar is not None else print)(f"fedrun: {line}", file=sys.stderr)
+        if bar is None:
+            return
+        if row is not None and (rnd % clock.eval_every == 0 or rnd == clock.rounds):
+            post = {"global": f"{row['global_acc']:.4f}"}
+            if "pers_acc" in row:
+                post["pers"] = f"{row['pers_acc']:.4f}"
+            est = clock.estimate()
+            if est is not None:  # s/round x rounds, where tqdm's own rate smooths over recent rounds
+                post["est"] = f"{est.per_round:.2f}s x {est.rounds_left} = {hms(est.left)}"
+            bar.set_postfix(post, refresh=False)
+        bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

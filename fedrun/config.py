@@ -1,7 +1,6 @@
 """Where fedrun's configs live and how they are grouped (read by the CLI, validation and the report)."""
 from __future__ import annotations
 
-import functools
 import os
 
 import yaml
@@ -10,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError, DataMissingError
+from .hydra_compat import omegaconf_yaml_loader
 
 def _conf_dir() -> str:
     """The shipped configs: `fedrun/conf` in an installed package (the wheel carries the repository's
@@ -219,38 +219,11 @@ OmegaConf.register_new_resolver("fedrun.neutral", neutral_options, replace=True)
 OmegaConf.register_new_resolver("fedrun.folder", folder_name, replace=True)
 
 
-@functools.lru_cache(maxsize=1)
-def _yaml_loader():
-    """OmegaConf's YAML rules (its float syntax, no timestamps, duplicate keys refused) on libyaml's
-    parser where PyYAML has it: 10-20x faster than OmegaConf.load's pure-Python parser on the large
-    .hydra/hydra.yaml of every job (fedrun-report reads one per job)."""
-    from omegaconf._utils import get_yaml_loader
-
-    rules = get_yaml_loader()
-    if not getattr(yaml, "__with_libyaml__", False):
-        return rules
-
-    class Loader(yaml.CSafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key, _ in node.value:
-                if key.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
-                    if key.value in seen:
-                        raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
-                                                                f"found duplicate key {key.value}", key.start_mark)
-                    seen.add(key.value)
-            return super().construct_mapping(node, deep=deep)
-
-    Loader.yaml_implicit_resolvers = {k: list(v) for k, v in rules.yaml_implicit_resolvers.items()}
-    Loader.yaml_constructors = dict(rules.yaml_constructors)
-    return Loader
-
-
 def read_yaml(path: str):
     """A YAML file as plain Python values, read as OmegaConf.load reads it (interpolations stay strings,
     as OmegaConf.to_container(..., resolve=False) gives them)."""
     with open(path, encoding="utf-8") as f:
-        obj = yaml.load(f, Loader=_yaml_loader())
+        obj = yaml.load(f, Loader=omegaconf_yaml_loader())
     return {} if obj is None else obj  # an empty file: OmegaConf.load gives an empty config
 
 

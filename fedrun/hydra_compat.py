@@ -14,9 +14,15 @@ only, these with any sweeper that validates its batches (Hydra's basic one does)
 for its measured saving: about 0.15 CPU-s per `fedrun` command, a composition (~0.15 s) of each of
 the ~150 runs the test suite starts (the commit that moved it here has the numbers).
 
+`omegaconf_yaml_loader`: OmegaConf's YAML rules (`omegaconf._utils.get_yaml_loader`) on libyaml's
+parser, for fedrun.config.read_yaml (fedrun-report reads every job's .hydra/ files with it).
+
 `libyaml_for_configs`: OmegaConf.load (with which Hydra reads every config file of every
 composition) parses on libyaml instead of PyYAML's pure-Python parser: ~0.03 CPU-s of a ~0.17-s
 composition, kept for the test suite's ~400 compositions.
+
+`basic_sweep_jobs`: the jobs Hydra's basic sweeper makes of a sweep's overrides
+(`BasicSweeper.split_arguments`), for fedrun-report to name the jobs of a sweep that never started.
 
 Dropped: the batched launcher reusing the configs the sweeper's validation composed (it rebound
 the method of Hydra's config loader; one composition, ~0.15 s, per job of a batched sweep, whose
@@ -25,11 +31,11 @@ jobs train for minutes).
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, Iterator
 
+import yaml
 from omegaconf import DictConfig
-
-from .config import _yaml_loader
 
 
 @contextlib.contextmanager
@@ -100,15 +106,52 @@ def mode_without_composition(argv: list[str]) -> Iterator[None]:
         Hydra.get_mode = hydras
 
 
+@functools.lru_cache(maxsize=1)
+def omegaconf_yaml_loader():
+    """OmegaConf's YAML rules (its float syntax, no timestamps, duplicate keys refused) on libyaml's
+    parser where PyYAML has it: 10-20x faster than OmegaConf.load's pure-Python parser on the large
+    .hydra/hydra.yaml of every job (fedrun-report reads one per job)."""
+    from omegaconf._utils import get_yaml_loader
+
+    rules = get_yaml_loader()
+    if not getattr(yaml, "__with_libyaml__", False):
+        return rules
+
+    class Loader(yaml.CSafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key, _ in node.value:
+                if key.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
+                    if key.value in seen:
+                        raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                                f"found duplicate key {key.value}", key.start_mark)
+                    seen.add(key.value)
+            return super().construct_mapping(node, deep=deep)
+
+    Loader.yaml_implicit_resolvers = {k: list(v) for k, v in rules.yaml_implicit_resolvers.items()}
+    Loader.yaml_constructors = dict(rules.yaml_constructors)
+    return Loader
+
+
+def basic_sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The jobs Hydra's basic sweeper launches for a sweep's `overrides` (e.g. ["a=1,2", "b=x"] ->
+    [["a=1", "b=x"], ["a=2", "b=x"]]), in its order, each as its list of overrides."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)
+    return [list(job) for batch in batches for job in batch]
+
+
 @contextlib.contextmanager
 def libyaml_for_configs() -> Iterator[None]:
     """While in the block, OmegaConf.load parses on libyaml with OmegaConf's rules
-    (fedrun.config._yaml_loader) instead of PyYAML's pure-Python parser: a pFedMe preset composes in
+    (omegaconf_yaml_loader) instead of PyYAML's pure-Python parser: a pFedMe preset composes in
     ~90 ms instead of ~110. The same values on every shipped and Hydra config
     (tests/test_hydra_compat.py); OmegaConf's own loader restored afterwards."""
     import omegaconf._utils as omegaconf_utils
 
-    loader, pure = _yaml_loader(), omegaconf_utils.get_yaml_loader
+    loader, pure = omegaconf_yaml_loader(), omegaconf_utils.get_yaml_loader
     omegaconf_utils.get_yaml_loader = lambda: loader
     try:
         yield

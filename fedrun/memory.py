@@ -40,11 +40,11 @@ from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from .algorithms.base import Algorithm
 from .data.federated import ClientSplit, FederatedData
 from .engine import Engine, Params
+from .engine.tree import tree_leaves, tree_map
 from .errors import ConfigError
 from .simulate import Schedule, clients_slice, is_oom, local_training, round_draws
 

@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
 from .errors import ConfigError
+from .algorithms import module_target
 from .algorithms.optim import canonical
 from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
 
@@ -39,8 +40,11 @@ def _shipped_target(group: str, name) -> str | None:
 def upgrade(config: dict) -> dict:
     """A checkpoint's settings in today's shape, where only names changed and the rows did not: the
     renamed data targets, and a dataset or partition node from before they were classes (a partition
-    was picked by its `name` key, a dataset had no `_target_`) given the `_target_` its yaml has now."""
+    was picked by its `name` key, a dataset had no `_target_`) given the `_target_` its yaml has now;
+    an algorithm's `_target_` from before the yamls named its module (fedrun.algorithms.module_target)."""
     out = dict(config)
+    if isinstance(out.get("algo"), dict) and "_target_" in out["algo"]:
+        out["algo"] = {**out["algo"], "_target_": module_target(out["algo"]["_target_"])}
     for where in (out, out.get("data") if isinstance(out.get("data"), dict) else None):
         if where is None:
             continue

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -10,14 +9,13 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from torch.utils._pytree import tree_leaves, tree_map
-
 from .algorithms.base import Algorithm, EvalContext, Local, Phase, ServerState
-from .clock import RoundClock, hms
+from .clock import RoundClock, RoundReporter
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .evaluate import Evaluation, evaluate
 from .engine import Engine, Params
+from .engine.tree import tree_leaves, tree_map
 
 
 class Diverged(RuntimeError):
@@ -348,7 +346,7 @@ def simulate_group(
 
     Replicas may start at different rounds (resumed from different checkpoints); each joins when
     the loop reaches its round. A replica that diverges stops with its `error` set; the others go on.
-    After the first rounds, one line on stderr estimates the time left (fedrun.clock).
+    After the first rounds, one line on stderr estimates the time left (fedrun.clock.RoundReporter).
     """
     algo.set_schedule(sched)
     algo.set_data(data)
@@ -360,14 +358,9 @@ def simulate_group(
         ctx = eval_context(data, sched, r.seed, 0)
         ctx.chunked = train.map  # (set, not dataclasses.replace: a context subclass keeps its own __init__)
         r.at = r.done = Progress(algo.prepare(engine, algo.init(r.params, data.num_clients), ctx))
-    bar = None
     first = min(r.at.round for r in runs)
-    clock = RoundClock(sched.rounds, sched.eval_every)
-    if progress:
-        from tqdm.auto import tqdm
-
-        desc = algo.name if len(runs) == 1 else f"{algo.name} x{len(runs)} seeds"
-        bar = tqdm(total=sched.rounds, initial=first, desc=desc, unit="round", dynamic_ncols=True)
+    report = RoundReporter(RoundClock(sched.rounds, sched.eval_every), data.train.x.device.type,
+                           algo.name if len(runs) == 1 else f"{algo.name} x{len(runs)} seeds", first, progress)
     for rnd in range(first + 1, sched.rounds + 1):
         active = [r for r in runs if r.error is None and r.at.round < rnd]
         if not active:
@@ -389,22 +382,9 @@ def simulate_group(
                 eval_s += _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
             except Diverged as e:
                 r.error = e
-        clock.tick(rnd, time.perf_counter() - t0, eval_s)
-        for line in clock.tell(data.train.x.device.type):
-            (bar.write if bar is not None else print)(f"fedrun: {line}", file=sys.stderr)
-        if bar is not None:
-            last = active[0].last
-            if last is not None and (rnd % sched.eval_every == 0 or rnd == sched.rounds):
-                post = {"global": f"{last.row['global_acc']:.4f}"}
-                if "pers_acc" in last.row:
-                    post["pers"] = f"{last.row['pers_acc']:.4f}"
-                est = clock.estimate()
-                if est is not None:  # s/round x rounds, where tqdm's own rate smooths over recent rounds
-                    post["est"] = f"{est.per_round:.2f}s x {est.rounds_left} = {hms(est.left)}"
-                bar.set_postfix(post, refresh=False)
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        last = active[0].last  # (the bar shows the first replica's accuracies)
+        report.on_round(rnd, time.perf_counter() - t0, eval_s, None if last is None else last.row)
+    report.close()
 
 
 def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, r: Replica, rnd: int,

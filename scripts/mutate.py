@@ -350,6 +350,26 @@ MUTANTS += [
            "the data cache serves a file whose labels fall outside its classes"),
 ]
 
+# issue 47 (items 3 and 5): the round loop's reporter; algorithms found by their module, short targets of before
+MUTANTS += [
+    Mutant("reporter-estimate-silent", "fedrun/clock.py",
+           "for line in clock.tell(self.device_type):", "for line in clock.tell(self.device_type)[:0]:",
+           ("tests/test_clock.py",), "RoundReporter: the estimate's line on stderr never printed"),
+    Mutant("reporter-rounds-left-off-by-one", "fedrun/clock.py",
+           'post["est"] = f"{est.per_round:.2f}s x {est.rounds_left} = {hms(est.left)}"',
+           'post["est"] = f"{est.per_round:.2f}s x {est.rounds_left - 1} = {hms(est.left)}"',
+           ("tests/test_clock.py",), "RoundReporter: the bar's estimate counts one round too few"),
+    Mutant("short-target-kept", "fedrun/algorithms/__init__.py",
+           'return target if cls is None else f"{cls.__module__}.{cls.__qualname__}"', "return target",
+           ("tests/algorithms/test_discovery.py", "tests/test_resume.py", "-k", "short_targets or the_module_resumes"),
+           "module_target: fedrun.algorithms.<Class> not made fedrun.algorithms.<module>.<Class>"),
+    Mutant("resume-old-algo-target", "fedrun/resume.py",
+           'out["algo"] = {**out["algo"], "_target_": module_target(out["algo"]["_target_"])}',
+           'out["algo"] = out["algo"]',
+           ("tests/test_resume.py", "-k", "the_module_resumes"),
+           "resume: a checkpoint from before the yamls named the module is refused as another configuration"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

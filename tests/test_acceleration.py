@@ -146,7 +146,7 @@ def test_a_bad_compile_option_stops_the_run_before_it_starts(tmp_path):
 def _cpu_graph(monkeypatch):
     """compile=graphs's bookkeeping on the CPU: a stand-in for the CUDA graph that, like a replay,
     recomputes from the static inputs into the SAME output tensors."""
-    from torch.utils._pytree import tree_leaves
+    from fedrun.engine.tree import tree_leaves
 
     def capture(run):
         out = run()

@@ -17,7 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from fedrun.algorithms import FedAvg
+from fedrun.algorithms.fedavg import FedAvg
 from helpers import fedrun
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.runner import group_key, run_jobs

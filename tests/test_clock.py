@@ -1,10 +1,11 @@
 """What a run will cost (fedrun.clock): the estimate from hand-made round times, checked against
-numbers computed here by hand, and the one line the round loop prints after the first rounds."""
+numbers computed here by hand, the round loop's reporter (progress bar and the estimate's line), and
+the one line the round loop prints after the first rounds."""
 import pytest
 import torch
 
-from fedrun.algorithms import FedAvg
-from fedrun.clock import RoundClock, hms
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.clock import RoundClock, RoundReporter, hms
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
@@ -67,3 +68,30 @@ def test_a_short_run_prints_nothing_and_a_long_one_one_line(capsys, monkeypatch)
     simulate(FedAvg(), VmapEngine(model), data, params_of(model), sched, 0)
     err = capsys.readouterr().err
     assert err.count("fedrun: estimated time: ") == 1 and "x 2 rounds left = " in err, err
+    simulate(FedAvg(), VmapEngine(model), data, params_of(model), sched, 0, progress=True)
+    err = capsys.readouterr().err  # the bar, closed at round 4 with that round's accuracies
+    assert "fedavg: 100%" in err and "4/4 [" in err and "global=" in err and "pers=" in err, err
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_the_reporter_shows_the_estimate_once_and_the_last_accuracies(progress, capsys):
+    """RoundReporter.on_round, with hand-made round times: 30 s rounds, 10 s of them evaluating,
+    of 4 rounds evaluated every 2nd. After round 1 (a long round: told at once) the rest is
+    3 x 20 s training + 2 evaluations x 10 s = 80 s; after round 2, 2 x 20 + 1 x 10 = 50 s."""
+    report = RoundReporter(RoundClock(rounds=4, eval_every=2), "cpu", "ditto", 0, progress)
+    assert (report.bar is not None) == progress
+    report.on_round(1, 30.0, 10.0, {"global_acc": 0.1, "pers_acc": 0.2})  # not an evaluated round: no postfix
+    assert capsys.readouterr().err.count("fedrun: estimated time: 26.67 s/round x 3 rounds left = 1m20s") == 1
+    if progress:
+        assert report.bar.n == 1 and not report.bar.postfix
+    report.on_round(2, 30.0, 10.0, {"global_acc": 0.5, "pers_acc": 0.25})
+    if progress:
+        assert report.bar.n == 2 and report.bar.postfix == "global=0.5000, pers=0.2500, est=25.00s x 2 = 50.0s"
+    report.on_round(3, 20.0, 0.0, None)
+    report.on_round(4, 30.0, 10.0, {"global_acc": 0.75})  # the last round: no time left to show
+    if progress:
+        assert report.bar.n == 4 and report.bar.postfix == "global=0.7500"
+    report.close()
+    err = capsys.readouterr().err
+    assert "estimated" not in err  # once
+    assert ("ditto: 100%|" in err and "4/4 [" in err and "global=0.7500]" in err) == progress, err

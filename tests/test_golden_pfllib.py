@@ -143,7 +143,7 @@ def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
     """Checks that two seeds trained as one computation give each seed's own run, and that `sched`'s
     rounds less one, a checkpoint written and read back, then the last give them straight, bit for bit
     (the server's model, every per-client and extra state). Returns the two seeds' final states."""
-    from torch.utils._pytree import tree_flatten
+    from fedrun.engine.tree import tree_flatten
 
     from fedrun import outputs
     from fedrun.algorithms.base import ServerState

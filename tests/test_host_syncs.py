@@ -166,7 +166,7 @@ def test_the_other_samplings_add_no_read_per_client(data, sampling):
 
 
 def _to(tree, device):
-    from torch.utils._pytree import tree_map
+    from fedrun.engine.tree import tree_map
 
     return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
 

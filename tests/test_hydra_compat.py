@@ -18,7 +18,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, RunMode
 
 from fedrun.config import CONF_DIR
-from fedrun.hydra_compat import libyaml_for_configs, mode_from_command_line, mode_without_composition, sweep_hooks
+from fedrun.hydra_compat import (basic_sweep_jobs, libyaml_for_configs, mode_from_command_line,
+                                 mode_without_composition, omegaconf_yaml_loader, sweep_hooks)
 
 
 @pytest.fixture
@@ -116,3 +117,32 @@ def test_omegaconf_load_parses_with_the_libyaml_loader_alike(tmp_path):
     (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
     with libyaml_for_configs(), pytest.raises(Exception, match="duplicate key"):
         OmegaConf.load(tmp_path / "dup.yaml")
+
+
+def test_omegaconf_yaml_loader_reads_with_omegaconfs_rules(tmp_path):
+    """omegaconf_yaml_loader (fedrun.config.read_yaml's) keeps OmegaConf's YAML rules: `1e-3` a float,
+    a date a string, where PyYAML's safe loader reads a string and a date; duplicate keys refused."""
+    from omegaconf import OmegaConf
+
+    text = "a: 1e-3\nb: 2020-01-01\nc: ${a}\nd: .5\nh: 1_000\n"
+    (tmp_path / "x.yaml").write_text(text)
+    got = yaml.load(text, Loader=omegaconf_yaml_loader())
+    assert got == OmegaConf.to_container(OmegaConf.load(tmp_path / "x.yaml")) == {
+        "a": 0.001, "b": "2020-01-01", "c": "${a}", "d": 0.5, "h": 1000}
+    assert yaml.safe_load(text)["a"] == "1e-3"  # what the rules change
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key"):
+        yaml.load("a: 1\na: 2\n", Loader=omegaconf_yaml_loader())
+
+
+def test_basic_sweep_jobs_are_the_jobs_hydras_basic_sweeper_launches():
+    """basic_sweep_jobs (fedrun-report's list of a sweep's planned jobs) is BasicSweeper.split_arguments
+    as Hydra's basic sweeper calls it: every combination, the last override varying fastest."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    P = inspect.Parameter
+    assert _params(BasicSweeper.split_arguments) == [("overrides", P.POSITIONAL_OR_KEYWORD),
+                                                     ("max_batch_size", P.POSITIONAL_OR_KEYWORD)]
+    assert basic_sweep_jobs(["seed=0,1", "algo=fedavg,ditto", "rounds=2"]) == [
+        ["seed=0", "algo=fedavg", "rounds=2"], ["seed=0", "algo=ditto", "rounds=2"],
+        ["seed=1", "algo=fedavg", "rounds=2"], ["seed=1", "algo=ditto", "rounds=2"]]
+    assert basic_sweep_jobs(["rounds=2"]) == [["rounds=2"]]

@@ -29,9 +29,9 @@ FLOORS = [
     ["algorithms"],                               # the methods (contract, state, options)
     ["engine"],                                   # stacked parameters, vmap and loop engines
     ["data", "models", "help", "trackers",
-     "run_folder",                                # what a run writes, in its locked folder
-     "hydra_compat"],                             # the only hooks into Hydra's and OmegaConf's private code
+     "run_folder"],                               # what a run writes, in its locked folder
     ["config", "device", "outputs", "plots", "clock", "branches", "args", "openmp"],
+    ["hydra_compat"],                             # the only hooks into Hydra's and OmegaConf's private code
     ["errors"],                                   # the ground floor
 ]
 
@@ -165,3 +165,77 @@ def test_an_upward_import_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     graph = import_graph()
     assert graph["fedrun.engine"] == {"fedrun.runner"} and cycles(graph) == [["fedrun.engine", "fedrun.runner"]]
+
+
+# Private code of the libraries fedrun builds on, each reached from one file only: a private module
+# of Hydra or OmegaConf (a dotted part starting with `_`) from fedrun/hydra_compat.py, which
+# tests/test_hydra_compat.py checks against the installed versions; torch's private pytree module
+# from fedrun/engine/tree.py, which gives the rest of the package its functions.
+PRIVATE_HOMES = {"hydra": "fedrun/hydra_compat.py", "omegaconf": "fedrun/hydra_compat.py",
+                 "torch.utils._pytree": "fedrun/engine/tree.py"}
+
+
+def _private_home(dotted: str) -> str | None:
+    """The one file allowed to reach `dotted` (a module or attribute path), None if it is public."""
+    if dotted == "torch.utils._pytree" or dotted.startswith("torch.utils._pytree."):
+        return PRIVATE_HOMES["torch.utils._pytree"]
+    root, *rest = dotted.split(".")
+    if root in ("hydra", "omegaconf") and any(p.startswith("_") and not p.startswith("__") for p in rest):
+        return PRIVATE_HOMES[root]
+    return None
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def private_uses(root: Path, folders=("fedrun", "hydra_plugins")) -> list[str]:
+    """'path:line name' for every import of (or attribute path into) a private module of Hydra,
+    OmegaConf or torch's pytree outside the one file allowed it (PRIVATE_HOMES)."""
+    out = set()
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                elif isinstance(node, ast.Attribute):
+                    names = [_dotted(node) or ""]
+                else:
+                    continue
+                for name in names:
+                    home = _private_home(name)
+                    if home is not None and home != rel:
+                        out.add(f"{rel}:{node.lineno} {name.split('.')[0]}")
+    return sorted(out)
+
+
+def test_private_hydra_omegaconf_and_pytree_code_is_reached_from_one_file_each():
+    assert private_uses(PACKAGE.parent) == []
+
+
+def test_a_private_import_outside_its_file_is_found(tmp_path):
+    """The check itself: each way of reaching private code is reported, public code is not."""
+    (tmp_path / "fedrun" / "engine").mkdir(parents=True)
+    (tmp_path / "hydra_plugins").mkdir()
+    (tmp_path / "fedrun" / "a.py").write_text(
+        "from hydra._internal.core_plugins.basic_sweeper import BasicSweeper\n"  # 1
+        "import omegaconf._utils as u\n"                                       # 2
+        "from hydra import _internal\n"                                        # 3
+        "from torch.utils._pytree import tree_map\n"                           # 4
+        "import torch\n"
+        "x = torch.utils._pytree.tree_leaves\n"                                # 6
+        "from hydra.core.plugins import Plugins\n"                             # public: not reported
+        "from omegaconf import OmegaConf\n"
+        "y = torch._dynamo, OmegaConf.__name__\n")
+    (tmp_path / "fedrun" / "engine" / "tree.py").write_text("from torch.utils._pytree import tree_map\n")
+    (tmp_path / "fedrun" / "hydra_compat.py").write_text("import omegaconf._utils\nimport hydra._internal.hydra\n")
+    (tmp_path / "hydra_plugins" / "p.py").write_text("import omegaconf\nz = omegaconf._utils.get_yaml_loader\n")
+    assert private_uses(tmp_path) == ["fedrun/a.py:1 hydra", "fedrun/a.py:2 omegaconf", "fedrun/a.py:3 hydra",
+                                      "fedrun/a.py:4 torch", "fedrun/a.py:6 torch", "hydra_plugins/p.py:2 omegaconf"]

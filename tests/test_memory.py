@@ -17,14 +17,15 @@ import os
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 import fedrun.simulate as sim
 from fedrun import memory
-from fedrun.algorithms import PerFedAvg, build, names
+from fedrun.algorithms import build, names
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.base import Algorithm
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
+from fedrun.engine.tree import tree_map
 from fedrun.errors import ConfigError
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, simulate

@@ -171,7 +171,9 @@ def test_the_list_of_algorithms_is_conf_algo(user_folder):
 
 
 def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
-    from fedrun.algorithms import PerFedAvg, PFLDyn, PFLScaf
+    from fedrun.algorithms.perfedavg import PerFedAvg
+    from fedrun.algorithms.pfldyn import PFLDyn
+    from fedrun.algorithms.pflscaf import PFLScaf
 
     assert PerFedAvg().beta == 0.02 and PFLDyn().alpha == 0.1
     p = PFLScaf()

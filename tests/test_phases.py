@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fedrun.algorithms import FedAvg
+from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.base import Phase, sgd_step
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import PerFedAvg
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
@@ -333,6 +333,29 @@ def test_a_checkpoint_from_before_data_became_dataset_x_partition_still_matches(
     if "partition" in old:
         old["partition"]["seed"] = 1
         assert _diff(upgrade(old), now) == ["partition.seed: 1 -> 0"]
+def test_a_run_folder_from_before_the_yamls_named_the_module_resumes(tmp_path):
+    """Run folders written before conf/algo's `_target_` named the module (e300027 and older: a
+    checkpoint's settings say `fedrun.algorithms.LocalOnly`, today's yaml
+    `fedrun.algorithms.local.LocalOnly`) resume; another algorithm's short target is still a difference."""
+    from fedrun.resume import _diff, upgrade
+
+    run_dir = tmp_path / "run"
+    code, _, err = finish([*RUN, "algo=local", "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0, err
+    (path,) = outputs.checkpoint_paths(str(run_dir / "checkpoints"))
+    ck = torch.load(path, weights_only=True)
+    now = ck["config"]
+    assert now["algo"]["_target_"] == "fedrun.algorithms.local.LocalOnly"
+    ck["config"] = {**now, "algo": {**now["algo"], "_target_": "fedrun.algorithms.LocalOnly"}}
+    torch.save(ck, path)
+    code, _, err = finish([*RUN, "algo=local", "rounds=2", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0 and "resuming from" in err, err
+    assert rows(run_dir / "metrics.csv") == 2
+    other = {**now, "algo": {**now["algo"], "_target_": "fedrun.algorithms.FedAvg"}}
+    assert _diff(upgrade(other), now) == ["algo._target_: 'fedrun.algorithms.fedavg.FedAvg' -> "
+                                          "'fedrun.algorithms.local.LocalOnly'"]
+
+
 def test_resume_with_momentum_is_byte_identical(tmp_path):
     """Each client's momentum buffer persists across rounds in the checkpoint (optim.state=persist):
     2 rounds, then resumed to 4, write the metrics of 4 rounds in one go. A cosine schedule's length

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_map
 
+from ..engine.tree import tree_map
 from .common import sync
 
 MODES = {  # name -> (compile, precision)

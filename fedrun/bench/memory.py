@@ -31,7 +31,7 @@ def _status_mb(field: str) -> float:
 def child(n: int, model_name: str, device: str, cache: str, rounds: int) -> dict:
     import torch
 
-    from ..algorithms import PerFedAvg
+    from ..algorithms.perfedavg import PerFedAvg
     from ..data import synthetic
     from ..engine import VmapEngine, params_of
     from ..models import MLP, MLR

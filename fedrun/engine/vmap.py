@@ -9,11 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad, grad_and_value, jvp, vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..data.federated import ClientSplit
 from .loop import LoopEngine
-from .tree import Params, stack
+from .tree import Params, tree_flatten, tree_unflatten
 from .batchnorm import _training
 from .base import Engine
 

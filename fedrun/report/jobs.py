@@ -10,6 +10,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..config import group_file, load_conf, neutral_options, read_yaml
+from ..hydra_compat import basic_sweep_jobs
 from ..outputs import REASON_FILE
 from ..resume import ADDED_OPTIONS
 
@@ -284,16 +285,12 @@ def sweep_jobs(sweep_dir: str) -> list[list[str]] | None:
     if not os.path.isfile(path):
         return None
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         hy = OmegaConf.load(path).hydra
         if "BasicSweeper" not in str(OmegaConf.select(hy, "sweeper._target_", default="BasicSweeper")):
             return None
         params = OmegaConf.select(hy, "sweeper.params", default=None) or {}
         args = [f"{k}={v}" for k, v in params.items()] + list(hy.overrides.task)
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
-        planned = [job for batch in batches for job in batch]
+        planned = basic_sweep_jobs(args)
         swept = [i for i in range(len(planned[0])) if len({job[i] for job in planned}) > 1] if planned else []
         return [[job[i] for i in swept] for job in planned]  # the overrides that tell the jobs apart
     except Exception:  # noqa: BLE001 - a sweep folder we cannot read is reported from its job folders alone

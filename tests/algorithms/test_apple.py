@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrun.algorithms import APPLE
-from fedrun.algorithms.apple import _dots, mix, mix_local
+from fedrun.algorithms.apple import APPLE, _dots, mix, mix_local
 from fedrun.errors import ConfigError
 from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 

@@ -4,7 +4,17 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPer, FedProx, FedRep, LGFedAvg, LocalOnly
+from fedrun.algorithms import build, names
+from fedrun.algorithms.apfl import APFL
+from fedrun.algorithms.ditto import Ditto
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.fedbabu import FedBABU
+from fedrun.algorithms.fedbn import FedBN
+from fedrun.algorithms.fedper import FedPer
+from fedrun.algorithms.fedprox import FedProx
+from fedrun.algorithms.fedrep import FedRep
+from fedrun.algorithms.lgfedavg import LGFedAvg
+from fedrun.algorithms.local import LocalOnly
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.personalize import finetune, finetune_epochs
 from fedrun.engine.tree import head_names

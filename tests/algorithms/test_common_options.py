@@ -6,7 +6,12 @@ import pytest
 import torch
 from hydra.errors import InstantiationException
 
-from fedrun.algorithms import Ditto, FedAvg, FedDyn, PerFedAvg, PFedMe, build, names
+from fedrun.algorithms import build, names
+from fedrun.algorithms.ditto import Ditto
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.feddyn import FedDyn
+from fedrun.algorithms.perfedavg import PerFedAvg
+from fedrun.algorithms.pfedme import PFedMe
 from fedrun.algorithms.personalize import finetune
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic

@@ -9,7 +9,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch import nn
 
-from fedrun.algorithms import FedDyn, PAvg, PFLDyn, PFLScaf, Scaffold
+from fedrun.algorithms.feddyn import FedDyn
+from fedrun.algorithms.pavg import PAvg
+from fedrun.algorithms.pfldyn import PFLDyn
+from fedrun.algorithms.pflscaf import PFLScaf
+from fedrun.algorithms.scaffold import Scaffold
 from fedrun.algorithms.adaptation import MAML, Proto
 from fedrun.errors import ConfigError
 from helpers import fedrun, group_options as options

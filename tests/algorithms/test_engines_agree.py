@@ -21,7 +21,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedrun.bench import agreement
-from fedrun.algorithms import PerFedAvg, names
+from fedrun.algorithms import names
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.adaptation import ADAPTATIONS
 from fedrun.config import CONF_DIR
 from fedrun.data import synthetic

@@ -8,7 +8,9 @@ import copy
 import pytest
 import torch
 
-from fedrun.algorithms import FedAvg, FedBN, build, names
+from fedrun.algorithms import build, names
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.fedbn import FedBN
 from fedrun.errors import ConfigError
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.batchnorm import batchnorm_names, split_buffers

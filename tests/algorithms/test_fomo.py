@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from fedrun.algorithms import FedFomo
-from fedrun.algorithms.fedfomo import weigh
+from fedrun.algorithms.fedfomo import FedFomo, weigh
 from fedrun.errors import ConfigError
 from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 

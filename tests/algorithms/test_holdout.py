@@ -5,7 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fedrun.algorithms import Ditto, FedRep, build, names
+from fedrun.algorithms import build, names
+from fedrun.algorithms.ditto import Ditto
+from fedrun.algorithms.fedrep import FedRep
 from fedrun.algorithms.adaptation import Prototypes
 from fedrun.algorithms.fedproto import NearestPrototype
 from fedrun.algorithms.personalize import onboarding_batches

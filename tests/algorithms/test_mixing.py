@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from fedrun.algorithms import FedALA, FedAMP, FedPHP
+from fedrun.algorithms.fedala import FedALA
+from fedrun.algorithms.fedamp import FedAMP
+from fedrun.algorithms.fedphp import FedPHP
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedphp import mmd_rbf
 from fedrun.errors import ConfigError

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedrun.algorithms import FedAvg, PerFedAvg
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.base import ServerState
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic

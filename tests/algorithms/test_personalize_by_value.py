@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedrun.bench import agreement
-from fedrun.algorithms import FedAvg, PerFedAvg, PFedMe
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.perfedavg import PerFedAvg
+from fedrun.algorithms.pfedme import PFedMe
 from fedrun.algorithms.base import EvalContext
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 

@@ -3,7 +3,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fedrun.algorithms import FedAvg, PerFedAvg, PFedMe
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.perfedavg import PerFedAvg
+from fedrun.algorithms.pfedme import PFedMe
 from fedrun.algorithms.base import ServerState
 from fedrun.errors import ConfigError
 from fedrun.data import synthetic
@@ -199,21 +201,21 @@ def test_test_batch_personalization_reads_test_labels_and_train_does_not(data):
 
 def test_protocol_fills_only_null_options_that_exist():
     cfg = OmegaConf.create({"protocol": "official", "aggregate": None,
-                            "algo": {"_target_": "fedrun.algorithms.PFedMe", "mu": None, "personalized": "theta",
+                            "algo": {"_target_": "fedrun.algorithms.pfedme.PFedMe", "mu": None, "personalized": "theta",
                                      "train_all": None}})
     used = apply_protocol(cfg)
     assert cfg.aggregate == "samples" and cfg.algo.mu == 0.001 and cfg.algo.train_all is True
     assert cfg.algo.personalized == "theta"  # explicit choice kept
     assert "algo.test_time" not in used and used["algo.personalized"] == "theta"
     honest = OmegaConf.create({"protocol": "honest", "aggregate": None,
-                               "algo": {"_target_": "fedrun.algorithms.PerFedAvg", "test_time": None}})
+                               "algo": {"_target_": "fedrun.algorithms.perfedavg.PerFedAvg", "test_time": None}})
     apply_protocol(honest)
     assert honest.aggregate == "uniform" and honest.algo.test_time == "train"
     with pytest.raises(ConfigError, match="protocol='fair'.*honest, official, official_2020"):
         apply_protocol(OmegaConf.create({"protocol": "fair"}))
     # algo.mu is pFedMe's (its inner problem's L2 term): FedProx's algo.mu, its proximal strength, is
     # left as given (null: FedProx refuses it in one line), while pFedMe's subclasses get it
-    for target, filled in (("fedrun.algorithms.FedProx", False), ("fedrun.algorithms.PFedMe", True)):
+    for target, filled in (("fedrun.algorithms.fedprox.FedProx", False), ("fedrun.algorithms.pfedme.PFedMe", True)):
         cfg = OmegaConf.create({"protocol": "official", "algo": {"_target_": target, "mu": None}})
         used = apply_protocol(cfg)
         assert (cfg.algo.mu == 0.001) == filled and ("algo.mu" in used) == filled, target

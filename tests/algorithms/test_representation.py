@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import FedAvg, FedDBE, FedProto, FedRoD, MOON
+from fedrun.algorithms.fedavg import FedAvg
+from fedrun.algorithms.feddbe import FedDBE
+from fedrun.algorithms.fedproto import FedProto
+from fedrun.algorithms.fedrod import FedRoD
+from fedrun.algorithms.moon import MOON
 from fedrun.algorithms.base import ServerState
 from fedrun.engine import VmapEngine
 from fedrun.errors import ConfigError
