@@ -38,7 +38,7 @@ from .memory import budget_bytes, plan as plan_memory
 from .config import instantiate_checked
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
-from .validation import check_model_fits, check_round_draws, schedule, validate
+from .validation import check_model_fits, check_passes, check_round_draws, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.
@@ -98,9 +98,12 @@ class Job:
         if self.data.num_holdout and getattr(self.algo, "train_all", False):
             raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
+        self.algo.set_schedule(sched)  # what its round's phases are sized by (FedALA's tau), as simulate does
+        sizes = self.data.train.sizes.cpu()[: self.data.num_train_clients]
+        passes = check_passes(self.algo, sched, sizes)
         check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
-                          self.algo.batches_per_step)
-        for line in _warnings(cfg, self.data):
+                          self.algo, int(sizes.max()) // sched.batch_size)
+        for line in _warnings(cfg, self.data, self.algo) + passes:
             print(f"fedrun: warning: {line}", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         model = self.model()
@@ -374,14 +377,17 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     return result
 
 
-def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
-    """Settings that run, but likely not as meant."""
+def _warnings(cfg: DictConfig, data: FederatedData, algo) -> list[str]:
+    """Settings that run, but likely not as meant (a round in passes over the clients' rows:
+    `validation.check_passes`)."""
     out = []
     given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
     if cfg.frac is not None and "clients_per_round" in given:
         out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
     largest = int(data.train.sizes.max())
-    if cfg.batch_size > largest:
+    phases = algo.phases()
+    draws = phases is None or any(ph.epochs is None for ph in phases)  # minibatches drawn as sampling= says
+    if cfg.batch_size > largest and draws:
         out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
                    f"each minibatch repeats rows")
     return out

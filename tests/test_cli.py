@@ -88,6 +88,15 @@ def test_overrides_reach_the_run(tmp_path):
     (["taux=3"], "unknown option 'taux'; top-level options:"),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
     (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),
+    # runs that trained nothing, or a part of the model, and exited 0 (issue 46)
+    (["algo=fedamp", "algo.local_epochs=1", "batch_size=100000"], "batch_size=100000 is larger than every training "
+     "client's rows (largest: "),
+    (["algo=fedrep"], "algo.head_steps=5 with tau=2 never trains algo=fedrep's body"),  # its yaml's head_steps
+    (["algo=fedpac"], "algo.head_steps=5 with tau=2 never trains algo=fedpac's body"),
+    (["algo=fedala", "algo.layer_idx=5"], "algo.layer_idx=5 exceeds this model's 4 parameter tensors; allowed: 0..4"),
+    # killed by the OOM killer at ~10 GB: passes of minibatches, drawn at once, on any machine's memory
+    (["algo=fedamp", "algo.local_epochs=1000000000"], "algo.local_epochs=1000000000 with batch_size=20 and 3 training "
+     "clients draws "),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
     check_one_line_error(fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path), expected)
