@@ -289,12 +289,38 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
                           f"{', '.join(fits) or 'none'}") from None
 
 
+def _repeated_sweep_value(argv: list[str]) -> str | None:
+    """One line for a swept option that lists a value twice (`seed=0,0`, `algo.lr=0.1,1e-1`): its jobs
+    would be one run twice, which a sweep's summary counts as two seeds (13.90 +- 0.00 over "2 seeds")."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
+    except Exception:  # noqa: BLE001 - Hydra's own error says what is wrong with the syntax
+        return None
+    for o in overrides:
+        if not o.is_sweep_override():
+            continue
+        try:
+            values = list(o.sweep_iterator())
+        except Exception:  # noqa: BLE001 - a sweep only Hydra expands (glob over a group): its jobs differ
+            continue
+        for i, v in enumerate(values):
+            if any(type(v) is type(w) and v == w for w in values[:i]):
+                return (f"{o.input_line} lists {v!r} twice: its jobs would be "
+                        f"the same run, counted as two in the sweep's summary; give each value once")
+    return None
+
+
 def precheck(argv: list[str], complete: bool = True) -> str | None:
     """One-line message for an unknown config group option or key in `argv`, else None.
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
     `complete=False` (for --help) accepts a dataset= without partition= and the other way round.
     """
+    repeated = _repeated_sweep_value(argv)
+    if repeated:
+        return repeated
     roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
     swept = {}  # every option of a swept group (algo=fedavg,fedbn): a group option must exist in each

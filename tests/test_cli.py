@@ -127,6 +127,17 @@ def test_bad_input_smoke_in_a_new_process(tmp_path):
     check_one_line_error(r, "frac=1.5 must be a fraction in (0, 1]")
 
 
+def test_a_sweep_that_lists_a_value_twice_is_one_line_before_any_job(tmp_path):
+    """`seed=0,0` ran the same job twice and the summary said "seeds 2", 13.90 +- 0.00 (issue 46)."""
+    for launcher in ([], ["hydra/launcher=batched"]):
+        check_one_line_error(fedrun(["-m", *SMALL, "algo=fedamp", "seed=0,0", *launcher,
+                                     f"hydra.sweep.dir={tmp_path / 'dup'}"], tmp_path),
+                             "seed=0,0 lists 0 twice: its jobs would be the same run")
+        assert not (tmp_path / "dup").exists()
+    assert "lists 0.1 twice" in precheck(["-m", "algo=fedavg", "algo.beta=0.1,1e-1"])
+    assert precheck(["-m", "seed=range(0,3)", "algo=fedavg,perfedavg"]) is None
+
+
 def test_precheck_accepts_good_overrides():
     assert precheck(["algo=fedavg,perfedavg", "seed=0,1", "algo.beta=0.1", "hydra.run.dir=x", "-m"]) is None
 
