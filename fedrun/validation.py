@@ -82,10 +82,10 @@ def _draw_bytes(algo, sched: Schedule, clients: int, longest: int) -> tuple[int,
     phases = algo.phases()
     if phases is None:
         return sched.tau * algo.batches_per_step * step, algo.batches_per_step * step
-    total = sum(ph.steps * ph.batches * step if ph.epochs is None else ph.epochs * longest * rows * ROW_BYTES["shuffled"]
-                for ph in phases)
+    passes = longest * rows * ROW_BYTES["shuffled"]  # one pass of an epochs phase
+    total = sum(ph.steps * ph.batches * step if ph.epochs is None else ph.epochs * passes for ph in phases)
     in_passes = getattr(algo, "local_epochs", None) is not None  # else its training phase is tau steps (FedALA's)
-    return total, longest * rows * ROW_BYTES["shuffled"] if in_passes else step
+    return total, passes if in_passes else step
 
 
 def check_round_draws(sched: Schedule, training_clients: int, algo, longest: int) -> None:

@@ -113,7 +113,8 @@ SETTINGS.update({
                                      "partition.num_clients=20"], rounds=200,
                                run=["tau=10", "batch_size=50", "clients_per_round=20"], root="dataset"),
 })
-QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], run=["tau=2", "clients_per_round=4"], rounds=2,
+QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], run=["tau=2", "clients_per_round=4"],
+             rounds=2,
              # tau=2: FedRep's and FedPAC's head_steps=5 would train the head alone (fedrun refuses head_steps >= tau);
              # one head step leaves the body the other
              entries={"FedRep": ["algo.head_steps=1"], "FedPAC": ["algo.head_steps=1"]})

@@ -191,7 +191,8 @@ def test_a_seed_found_twice_counts_once(tmp_path):
     r = report([str(root), "--no-figure"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "3 jobs, 2 finished, 1 configurations" in r.stdout
-    assert f"left out {root / 'b' / '0_algo=fedavg'}: the same configuration and seed as {root / 'a' / '0_algo=fedavg'}" in r.stdout
+    first, second = root / "a" / "0_algo=fedavg", root / "b" / "0_algo=fedavg"
+    assert f"left out {second}: the same configuration and seed as {first}: counted once" in r.stdout
     row = pd.read_csv(root / "summary.csv").iloc[0]
     assert row["n_seeds"] == 2 and str(row["seeds"]) == "0 1"
     assert row["pers_acc_last_round_mean"] == pytest.approx(0.75)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fedrun import outputs
-from fedrun.algorithms import (APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPAC, FedPer, FedProx, FedRep, LGFedAvg,
-                               LocalOnly)
+from fedrun.algorithms import (APFL, build, names, Ditto, FedAvg, FedBABU, FedBN, FedPAC, FedPer, FedProx, FedRep,
+                               LGFedAvg, LocalOnly)
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.personalize import finetune, finetune_epochs
 from fedrun.engine.tree import head_names
@@ -323,7 +323,8 @@ def test_fedrep_and_fedpac_take_a_tau_that_trains_both_parts_and_any_in_epochs()
 @pytest.mark.parametrize("cls, options, words", [
     (FedRep, dict(local_epochs=1, head_epochs=0), "algo.head_epochs=0 with algo.local_epochs=1 never trains "
                                                   "algo=fedrep's head; allowed: algo.head_epochs >= 1"),
-    (FedPAC, dict(local_epochs=2, head_epochs=0), "algo.head_epochs=0 with algo.local_epochs=2 never trains algo=fedpac's head"),
+    (FedPAC, dict(local_epochs=2, head_epochs=0), "algo.head_epochs=0 with algo.local_epochs=2 never trains "
+                                                  "algo=fedpac's head"),
     (Ditto, dict(local_epochs=1, personal_epochs=0), "algo.personal_epochs=0 with algo.local_epochs=1 never trains "
                                                      "algo=ditto's personal models"),
 ])
