@@ -271,3 +271,20 @@ def instantiate_checked(node: DictConfig, **kwargs):
             # (RuntimeError: torch refusing a layer's arguments, e.g. model.in_channels=-1)
             raise ConfigError(str(cause).splitlines()[0]) from cause
         raise
+
+
+def instantiate_model(node: DictConfig, data):
+    """The model of `node` (conf/model) for `data` (a FederatedData): its in_features and num_classes,
+    and, where `model.vocab_size` is left to follow the dataset's (its `${...dataset.vocab_size}`
+    default), the number of token ids the rows use, `data.vocab_size` (a text dataset's vocabulary,
+    capped at its training rows' distinct tokens: fedrun.data.datasets.agnews)."""
+    extra = {}
+    vocab = getattr(data, "vocab_size", None)
+    if vocab is not None and follows_dataset_vocab(node):
+        extra["vocab_size"] = vocab
+    return instantiate_checked(node, in_features=data.in_features, num_classes=data.num_classes, **extra)
+
+
+def follows_dataset_vocab(node: DictConfig) -> bool:
+    """Whether the model `node` leaves its `vocab_size` to the dataset (its yaml's interpolation)."""
+    return "vocab_size" in node and OmegaConf.is_interpolation(node, "vocab_size")

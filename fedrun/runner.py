@@ -35,10 +35,10 @@ from .resume import find_resume_point, fingerprint
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .acceleration import LocalSteps
 from .memory import budget_bytes, plan as plan_memory
-from .config import instantiate_checked
+from .config import follows_dataset_vocab, instantiate_checked, instantiate_model
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
-from .validation import check_model_fits, check_round_draws, schedule, validate
+from .validation import check_model_fits, check_passes, check_round_draws, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.
@@ -98,10 +98,19 @@ class Job:
         if self.data.num_holdout and getattr(self.algo, "train_all", False):
             raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
+        self.algo.set_schedule(sched)  # what its round's phases are sized by (FedALA's tau), as simulate does
+        sizes = self.data.train.sizes.cpu()[: self.data.num_train_clients]
+        passes = check_passes(self.algo, sched, sizes)
         check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
-                          self.algo.batches_per_step)
-        for line in _warnings(cfg, self.data):
+                          self.algo, int(sizes.max()) // sched.batch_size)
+        for line in _warnings(cfg, self.data, self.algo) + passes:
             print(f"fedrun: warning: {line}", file=sys.stderr)
+        given = (cfg.get("dataset") or {}).get("vocab_size")
+        if self.data.vocab_size is not None and isinstance(given, int) and self.data.vocab_size < given \
+                and follows_dataset_vocab(cfg.model):
+            print(f"fedrun: dataset.vocab_size={given} capped at {self.data.vocab_size}: the training rows hold "
+                  f"{self.data.vocab_size - 2} distinct tokens (+ padding and unknown); a text model's embedding "
+                  f"follows it", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         model = self.model()
         self.model_name = choices.get("model", cfg.model._target_)
@@ -111,13 +120,14 @@ class Job:
         self.folder.check_checkpoint_place()
         self.ck = find_resume_point(cfg, self.out_dir)
         self.done = self.folder.finished(sched.rounds, self.ck["round"] if self.ck is not None else None)
+        if self.ck is not None and self.done is None:
+            check_checkpoint_shapes(self.ck, params_of(model))
         if self.done is not None:  # the summary of a run that had already finished
             print(f"fedrun: already finished ({sched.rounds} rounds) in {self.out_dir}; resume=false starts over")
 
     def model(self, device: torch.device | None = None):
         torch.manual_seed(self.cfg.seed)
-        model = instantiate_checked(self.cfg.model, in_features=self.data.in_features,
-                                    num_classes=self.data.num_classes)
+        model = instantiate_model(self.cfg.model, self.data)
         return model if device is None else model.to(device)
 
     def replica(self, data: FederatedData, model) -> Replica:
@@ -374,17 +384,35 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     return result
 
 
-def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
-    """Settings that run, but likely not as meant."""
+def _warnings(cfg: DictConfig, data: FederatedData, algo) -> list[str]:
+    """Settings that run, but likely not as meant (a round in passes over the clients' rows:
+    `validation.check_passes`)."""
     out = []
     given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
     if cfg.frac is not None and "clients_per_round" in given:
         out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
     largest = int(data.train.sizes.max())
-    if cfg.batch_size > largest:
+    phases = algo.phases()
+    draws = phases is None or any(ph.epochs is None for ph in phases)  # minibatches drawn as sampling= says
+    if cfg.batch_size > largest and draws:
         out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
                    f"each minibatch repeats rows")
     return out
+
+
+def check_checkpoint_shapes(ck: dict, params: dict) -> None:
+    """One line when the checkpoint's server model is not shaped as this run's model (a text model
+    written before its embedding followed the corpus's vocabulary: dataset.vocab_size is capped at the
+    training rows' distinct tokens), rather than a run that resumes on parameters its model lacks."""
+    saved = ck["state"]["params"]
+    for name, p in params.items():
+        got = saved.get(name)
+        if got is None or tuple(got.shape) != tuple(p.shape):
+            was = "no such entry" if got is None else f"shape {list(got.shape)}"
+            why = (" (a text model's embedding has the vocabulary's rows: dataset.vocab_size is capped at the training "
+                   "rows' distinct tokens + 2)") if name.endswith("embedding.weight") else ""
+            raise ConfigError(f"the checkpoint {ck['path']} holds {name} of {was}, this run's model {list(p.shape)}"
+                              f"{why}; start over with resume=false or run elsewhere (hydra.run.dir=...)")
 
 
 def _to_device(obj, device):

@@ -64,16 +64,73 @@ def bool_options() -> list[str]:
     return [k for k in top if k not in ("defaults", "hydra") and isinstance(top._get_node(k)._value(), bool)]
 
 
-def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: int) -> None:
-    """One line naming tau when a round's minibatch draws (drawn at once: a float and an int64 index
-    per row, [clients, tau, batches, batch_size]) would not fit in a quarter of this machine's memory."""
-    per_tau = training_clients * batches_per_step * sched.batch_size * 12
+# Bytes a drawn minibatch row takes while a round's draws are made: uniform draws (sampling=replacement)
+# a float32 and an int64 index; shuffled ones (sampling=epochs|steps, and a phase of passes) the sort of
+# `ClientSplit.shuffled_indices`, about eight 4- and 8-byte tensors a row at its peak (measured: 65 bytes
+# a row for 10 clients x 23,229 rows x 20 and 60 passes).
+ROW_BYTES = {"replacement": 12, "shuffled": 64}
+
+
+def _draw_bytes(algo, sched: Schedule, clients: int, longest: int) -> tuple[int, int]:
+    """(bytes of one training round's minibatch draws, the part one more tau step, or one more pass of
+    `local_epochs`, adds) for `clients` training clients. A round is tau x the algorithm's
+    batches per step, or its phases (`Algorithm.phases`, after `set_schedule`): steps x batches each,
+    or for an `epochs` phase its passes x `longest` minibatches (the most whole minibatches a pass of
+    any training client holds: every client's draws are that long, `simulate.sample_phases`)."""
+    rows = clients * sched.batch_size
+    step = rows * ROW_BYTES["replacement" if sched.sampling == "replacement" else "shuffled"]
+    phases = algo.phases()
+    if phases is None:
+        return sched.tau * algo.batches_per_step * step, algo.batches_per_step * step
+    passes = longest * rows * ROW_BYTES["shuffled"]  # one pass of an epochs phase
+    total = sum(ph.steps * ph.batches * step if ph.epochs is None else ph.epochs * passes for ph in phases)
+    in_passes = getattr(algo, "local_epochs", None) is not None  # else its training phase is tau steps (FedALA's)
+    return total, passes if in_passes else step
+
+
+def check_round_draws(sched: Schedule, training_clients: int, algo, longest: int) -> None:
+    """One line naming tau (or algo.local_epochs, for a round in passes over each client's rows) when a
+    round's minibatch draws, made at once (`_draw_bytes`), would not fit in a quarter of this machine's
+    memory."""
     limit = physical_memory() // 4
-    if limit and sched.tau * per_tau > limit:
-        raise ConfigError(
-            f"tau={sched.tau} with batch_size={sched.batch_size} and {training_clients} training clients draws "
-            f"{sched.tau * per_tau / 2**30:.0f} GiB of minibatch indices per round, more than a quarter of this "
-            f"machine's {physical_memory() / 2**30:.0f} GiB; allowed: tau <= {max(1, limit // per_tau)}")
+    need, unit = _draw_bytes(algo, sched, training_clients, longest)
+    if not limit or need <= limit:
+        return
+    drawn = (f"with batch_size={sched.batch_size} and {training_clients} training clients draws "
+             f"{need / 2**30:.0f} GiB of minibatch indices per round")
+    over = f"more than a quarter of this machine's {physical_memory() / 2**30:.0f} GiB"
+    epochs = getattr(algo, "local_epochs", None)
+    if algo.phases() is not None and epochs is not None and longest:
+        allowed = max(0, (limit - (need - epochs * unit)) // unit)
+        raise ConfigError(f"algo.local_epochs={epochs} {drawn} (passes of up to {longest} minibatches a client), "
+                          f"{over}; allowed: algo.local_epochs <= {allowed}")
+    raise ConfigError(f"tau={sched.tau} {drawn}, {over}; allowed: tau <= {max(1, limit // unit)}")
+
+
+def check_passes(algo, sched: Schedule, sizes) -> list[str]:
+    """For a round with passes over each client's rows (an `epochs` phase: floor(n_c / batch_size)
+    minibatches a pass, the partial one dropped): one line when no training client holds a whole
+    minibatch, so nothing trains (ConfigError); a warning (returned) naming how many train no step
+    when only some do not (their models go back unchanged)."""
+    phases = algo.phases()
+    if phases is None or all(ph.epochs is None for ph in phases):
+        return []
+    B, sizes = sched.batch_size, [int(n) for n in sizes]
+    epochs = getattr(algo, "local_epochs", None)
+    passes = f"algo={algo.name} runs passes over each client's training rows" + \
+        (f" (algo.local_epochs={epochs})" if epochs is not None else "")
+    only = all(ph.epochs is not None for ph in phases)  # no phase of steps: a client without a pass trains nothing
+    if max(sizes) < B:
+        raise ConfigError(f"batch_size={B} is larger than every training client's rows (largest: {max(sizes)}): "
+                          f"{passes}, each cut into floor(rows / batch_size) = 0 minibatches, so "
+                          f"{'no client trains' if only else 'these passes train nothing'}; "
+                          f"allowed: batch_size <= {max(sizes)}")
+    short = sum(n < B for n in sizes)
+    if not short:
+        return []
+    return [f"{short} of {len(sizes)} training clients hold fewer than batch_size={B} rows: {passes}, and these take "
+            f"no step of them{' (their models go back unchanged)' if only else ''}; batch_size <= {min(sizes)} "
+            f"gives every client a minibatch"]
 
 
 def _hidden_is_one_width(target) -> bool:
@@ -177,6 +234,8 @@ def validate(cfg: DictConfig) -> list[str]:
         problems.append(hidden)
     else:
         check(lambda: build("model", cfg.model, in_features=4, num_classes=2))
+    if "algo" in built and isinstance(cfg.tau, int) and not isinstance(cfg.tau, bool) and cfg.tau >= 1:
+        check(built["algo"].check_tau, cfg.tau)  # a part of the method the run's tau would never train
     if len(built) == 2:  # the algorithm's own needs of the model (a body, BatchNorm or none), on a tiny one
         check(built["algo"].check_params, params_of(built["model"]))
     return problems
@@ -230,12 +289,38 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
                           f"{', '.join(fits) or 'none'}") from None
 
 
+def _repeated_sweep_value(argv: list[str]) -> str | None:
+    """One line for a swept option that lists a value twice (`seed=0,0`, `algo.lr=0.1,1e-1`): its jobs
+    would be one run twice, which a sweep's summary counts as two seeds (13.90 +- 0.00 over "2 seeds")."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
+    except Exception:  # noqa: BLE001 - Hydra's own error says what is wrong with the syntax
+        return None
+    for o in overrides:
+        if not o.is_sweep_override():
+            continue
+        try:
+            values = list(o.sweep_iterator())
+        except Exception:  # noqa: BLE001 - a sweep only Hydra expands (glob over a group): its jobs differ
+            continue
+        for i, v in enumerate(values):
+            if any(type(v) is type(w) and v == w for w in values[:i]):
+                return (f"{o.input_line} lists {v!r} twice: its jobs would be "
+                        f"the same run, counted as two in the sweep's summary; give each value once")
+    return None
+
+
 def precheck(argv: list[str], complete: bool = True) -> str | None:
     """One-line message for an unknown config group option or key in `argv`, else None.
 
     Hydra's own messages for these are several lines long; this catches the common typos first.
     `complete=False` (for --help) accepts a dataset= without partition= and the other way round.
     """
+    repeated = _repeated_sweep_value(argv)
+    if repeated:
+        return repeated
     roots = search_roots(argv)
     choices = {g: None for g in (*GROUPS, PRESETS)}
     swept = {}  # every option of a swept group (algo=fedavg,fedbn): a group option must exist in each

@@ -113,7 +113,11 @@ SETTINGS.update({
                                      "partition.num_clients=20"], rounds=200,
                                run=["tau=10", "batch_size=50", "clients_per_round=20"], root="dataset"),
 })
-QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], run=["tau=2", "clients_per_round=4"], rounds=2)
+QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], run=["tau=2", "clients_per_round=4"],
+             rounds=2,
+             # tau=2: FedRep's and FedPAC's head_steps=5 would train the head alone (fedrun refuses head_steps >= tau);
+             # one head step leaves the body the other
+             entries={"FedRep": ["algo.head_steps=1"], "FedPAC": ["algo.head_steps=1"]})
 
 
 def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
@@ -129,6 +133,9 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
     run = s["run"] + (QUICK["run"] if args.quick else [])
     for e in entries:
         algo, opts, _ = ENTRIES[e]
+        if args.quick:  # (each replaces the entry's own value of its option)
+            quick = QUICK["entries"].get(e, [])
+            opts = [o for o in opts if o.split("=")[0] not in {q.split("=")[0] for q in quick}] + quick
         secs = _paper.run_sweep(args, os.path.join(out, "runs", _slug(e)), [
             f"algo={algo}", *opts, *data, *run, f"rounds={rounds}", f"seed={','.join(map(str, seeds))}",
             f"device={args.device}", "on_diverge=record"], _paper.HIDDEN_IN_NAMES + ["algo.*", "model.hidden"])

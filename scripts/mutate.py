@@ -370,6 +370,37 @@ MUTANTS += [
            "resume: a checkpoint from before the yamls named the module is refused as another configuration"),
 ]
 
+# issue 46 items 2 and 4: runs that trained nothing or a part of the model, unbounded sizes
+MUTANTS += [
+    Mutant("passes-no-minibatch-accepted", "fedrun/validation.py", "    if max(sizes) < B:", "    if False:",
+           ("tests/test_phases.py", "-k", "refused"), "a round of passes where no client holds a minibatch runs"),
+    Mutant("head-steps-tau-accepted", "fedrun/algorithms/checks.py",
+           "if local_epochs is not None or 1 <= head_steps < tau:",
+           "if local_epochs is not None or 1 <= head_steps <= tau:",
+           ("tests/algorithms/test_baselines.py", "-k", "fedrep_or_fedpac"),
+           "FedRep/FedPAC: head_steps=tau (no body step)"),
+    Mutant("fedala-layer-idx-one-past", "fedrun/algorithms/fedala.py",
+           "if self.layer_idx > len(params):", "if self.layer_idx > len(params) + 1:",
+           ("tests/algorithms/test_mixing.py", "-k", "layer_idx"), "FedALA: layer_idx one past the tensors accepted"),
+    Mutant("epochs-draws-uncounted", "fedrun/validation.py",
+           "    return total, passes if in_passes else step", "    return 0, passes if in_passes else step",
+           ("tests/test_cli.py", "-k", "bad_input_gets and local_epochs"),
+           "local_epochs skips the round-draw memory check"),
+    Mutant("sweep-repeat-accepted", "fedrun/validation.py",
+           "if any(type(v) is type(w) and v == w for w in values[:i]):", "if False:",
+           ("tests/test_cli.py", "-k", "lists_a_value_twice"), "a sweep's seed=0,0 runs the same job twice"),
+    Mutant("report-seed-counted-twice", "fedrun/report/jobs.py",
+           "            if kept is not j:", "            if False:",
+           ("tests/test_report.py", "-k", "seed_found_twice"), "fedrun-report counts a configuration's seed twice"),
+    Mutant("agnews-vocab-uncapped", "fedrun/data/datasets/agnews.py",
+           "vocab_size=len(vocab) + 2)", "vocab_size=self.vocab_size)",
+           ("tests/data/test_more_datasets.py", "-k", "agnews"), "AG News: vocab_size ids on a corpus of fewer tokens"),
+    Mutant("checkpoint-shapes-unchecked", "fedrun/runner.py",
+           "if got is None or tuple(got.shape) != tuple(p.shape):", "if got is None:",
+           ("tests/data/test_more_datasets.py", "-k", "checkpoint_of_another"),
+           "a checkpoint of another embedding size resumed"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

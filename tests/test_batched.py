@@ -41,7 +41,8 @@ def _cases() -> list[list[str]]:
     cases = []
     for name in sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algo")) if f.endswith(".yaml")):
         algo = OmegaConf.load(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
-        cases.append([f"algo={name}"] + (["model=mlp_bn", "model.hidden=[10]"] if name == "fedbn" else []))  # FedBN: BatchNorm
+        cases.append([f"algo={name}"] + (["model=mlp_bn", "model.hidden=[10]"] if name == "fedbn" else [])  # BatchNorm
+                     + (["algo.head_steps=1"] if "head_steps" in algo else []))  # a body step in tau=2 (else refused)
         if "adaptation" in algo:
             # "none" is what conf/algo's feddyn and scaffold run already
             cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a not in (algo.adaptation, "none")]

@@ -88,6 +88,15 @@ def test_overrides_reach_the_run(tmp_path):
     (["taux=3"], "unknown option 'taux'; top-level options:"),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
     (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),
+    # runs that trained nothing, or a part of the model, and exited 0 (issue 46)
+    (["algo=fedamp", "algo.local_epochs=1", "batch_size=100000"], "batch_size=100000 is larger than every training "
+     "client's rows (largest: "),
+    (["algo=fedrep"], "algo.head_steps=5 with tau=2 never trains algo=fedrep's body"),  # its yaml's head_steps
+    (["algo=fedpac"], "algo.head_steps=5 with tau=2 never trains algo=fedpac's body"),
+    (["algo=fedala", "algo.layer_idx=5"], "algo.layer_idx=5 exceeds this model's 4 parameter tensors; allowed: 0..4"),
+    # killed by the OOM killer at ~10 GB: passes of minibatches, drawn at once, on any machine's memory
+    (["algo=fedamp", "algo.local_epochs=1000000000"], "algo.local_epochs=1000000000 with batch_size=20 and 3 training "
+     "clients draws "),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
     check_one_line_error(fedrun([*SMALL, *args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path), expected)
@@ -116,6 +125,17 @@ def test_bad_input_smoke_in_a_new_process(tmp_path):
     """Smoke test: a value only the run's validation catches (not the precheck), as a user gets it."""
     r = fedrun_subprocess([*SMALL, "frac=1.5", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
     check_one_line_error(r, "frac=1.5 must be a fraction in (0, 1]")
+
+
+def test_a_sweep_that_lists_a_value_twice_is_one_line_before_any_job(tmp_path):
+    """`seed=0,0` ran the same job twice and the summary said "seeds 2", 13.90 +- 0.00 (issue 46)."""
+    for launcher in ([], ["hydra/launcher=batched"]):
+        check_one_line_error(fedrun(["-m", *SMALL, "algo=fedamp", "seed=0,0", *launcher,
+                                     f"hydra.sweep.dir={tmp_path / 'dup'}"], tmp_path),
+                             "seed=0,0 lists 0 twice: its jobs would be the same run")
+        assert not (tmp_path / "dup").exists()
+    assert "lists 0.1 twice" in precheck(["-m", "algo=fedavg", "algo.beta=0.1,1e-1"])
+    assert precheck(["-m", "seed=range(0,3)", "algo=fedavg,perfedavg"]) is None
 
 
 def test_precheck_accepts_good_overrides():

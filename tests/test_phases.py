@@ -78,3 +78,41 @@ def test_phases_agree_across_engines_grouped_seeds_and_resume():
     for k in ref.params:
         assert torch.equal(runs[0].at.state.params[k], ref.params[k]) and torch.equal(runs[1].at.state.params[k], other.params[k])
         assert torch.equal(resumed.params[k], ref.params[k])
+
+
+class Passes(FedAvg):
+    """FedAvg whose round is 1 epoch."""
+
+    def phases(self):
+        return (Phase(self.client_step, epochs=1),)
+
+
+class PassesThenSteps(Passes):
+    def phases(self):
+        return (*super().phases(), Phase(self.client_step, steps=2))
+
+
+def test_a_round_of_passes_no_client_holds_a_minibatch_of_is_refused_and_a_partial_one_warned():
+    """The golden clients' 12, 16, 20, 8 rows: batches of 21 give no client a step (the run would
+    report its initial model every round); of 13, the clients of 12 and 8 rows train no step."""
+    import pytest
+
+    from fedrun.errors import ConfigError
+    from fedrun.validation import check_passes
+
+    sizes = torch.tensor([12, 16, 20, 8])
+    sched = lambda B: Schedule(rounds=1, tau=2, clients_per_round=4, batch_size=B)
+    with pytest.raises(ConfigError) as e:
+        check_passes(Passes(lr=0.1), sched(21), sizes)
+    assert str(e.value).startswith("batch_size=21 is larger than every training client's rows (largest: 20): "
+                                   "algo=fedavg runs passes over each client's training rows")
+    assert "\n" not in str(e.value)
+    assert "so no client trains; allowed: batch_size <= 20" in str(e.value)
+    with pytest.raises(ConfigError, match="so these passes train nothing"):  # a phase of steps after them
+        check_passes(PassesThenSteps(lr=0.1), sched(21), sizes)
+    warned, = check_passes(Passes(lr=0.1), sched(13), sizes)
+    assert warned.startswith("2 of 4 training clients hold fewer than batch_size=13 rows") and "unchanged" in warned
+    assert check_passes(Passes(lr=0.1), sched(8), sizes) == [] and check_passes(FedAvg(lr=0.1), sched(21), sizes) == []
+    # what the refusal saves: sample_phases draws no step at all, and at 13 no step for those two clients
+    _, _, (d,) = sample_phases(golden_data(), sched(13), Passes(lr=0.1).phases(), 0, 1)
+    assert d.live.sum(1).tolist() == [0, 1, 1, 0]

@@ -180,6 +180,24 @@ def test_unfinished_jobs_are_listed_and_left_out(sweep, tmp_path):
     assert sorted(status["status"] == "ok") == [False, False, True, True]
 
 
+def test_a_seed_found_twice_counts_once(tmp_path):
+    """Two sweeps over the same runs (or `seed=0,0` before fedrun refused it): the seed's second job is
+    left out with where its first is, not counted as one more seed (n 2, std 0)."""
+    root = tmp_path / "twice"
+    pers = [0.4, 0.5, 0.6, 0.7]
+    _write_job(root / "a" / "0_algo=fedavg", 0, "fedavg", 0, 10, pers, pers)
+    _write_job(root / "b" / "0_algo=fedavg", 0, "fedavg", 0, 10, pers, pers)
+    _write_job(root / "b" / "1_algo=fedavg", 1, "fedavg", 1, 10, [0.5, 0.6, 0.7, 0.8], pers)
+    r = report([str(root), "--no-figure"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "3 jobs, 2 finished, 1 configurations" in r.stdout
+    first, second = root / "a" / "0_algo=fedavg", root / "b" / "0_algo=fedavg"
+    assert f"left out {second}: the same configuration and seed as {first}: counted once" in r.stdout
+    row = pd.read_csv(root / "summary.csv").iloc[0]
+    assert row["n_seeds"] == 2 and str(row["seeds"]) == "0 1"
+    assert row["pers_acc_last_round_mean"] == pytest.approx(0.75)
+
+
 def test_missing_job_numbers_are_reported():
     jobs = [Job(path=f"/s/{n}_x", num=n) for n in (0, 1, 3, 5)]
     (msg,) = missing_job_numbers(jobs)

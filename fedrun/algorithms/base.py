@@ -181,6 +181,11 @@ class Algorithm(metaclass=AlgorithmMeta):
             raise ConfigError(f"algo={self.name} does not handle BatchNorm layers (their running statistics); "
                               f"with model=mlp_bn or cnn_bn use algo=fedavg or fedbn")
 
+    def check_tau(self, tau: int) -> None:
+        """Raises ConfigError (one line) when the run's `tau` switches off part of this method's
+        training (FedRep's head steps filling the whole round: its body never trains); run with the
+        other option checks, before any work. Default: every tau >= 1 trains all of it."""
+
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params)
 

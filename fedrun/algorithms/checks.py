@@ -47,3 +47,27 @@ def require_body(name: str, params: Params, what: str, also: str = "") -> None:
     if not head or len(head) == len(params):
         raise ConfigError(f"algo={name} {what}, but this model is one layer (a head without a body); use a model "
                           f"with a hidden layer: model=mlp, dnn or cnn{also}")
+
+
+def check_split_round(name: str, head_steps: int, tau: int, local_epochs: int | None) -> None:
+    """One line unless `head_steps` of the round's `tau` steps train the head and at least one is left
+    for the body (FedRep, FedPAC: with head_steps >= tau the body never trains, with 0 the head never
+    does); the epochs form (`local_epochs` set) does not use them."""
+    if local_epochs is not None or 1 <= head_steps < tau:
+        return
+    if tau < 2:
+        raise ConfigError(f"algo={name} with tau={tau} cannot train both parts (algo.head_steps steps on the head, the "
+                          f"rest of tau on the body); allowed: tau >= 2 with 1 <= algo.head_steps <= tau-1, "
+                          f"or algo.local_epochs (rounds in passes)")
+    idle = "body" if head_steps >= tau else "head"
+    raise ConfigError(f"algo.head_steps={head_steps} with tau={tau} never trains algo={name}'s {idle} (head_steps "
+                      f"steps train the head, the rest of tau the body); allowed: 1 <= algo.head_steps <= {tau - 1}"
+                      + (f" (or tau >= {head_steps + 1})" if head_steps >= tau else ""))
+
+
+def check_phase_passes(name: str, option: str, passes: int, local_epochs: int | None, part: str) -> None:
+    """One line when a phase of the epochs form (`local_epochs` set) has 0 passes, so `part` never
+    trains (FedRep's and FedPAC's head_epochs, Ditto's personal_epochs)."""
+    if local_epochs is not None and passes == 0:
+        raise ConfigError(f"{option}=0 with algo.local_epochs={local_epochs} never trains algo={name}'s {part}; "
+                          f"allowed: {option} >= 1")

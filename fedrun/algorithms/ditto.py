@@ -23,7 +23,7 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, scatter, sgd, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
-from .checks import check_int, check_optional_int, check_positive
+from .checks import check_int, check_optional_int, check_phase_passes, check_positive
 from .personalize import onboarding_batches
 
 
@@ -40,6 +40,7 @@ class Ditto(Algorithm):
         check_optional_int("algo.new_client_steps", new_client_steps)
         check_optional_int("algo.local_epochs", local_epochs)
         check_int("algo.personal_epochs", personal_epochs, 0)
+        check_phase_passes(self.name, "algo.personal_epochs", personal_epochs, local_epochs, "personal models")
         self.lr, self.personal_lr, self.lam, self.new_client_steps = lr, personal_lr, lam, new_client_steps
         self.local_epochs, self.personal_epochs = local_epochs, personal_epochs
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
+from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, Phase, ServerState, sgd_step
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
@@ -59,6 +60,12 @@ class FedALA(Algorithm):
         self.lr, self.eta, self.layer_idx, self.start_epochs = lr, eta, layer_idx, start_epochs
         self.local_epochs, self.new_client_steps = local_epochs, new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
+
+    def check_params(self, params: Params) -> None:
+        super().check_params(params)
+        if self.layer_idx > len(params):  # (names[-k:] would mix all of them, as layer_idx=0 says)
+            raise ConfigError(f"algo.layer_idx={self.layer_idx} exceeds this model's {len(params)} parameter tensors; "
+                              f"allowed: 0..{len(params)} (the last layer_idx tensors are mixed; 0: all)")
 
     def higher(self, params: Params) -> list[str]:
         names = list(params)

@@ -41,7 +41,7 @@ from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, per_client, scatter, weighted_mean
 from .base import Local, Phase, ServerState
 from .bodyhead import PartSharing
-from .checks import check_choice, check_int, check_optional_int, check_positive
+from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
 
 EPS = 1e-3  # head weights below this are dropped (the authors' code)
 
@@ -62,9 +62,13 @@ class FedPAC(PartSharing):
         check_int("algo.head_steps", head_steps, 1)
         check_int("algo.head_epochs", head_epochs, 0)
         check_optional_int("algo.local_epochs", local_epochs, 1)
+        check_phase_passes(self.name, "algo.head_epochs", head_epochs, local_epochs, "head")
         check_choice("algo.follow", follow or "paper", self.FOLLOW)
         self.lam, self.head_epochs, self.local_epochs, self.follow = lam, head_epochs, local_epochs, follow or "paper"
         self.head_steps = head_steps
+
+    def check_tau(self, tau: int) -> None:
+        check_split_round(self.name, self.head_steps, tau, self.local_epochs)
 
     # -- state ------------------------------------------------------------------------------------
     def init(self, params: Params, num_clients: int) -> ServerState:

@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..engine.tree import head_names, per_client
 from .base import Local, Phase, ServerState
 from .bodyhead import PartSharing
-from .checks import check_int, check_optional_int
+from .checks import check_int, check_optional_int, check_phase_passes, check_split_round
 
 
 class FedRep(PartSharing):
@@ -37,7 +37,11 @@ class FedRep(PartSharing):
         check_int("algo.head_steps", head_steps, 0)
         check_optional_int("algo.local_epochs", local_epochs)
         check_int("algo.head_epochs", head_epochs, 0)
+        check_phase_passes(self.name, "algo.head_epochs", head_epochs, local_epochs, "head")
         self.head_steps, self.local_epochs, self.head_epochs = head_steps, local_epochs, head_epochs
+
+    def check_tau(self, tau: int) -> None:
+        check_split_round(self.name, self.head_steps, tau, self.local_epochs)
 
     def phases(self) -> tuple[Phase, ...] | None:
         if self.local_epochs is None:

@@ -60,7 +60,7 @@ class Setting:
 def _compose(overrides: list[str], device: str):
     from hydra import compose, initialize_config_dir
 
-    from ..config import CONF_DIR, instantiate_checked
+    from ..config import CONF_DIR, instantiate_checked, instantiate_model
     from ..protocol import apply_protocol
     from ..validation import schedule
 
@@ -68,7 +68,7 @@ def _compose(overrides: list[str], device: str):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])
     apply_protocol(cfg)
     data = instantiate_checked(cfg.data).to(torch.device(device))
-    model_fn = lambda: instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+    model_fn = lambda: instantiate_model(cfg.model, data)
     return instantiate_checked(cfg.algo), data, schedule(cfg, data.num_clients), model_fn
 
 

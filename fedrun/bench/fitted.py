@@ -91,7 +91,7 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     """Plans (memory=`option`; None: no plan) and times one setting's rounds. Returns s/round, peak MB
     of the timed rounds, the plan and the seconds its probes took."""
     from .. import memory
-    from ..config import instantiate_checked
+    from ..config import instantiate_checked, instantiate_model
     from ..engine import ENGINES, params_of
     from ..simulate import simulate
     from ..validation import schedule
@@ -101,7 +101,7 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     sched = schedule(cfg, data.num_clients)
     sched.rounds = sizes["rounds"]
     torch.manual_seed(0)
-    model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes).to(device)
+    model = instantiate_model(cfg.model, data).to(device)
     engine = ENGINES[cfg.engine](model, max_chunks=cfg.max_chunks)
     params = params_of(model)
     cuda = device.type == "cuda"

@@ -134,7 +134,7 @@ def default_rows(device: str, sizes: dict) -> list[Row]:
 def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     from hydra import compose, initialize_config_dir
 
-    from ..config import CONF_DIR, instantiate_checked
+    from ..config import CONF_DIR, instantiate_checked, instantiate_model
     from ..protocol import apply_protocol
     from ..validation import schedule
     from .common import write_cifar10
@@ -155,7 +155,7 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     algo = instantiate_checked(cfg.algo)
     sched = schedule(cfg, data.num_clients)
     sched.rounds = sizes["rounds"]
-    model_fn = lambda: instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+    model_fn = lambda: instantiate_model(cfg.model, data)
     vm, mem = _timed(algo, data, sched, device, model_fn, cfg.engine, sizes["warmup"])
     return [Row("cifar_acid", "pfldyn proto", vm, None, mem, note=note)]
 

@@ -45,7 +45,7 @@ def time_seeds(cfg, algo, data, sched, seeds: int, rounds: int, warmup: int = 1)
     """Wall and CPU (this process's) seconds per round of `seeds` replicas trained together
     (evaluation every round included; on a CPU shared with other jobs the CPU time is the steadier),
     and the CPU seconds of one round's evaluation of all of them (per seed, as the round loop does)."""
-    from ..config import instantiate_checked
+    from ..config import instantiate_model
     from ..evaluate import evaluate
     from ..engine import ENGINES, params_of
     from ..simulate import Replica, Schedule, eval_context, simulate_group
@@ -54,7 +54,7 @@ def time_seeds(cfg, algo, data, sched, seeds: int, rounds: int, warmup: int = 1)
         out = []
         for s in range(seeds):
             torch.manual_seed(s)
-            model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
+            model = instantiate_model(cfg.model, data)
             out.append(Replica(s, params_of(model.to(data.train.x.device))))
         return out, model
 

@@ -44,6 +44,8 @@ def composed(dataset: Dataset | None, partition: Partitioner | None, cache_dir: 
         meta = {"num_holdout": np.array(dealt.num_holdout), **dealt.meta}
         if rows.augment_fill is not None:
             meta["augment_fill"] = rows.augment_fill
+        if rows.vocab_size is not None:
+            meta["vocab_size"] = np.array(rows.vocab_size)
         return (rows_of(trx, try_, dealt.train, dealt.train_labels), rows_of(tex, tey, dealt.test, dealt.test_labels),
                 dealt.num_classes or rows.num_classes, meta)
 
@@ -52,4 +54,5 @@ def composed(dataset: Dataset | None, partition: Partitioner | None, cache_dir: 
     if cache_dir:  # the files' content hashes: a different or repaired copy is new data
         settings["files"] = file_digests(dataset.files(), cache_dir)
     data = _cached(f"{dataset.name}_{partition.name}", settings, cache_dir, build, chunk_len, augment=dataset.augment)
-    return replace(data, num_holdout=int(data.num_holdout))
+    return replace(data, num_holdout=int(data.num_holdout),
+                   vocab_size=None if data.vocab_size is None else int(data.vocab_size))

@@ -135,6 +135,7 @@ class FederatedData:
     client_classes: Tensor | None = None  # [C, k] dataset classes each client owns (ACID/ALID), CPU
     client_labels: Tensor | None = None  # [C, k] ALID: label client c gives class client_classes[c, j], CPU
     num_holdout: int = 0  # the last num_holdout clients never train (unseen clients, `partition.holdout`)
+    vocab_size: int | None = None  # rows of token ids 0..vocab_size-1 (a text dataset's vocabulary); None: not ids
 
     @property
     def num_clients(self) -> int:

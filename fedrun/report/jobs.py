@@ -216,8 +216,13 @@ def torn_row(path: str) -> str | None:
 def group_jobs(jobs: list[Job]) -> list[Group]:
     """Groups the jobs that finished by configuration, labelled by the options that vary between groups."""
     by_key: dict[tuple, list[Job]] = {}
+    first: dict[tuple, Job] = {}  # (configuration, seed) -> the job that counts for it
     for j in jobs:
         if j.ok:
+            kept = first.setdefault((j.key, j.seed), j)
+            if kept is not j:  # (two sweeps over the same runs, `seed=0,0`): a seed counts once in the mean
+                j.status = f"the same configuration and seed as {kept.path}: counted once"
+                continue
             by_key.setdefault(j.key, []).append(j)
     keys = list(by_key)
     configs = [by_key[k][0].settings for k in keys]

@@ -10,6 +10,7 @@ from fedrun.algorithms.ditto import Ditto
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.fedbabu import FedBABU
 from fedrun.algorithms.fedbn import FedBN
+from fedrun.algorithms.fedpac import FedPAC
 from fedrun.algorithms.fedper import FedPer
 from fedrun.algorithms.fedprox import FedProx
 from fedrun.algorithms.fedrep import FedRep
@@ -304,3 +305,40 @@ def test_every_algorithm_trains_an_mlr_or_refuses_it_in_one_line(name):
 
 def _tensors(part) -> list:
     return [t for v in part.values() for t in _tensors(v)] if isinstance(part, dict) else [part]
+
+
+@pytest.mark.parametrize("algo, tau, words", [
+    (lambda: FedRep(head_steps=5), 5, "algo.head_steps=5 with tau=5 never trains algo=fedrep's body (head_steps steps "
+                                      "train the head, the rest of tau the body); allowed: 1 <= algo.head_steps <= 4 "
+                                      "(or tau >= 6)"),
+    (lambda: FedRep(head_steps=0), 3, "algo.head_steps=0 with tau=3 never trains algo=fedrep's head"),
+    (lambda: FedPAC(head_steps=5), 2, "algo.head_steps=5 with tau=2 never trains algo=fedpac's body"),
+    (lambda: FedRep(head_steps=1), 1, "algo=fedrep with tau=1 cannot train both parts"),
+])
+def test_a_tau_that_leaves_a_part_of_fedrep_or_fedpac_untrained_is_refused(algo, tau, words):
+    """Their yaml's head_steps=5 at any tau <= 5 trained the head alone, silently (the body, which the
+    server averages, stayed the initial one)."""
+    with pytest.raises(ConfigError) as e:
+        algo().check_tau(tau)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fedrep_and_fedpac_take_a_tau_that_trains_both_parts_and_any_in_epochs():
+    FedRep(head_steps=5).check_tau(6)
+    FedPAC(head_steps=1).check_tau(2)
+    FedRep(head_steps=5, local_epochs=1).check_tau(1)  # passes: head_epochs, then local_epochs
+    FedRep(head_epochs=0)  # unused without local_epochs
+
+
+@pytest.mark.parametrize("cls, options, words", [
+    (FedRep, dict(local_epochs=1, head_epochs=0), "algo.head_epochs=0 with algo.local_epochs=1 never trains "
+                                                  "algo=fedrep's head; allowed: algo.head_epochs >= 1"),
+    (FedPAC, dict(local_epochs=2, head_epochs=0), "algo.head_epochs=0 with algo.local_epochs=2 never trains "
+                                                  "algo=fedpac's head"),
+    (Ditto, dict(local_epochs=1, personal_epochs=0), "algo.personal_epochs=0 with algo.local_epochs=1 never trains "
+                                                     "algo=ditto's personal models"),
+])
+def test_a_phase_of_no_passes_is_refused(cls, options, words):
+    with pytest.raises(ConfigError) as e:
+        cls(**options)
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -57,3 +57,14 @@ def test_bad_mixing_options_get_one_line(cls, option, value, words):
     with pytest.raises(ConfigError) as e:
         cls(**{option: value})
     assert str(e.value) == words
+
+
+def test_fedala_layer_idx_past_the_models_parameter_tensors_is_refused():
+    """names[-layer_idx:] takes them all past the count: layer_idx=99 ran as layer_idx=0, silently."""
+    params = {"fc1.weight": torch.zeros(3, 2), "fc1.bias": torch.zeros(3), "fc2.weight": torch.zeros(2, 3),
+              "fc2.bias": torch.zeros(2)}
+    FedALA(layer_idx=4).check_params(params)
+    with pytest.raises(ConfigError) as e:
+        FedALA(layer_idx=5).check_params(params)
+    assert str(e.value) == ("algo.layer_idx=5 exceeds this model's 4 parameter tensors; allowed: 0..4 (the last "
+                            "layer_idx tensors are mixed; 0: all)")

@@ -169,6 +169,7 @@ def test_agnews_vocabulary_comes_from_the_training_rows_only(root):
     counts = Counter(t for text in texts for t in tokens(text))
     for vocab_size, max_len in ((1000, 40), (12, 6)):
         rows = AgNews(root=root, vocab_size=vocab_size, max_len=max_len).load()
+        assert rows.vocab_size == min(vocab_size, len(counts) + 2)  # ids used: padding, unknown, the tokens kept
         # ids 2.. go to the training rows' tokens, most frequent first; "zyzzyva" (test rows only) is UNK
         kept = sorted(counts, key=lambda t: (-counts[t], t))[: vocab_size - 2]
         vocab = {t: i + 2 for i, t in enumerate(kept)}
@@ -178,7 +179,22 @@ def test_agnews_vocabulary_comes_from_the_training_rows_only(root):
     assert len(counts) < 998 and "zyzzyva" not in counts and all(UNK in r for r in AgNews(root=root).load().test_x)
     d = composed(dict(name="agnews", root=root, vocab_size=12, max_len=6), dict(name="iid", num_clients=2))
     assert d.num_classes == 4 and d.feature_shape == (6,) and not d.train.x.dtype.is_floating_point
-    assert int(d.train.sizes.sum() + d.test.sizes.sum()) == 152
+    assert int(d.train.sizes.sum() + d.test.sizes.sum()) == 152 and d.vocab_size == 12
+    capped = composed(dict(name="agnews", root=root, vocab_size=1000, max_len=6), dict(name="iid", num_clients=2))
+    assert capped.vocab_size == len(counts) + 2 == int(capped.train.x.max()) + 1
+
+
+def test_agnews_max_len_past_memory_is_one_line_before_reading(tmp_path):
+    """dataset.max_len=50000000 ended in a wrapped MemoryError after reading the files."""
+    from fedrun.data.datasets.agnews import RELEASE_ROWS, TOKEN_BYTES, AgNews
+    from fedrun.device import physical_memory
+
+    allowed = physical_memory() // 4 // (RELEASE_ROWS * TOKEN_BYTES)
+    with pytest.raises(ValueError) as e:
+        AgNews(root=str(tmp_path / "none"), download=False, max_len=allowed + 1)
+    assert str(e.value).startswith(f"dataset.max_len={allowed + 1}: the release's 127,600 rows of max_len token ids ")
+    assert f"allowed: 1..{allowed} " in str(e.value) and "\n" not in str(e.value)
+    AgNews(root=str(tmp_path / "none"), download=False, max_len=allowed)
 
 
 def test_tinyimagenet_layout_labels_by_wnids_and_val_annotations(root):
@@ -264,7 +280,9 @@ def test_a_file_that_is_not_the_format_is_one_line_naming_it(tmp_path):
 
 
 def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare_lstm(root, tmp_path):
-    """The commands a user types: the text model's embedding has dataset.vocab_size rows (no model option)."""
+    """The commands a user types: the text model's embedding has dataset.vocab_size rows (no model option),
+    capped at the training rows' distinct tokens + 2 (the tiny files' 23: 25, not 37; 30,000 rows of a
+    corpus of a few thousand tokens made 2 rounds of TextCNN take 1,039 s), said in one line."""
     import glob
 
     import torch
@@ -280,6 +298,30 @@ def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare
         assert "fedrun: done in" in r.stdout
         ck = torch.load(glob.glob(str(tmp_path / name / "checkpoints" / "*.pt"))[0], weights_only=True)
         emb = ck["state"]["params"]["embedding.weight"]
-        assert tuple(emb.shape) == ((37, 8) if name == "agnews" else (80, 4))
+        assert tuple(emb.shape) == ((25, 8) if name == "agnews" else (80, 4))
+        capped = "fedrun: dataset.vocab_size=37 capped at 25: the training rows hold 23 distinct tokens"
+        assert (capped in r.stderr) == (name == "agnews"), r.stderr
     r = fedrun([*runs["agnews"], "model.vocab_size=20", *small], tmp_path)  # the files hold 25 ids (0, 1, 23 tokens)
     assert r.returncode == 2 and "model.vocab_size=20 is too small for data=composed, whose rows hold ids up to 24" in r.stderr
+    r = fedrun([*runs["agnews"], "model.vocab_size=40", *small, f"hydra.run.dir={tmp_path / 'own'}"], tmp_path)
+    assert r.returncode == 0 and "capped" not in r.stderr, r.stderr  # a vocabulary the user gives the model: kept
+    emb = torch.load(glob.glob(str(tmp_path / "own" / "checkpoints" / "*.pt"))[0], weights_only=True)["state"]["params"]
+    assert tuple(emb["embedding.weight"].shape) == (40, 8)
+
+
+def test_a_checkpoint_of_another_embedding_size_is_refused_in_one_line():
+    """A run folder written before the cap (embedding [30000, d]) resumed by a model of the corpus's
+    vocabulary: refused, not resumed on parameters its model lacks."""
+    import torch
+
+    from fedrun.errors import ConfigError
+    from fedrun.runner import check_checkpoint_shapes
+
+    params = {"embedding.weight": torch.zeros(25, 8), "fc.weight": torch.zeros(4, 8)}
+    ck = {"path": "run/checkpoints/round_2.pt", "state": {"params": {**params, "embedding.weight": torch.zeros(37, 8)}}}
+    with pytest.raises(ConfigError) as e:
+        check_checkpoint_shapes(ck, params)
+    assert str(e.value).startswith("the checkpoint run/checkpoints/round_2.pt holds embedding.weight of shape [37, 8], "
+                                   "this run's model [25, 8] (a text model's embedding has the vocabulary's rows")
+    assert str(e.value).endswith("start over with resume=false or run elsewhere (hydra.run.dir=...)")
+    check_checkpoint_shapes({**ck, "state": {"params": params}}, params)

@@ -3,7 +3,9 @@ articles, 4 classes (World, Sports, Business, Sci/Tech), each a CSV row `"class 
 "description"`. A row's text (title, a space, description) is lowercased and cut into tokens by
 `TOKEN` (runs of letters/digits with inner apostrophes, or one punctuation mark); the vocabulary is
 the `vocab_size - 2` most frequent tokens of the TRAINING rows (ties by the token's text), after
-id 0 (padding) and id 1 (a token outside the vocabulary); each row is its first `max_len` ids, padded
+id 0 (padding) and id 1 (a token outside the vocabulary), or all of them when the rows hold fewer
+(then the ids, and a text model's embedding that follows the dataset's, number len + 2: `Rows.vocab_size`,
+which fedrun says in one line); each row is its first `max_len` ids, padded
 with 0. Test rows never shape the vocabulary. Rows are int64 token ids [N, max_len], what the text
 models (fedrun.models.text) take; labels 0..3.
 
@@ -21,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 
+from ...device import physical_memory
 from ...errors import DataCorruptError, DataMissingError
 from .base import Dataset, Rows, all_present, choice, corrupt, download_into
 
@@ -29,6 +32,8 @@ FILES = ["train.csv", "test.csv"]
 URL = "https://s3.amazonaws.com/fast-ai-nlp/ag_news_csv.tgz"  # the release as fast.ai mirrors it
 CLASSES = 4
 PAD, UNK = 0, 1
+RELEASE_ROWS = 127_600  # 120,000 training + 7,600 test rows
+TOKEN_BYTES = 16  # a token id (int64) in the encoded rows and again in the clients' concatenation (fedrun.data.cache)
 TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*|[^\sa-z0-9]")
 
 
@@ -64,7 +69,8 @@ def read_agnews_csv(path: str) -> tuple[list[str], np.ndarray]:
 
 
 def build_vocab(texts: list[list[str]], vocab_size: int) -> dict[str, int]:
-    """token -> id for the `vocab_size - 2` most frequent tokens of `texts` (ties by the token), ids from 2."""
+    """token -> id for the `vocab_size - 2` most frequent tokens of `texts` (ties by the token), ids from 2;
+    all of them when `texts` hold fewer distinct tokens (the vocabulary is then len + 2 ids, not vocab_size)."""
     counts = Counter(t for row in texts for t in row)
     kept = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: vocab_size - 2]
     return {t: i + 2 for i, (t, _) in enumerate(kept)}
@@ -88,10 +94,21 @@ class AgNews(Dataset):
         for option, value, low in (("dataset.vocab_size", vocab_size, 3), ("dataset.max_len", max_len, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{option}={value!r}: allowed an integer >= {low}")
+        limit = physical_memory() // 4
+        if limit and RELEASE_ROWS * max_len * TOKEN_BYTES > limit:
+            raise ValueError(f"dataset.max_len={max_len}: the release's {RELEASE_ROWS:,} rows of max_len token ids "
+                             f"would take {RELEASE_ROWS * max_len * TOKEN_BYTES / 2**30:.0f} GiB, more than a quarter "
+                             f"of this machine's {physical_memory() / 2**30:.0f} GiB; allowed: "
+                             f"1..{limit // (RELEASE_ROWS * TOKEN_BYTES)} (rows longer are cut; PFLlib: 200)")
         super().__init__(root, download)
         self.name, self.vocab_size, self.max_len = name, vocab_size, max_len
 
     num_classes = CLASSES
+
+    def settings(self) -> dict:
+        # the rows' vocabulary is capped at the training rows' distinct tokens (+ 2): a cache file from
+        # before the cap holds no count, and its model would take vocab_size embedding rows
+        return {**super().settings(), "vocab": "capped at the corpus"}
 
     def files(self) -> dict[str, str | None]:
         return {f: os.path.join(os.path.abspath(self.root), FOLDER, f) for f in FILES}
@@ -112,4 +129,5 @@ class AgNews(Dataset):
         (train, try_), (test, tey) = (read_agnews_csv(os.path.join(base, f)) for f in FILES)
         train, test = [tokens(t) for t in train], [tokens(t) for t in test]
         vocab = build_vocab(train, self.vocab_size)
-        return Rows(encode(train, vocab, self.max_len), try_, encode(test, vocab, self.max_len), tey, CLASSES)
+        return Rows(encode(train, vocab, self.max_len), try_, encode(test, vocab, self.max_len), tey, CLASSES,
+                    vocab_size=len(vocab) + 2)

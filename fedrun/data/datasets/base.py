@@ -26,6 +26,7 @@ class Rows:
     num_classes: int
     groups: tuple[np.ndarray, np.ndarray] | None = None  # the rows' natural groups (writer ids), train and test
     augment_fill: np.ndarray | None = None  # [channels] value the training augmentation pads with
+    vocab_size: int | None = None  # rows of token ids: how many ids they use (a text model's embedding rows)
 
 
 class Dataset:
