@@ -1,0 +1,372 @@
+"""Every selectable branch of the methods (each `follow=` value, the steps and the epochs forms, the
+onboarding of unseen clients, the schedules over rounds) against a HAND computation, under both
+engines. The problem is tiny enough to write each update out in plain torch here: 2 training clients
+of 2 rows each and one held-out client of 1 row, an MLP 3 -> 4 -> 3 in float64, every minibatch a
+client's whole rows (batch_size 2, sampling=steps: each step's batch is a shuffle of its 2 rows; an
+epochs pass is one such step; the held-out client's draws, with replacement, are its one row
+repeated), every training client in every round. The expected numbers come from `f`/`grad` below
+(plain autograd of the MLP's cross-entropy), never from fedrun's functions: fedrun's own outputs
+are compared with them. The traces of tests/test_golden_pfllib*.py pin the follow=pfllib branches
+against PFLlib itself; these pin the other branches (and pfllib's again, by its documented rule)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrun.algorithms import APFL, APPLE, FedAMP, FedFomo, FedProto
+from fedrun.algorithms.base import EvalContext
+from fedrun.data import ClientSplit, FederatedData
+from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.models import MLP
+from fedrun.simulate import Schedule, simulate
+
+ENGINES = [VmapEngine, LoopEngine]
+D, K = 3, 3  # features, classes
+LABELS = ([0, 1], [1, 1], [1])  # client 0, client 1 (training), client 2 (held out: one row); no class 2
+TRAIN = 2  # training clients
+# float64 throughout; a few dozen ops of magnitude ~1 per number: 1e-12 is far above the rounding
+# (~1e-15) and far below any branch's effect
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def problem(holdout: bool = True):
+    g = torch.Generator().manual_seed(3)
+    labels = LABELS if holdout else LABELS[:TRAIN]
+    sizes = torch.tensor([len(y) for y in labels])
+    x = torch.randn(int(sizes.sum()), D, generator=g, dtype=torch.float64)
+    y = torch.tensor([c for ys in labels for c in ys])
+    split = ClientSplit.from_flat(x, y, sizes, 4)
+    data = FederatedData("hand", split, ClientSplit.from_flat(x.clone(), y.clone(), sizes, 4), K,
+                         num_holdout=1 if holdout else 0)
+    torch.manual_seed(0)
+    model = MLP(D, K, hidden=[4]).double()
+    rows = [(x[s:s + n], y[s:s + n]) for s, n in zip([0, *sizes.cumsum(0)[:-1].tolist()], sizes.tolist())]
+    return data, model, rows
+
+
+def run(algo, engine_cls, rounds=2, tau=1, holdout=True):
+    data, model, rows = problem(holdout)
+    p0 = {k: v.detach().clone() for k, v in params_of(model).items()}
+    engine = engine_cls(model)
+    sched = Schedule(rounds=rounds, tau=tau, clients_per_round=TRAIN, batch_size=2, sampling="steps")
+    state, _ = simulate(algo, engine, data, params_of(model), sched, 0)
+    return state, engine, data, p0, rows
+
+
+def onboard(algo, engine, state, data, steps):
+    """`algo.onboard` of the held-out client (its draws: its one row, whatever the stream)."""
+    ctx = EvalContext(data, torch.Generator().manual_seed(1), 2, steps)
+    return algo.onboard(engine, state, ctx, torch.tensor([TRAIN]))
+
+
+# ----------------------------------------------------------------------------------------------
+# the hand computation: the MLP and its cross-entropy in plain torch
+# ----------------------------------------------------------------------------------------------
+
+def feats(p, x):
+    return torch.relu(x @ p["net.0.weight"].T + p["net.0.bias"])
+
+
+def logits(p, x):
+    return feats(p, x) @ p["net.2.weight"].T + p["net.2.bias"]
+
+
+def f(p, x, y):
+    return F.cross_entropy(logits(p, x), y)
+
+
+def grad(p, x, y, loss=f):
+    q = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
+    return dict(zip(q, torch.autograd.grad(loss(q, x, y), list(q.values()))))
+
+
+def step(p, g, lr):
+    return {k: p[k] - lr * g[k] for k in p}
+
+
+def lerp(a, b, t):  # (1 - t) a + t b
+    return {k: (1 - t) * a[k] + t * b[k] for k in a}
+
+
+def mean(ps):
+    return {k: sum(p[k] for p in ps) / len(ps) for k in ps[0]}
+
+
+def sqdist(a, b):
+    return sum(float(((a[k] - b[k]) ** 2).sum()) for k in a)
+
+
+def close(got, want, c=None):
+    for k in want:
+        torch.testing.assert_close(got[k] if c is None else got[k][c], want[k], **TOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedAMP: follow=paper (the proximal pull to u_i has a gradient) and pfllib (it has none), the
+# steps and the epochs forms, and the held-out client's FedAMP steps toward its cloud model
+# ----------------------------------------------------------------------------------------------
+
+def fedamp_by_hand(p0, rows, follow, lr, lam, alpha_k, sigma, rounds, steps):
+    w = [dict(p0) for _ in range(TRAIN)]
+    sent = False
+
+    def cloud(wi, i, models):
+        xi = {j: alpha_k * math.exp(-sqdist(wi, wj) / sigma) / sigma for j, wj in enumerate(models) if j != i}
+        return {k: (1 - sum(xi.values())) * wi[k] + sum(x * models[j][k] for j, x in xi.items()) for k in wi}
+
+    def train(wi, u, x, y, n):
+        for _ in range(n):
+            g = grad(wi, x, y)
+            if follow == "paper":
+                g = {k: g[k] + lam / alpha_k * (wi[k] - u[k]) for k in g}
+            wi = step(wi, g, lr)
+        return wi
+
+    for _ in range(rounds):
+        us = [cloud(w[i], i, w) if sent else w[i] for i in range(TRAIN)]
+        w = [train(w[i], us[i], *rows[i], steps) for i in range(TRAIN)]
+        sent = True
+    new = train(p0, cloud(p0, None, w), *rows[TRAIN], 2)  # the held-out client: new_client_steps=2
+    return w, new
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+@pytest.mark.parametrize("form", ["steps", "epochs"])
+def test_fedamp_by_hand(engine_cls, follow, form):
+    opts = dict(lr=0.3, lam=0.7, alpha_k=0.8, sigma=2.0)
+    algo = FedAMP(**opts, follow=follow, new_client_steps=2,
+                  local_epochs=2 if form == "epochs" else None)  # epochs: 2 passes of 1 step; steps: tau 2
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
+    w, new = fedamp_by_hand(p0, rows, follow, **opts, rounds=2, steps=2)
+    for i in range(TRAIN):
+        close(state.clients["params"], w[i], i)
+    close(onboard(algo, engine, state, data, 4).clients["params"], new, TRAIN)
+
+
+# ----------------------------------------------------------------------------------------------
+# APFL: follow=paper (v on the mixture's gradient, the served mixture with the new server model)
+# and pfllib (v on its own loss, PFLlib's alpha rule, v <- the mixture after the round), and the
+# held-out client's APFL steps
+# ----------------------------------------------------------------------------------------------
+
+def apfl_by_hand(p0, rows, follow, lr, alpha, alpha_lr, rounds, steps, new_steps):
+    server = dict(p0)
+    v = [dict(p0) for _ in range(TRAIN + 1)]
+    a = [alpha] * (TRAIN + 1)
+
+    def local(w, vi, ai, x, y, n):
+        for _ in range(n):
+            g = grad(w, x, y)
+            if follow == "paper":
+                vbar = lerp(w, vi, ai)
+                gb = grad(vbar, x, y)
+                dot = sum(float(((vi[k] - w[k]) * gb[k]).sum()) for k in w)
+                vi = {k: vi[k] - lr * ai * gb[k] for k in w}
+                ai = min(max(ai - alpha_lr * dot, 0.0), 1.0)
+                w = step(w, g, lr)
+            else:
+                gv = grad(vi, x, y)
+                w, vi = step(w, g, lr), step(vi, gv, lr)
+                dot = sum(float(((vi[k] - w[k]) * (ai * gv[k] + (1 - ai) * g[k])).sum()) for k in w)
+                ai = min(max(ai - alpha_lr * (dot + 0.02 * ai), 0.0), 1.0)
+        if follow == "pfllib":
+            vi = lerp(w, vi, ai)
+        return w, vi, ai
+
+    for _ in range(rounds):
+        ws = []
+        for i in range(TRAIN):
+            wi, v[i], a[i] = local(server, v[i], a[i], *rows[i], steps)
+            ws.append(wi)
+        server = mean(ws)
+    _, v[TRAIN], a[TRAIN] = local(server, server, alpha, *rows[TRAIN], new_steps)
+    served = v if follow == "pfllib" else [lerp(server, v[i], a[i]) for i in range(TRAIN + 1)]
+    return served, a
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+def test_apfl_by_hand(engine_cls, follow):
+    opts = dict(lr=0.3, alpha=0.4, alpha_lr=0.2)
+    algo = APFL(**opts, follow=follow, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    state = onboard(algo, engine, state, data, 5)
+    served, a = apfl_by_hand(p0, rows, follow, **opts, rounds=2, steps=2, new_steps=2)
+    assert 0 < min(a) and max(a) < 1  # alpha moved and was not clipped
+    got, _ = algo.personalize(engine, state, None)
+    for i in range(TRAIN + 1):
+        close(got, served[i], i)
+        assert state.clients["mix"]["alpha"][i, 0].item() == pytest.approx(a[i], rel=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------
+# APPLE: follow=paper (the trained core uploaded, served p_i . cores) and pfllib (theta_i uploaded
+# and served), its proximal weight's cosine decay over decay_rounds, and the held-out client's
+# steps learning p alone from p0
+# ----------------------------------------------------------------------------------------------
+
+def apple_by_hand(p0, rows, follow, lr, dr_lr, mu, L, rounds, new_steps):
+    cores = [dict(p0) for _ in range(TRAIN + 1)]
+    p = [[1 / TRAIN] * TRAIN for _ in range(TRAIN)]
+    share = [len(r[1]) / sum(len(r[1]) for r in rows[:TRAIN]) for r in rows[:TRAIN]]  # p0 (rows 2 and 2)
+    thetas = [dict(p0) for _ in range(TRAIN)]
+
+    def lam(t):  # lam_1 = 1; lam_t = (cos((t - 2) pi / L) + 1) / 2 while t - 2 < L; then 0
+        return 1.0 if t == 1 else ((math.cos((t - 2) * math.pi / L) + 1) / 2 if t - 2 < L else 0.0)
+
+    def dots(g, c):  # the mean over tensors of the element-wise mean of g c
+        return sum(float((g[k] * c[k]).mean()) for k in g) / len(g)
+
+    def p_step(pi, g, cs, lt):
+        return [pi[j] - dr_lr * (dots(g, cs[j]) + lt * mu * (pi[j] - share[j])) for j in range(TRAIN)]
+
+    for t in range(1, rounds + 1):
+        new_cores = []
+        for i in range(TRAIN):
+            cs = [cores[j] for j in range(TRAIN)]
+            theta = {k: sum(p[i][j] * cs[j][k] for j in range(TRAIN)) for k in p0}
+            g = grad(theta, *rows[i])
+            own = step(cs[i], g, lr * p[i][i] * TRAIN)
+            p[i] = p_step(p[i], g, [own if j == i else cs[j] for j in range(TRAIN)], lam(t))
+            thetas[i] = theta
+            new_cores.append(theta if follow == "pfllib" else own)
+        cores[:TRAIN] = new_cores
+    served = thetas if follow == "pfllib" else [{k: sum(p[i][j] * cores[j][k] for j in range(TRAIN)) for k in p0}
+                                                for i in range(TRAIN)]
+    q = list(share)  # the held-out client: p from p0 over the trained cores, its own core never moves
+    for _ in range(new_steps):
+        theta = {k: sum(q[j] * cores[j][k] for j in range(TRAIN)) for k in p0}
+        q = p_step(q, grad(theta, *rows[TRAIN]), cores, lam(rounds + 1))
+    served.append({k: sum(q[j] * cores[j][k] for j in range(TRAIN)) for k in p0})
+    return served, p + [q], [lam(t) for t in range(1, rounds + 2)]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+def test_apple_by_hand(engine_cls, follow):
+    opts = dict(lr=0.2, dr_lr=0.5, mu=0.6)
+    algo = APPLE(**opts, decay=0.1, decay_rounds=2, follow=follow, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3)
+    state = onboard(algo, engine, state, data, 5)
+    served, p, lams = apple_by_hand(p0, rows, follow, **opts, L=2, rounds=3, new_steps=2)
+    assert lams == [1.0, 1.0, 0.5, 0.0]  # rounds 1..3 and the held-out client's
+    got, _ = algo.personalize(engine, state, None)
+    for i in range(TRAIN + 1):
+        close(got, served[i], i)
+        torch.testing.assert_close(state.clients["p"]["p"][i], torch.tensor(p[i] + [0.0], dtype=torch.float64), **TOL)
+
+
+def test_apple_decay_as_a_fraction_of_the_rounds():
+    """decay_rounds null: L = int(decay x rounds); lam over rounds 1..6 with L = int(0.5 x 6) = 3."""
+    algo = APPLE(lr=0.1, dr_lr=0.1, mu=0.1, decay=0.5, decay_rounds=None)
+    algo.set_schedule(Schedule(rounds=6, tau=1, clients_per_round=1, batch_size=1))
+    want = [1.0, 1.0, 0.75, 0.25, 0.0, 0.0]  # (cos(t pi / 3) + 1) / 2 for t = 0, 1, 2; then 0
+    assert [algo.lam_at(t) for t in range(1, 7)] == pytest.approx(want, abs=1e-15)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedFomo: follow=paper (w_n from the client's current model) and pfllib (from its model after its
+# last mixture); the held-out client mixing the models the training clients valued most
+# ----------------------------------------------------------------------------------------------
+
+def fomo_mix(base, own, nbrs, x, y):
+    lb = float(f(base, x, y))
+    w = [(lb - float(f(n, x, y))) / (math.sqrt(sqdist(n, base)) + 1e-5) for n in nbrs]
+    pos = [max(v, 0.0) for v in w]
+    if sum(pos) == 0:
+        return own, w
+    return {k: sum(c * n[k] for c, n in zip(pos, nbrs)) / sum(pos) for k in own}, w
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+def test_fedfomo_by_hand(engine_cls, follow):
+    lr = 0.4
+    algo = FedFomo(lr=lr, M=2, val_batches=1, follow=follow)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2, holdout=False)
+    models, old = [dict(p0) for _ in range(TRAIN)], [dict(p0) for _ in range(TRAIN)]
+    P = [[1.0 if i == j else 0.0 for j in range(TRAIN)] for i in range(TRAIN)]
+    for t in range(3):
+        prev = [dict(m) for m in models]
+        for i in range(TRAIN):
+            if t > 0:  # round 1: no uploads yet, nothing to weigh; then both clients' (its own first)
+                base = old[i] if follow == "pfllib" else prev[i]
+                models[i], w = fomo_mix(base, prev[i], [prev[i], prev[1 - i]], *rows[i])
+                P[i][i] += w[0]
+                P[i][1 - i] += w[1]
+            old[i] = dict(models[i])
+            for _ in range(2):
+                models[i] = step(models[i], grad(models[i], *rows[i]), lr)
+    for i in range(TRAIN):
+        close(state.clients["params"], models[i], i)
+        close(state.clients["old"], old[i], i)
+    torch.testing.assert_close(state.clients["affinity"]["P"], torch.tensor(P, dtype=torch.float64), **TOL)
+    assert P[0][1] != 0 and P[1][0] != 0
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+def test_fedfomo_held_out_client_by_hand(engine_cls):
+    """After one round (P still the identity: nothing weighed), the held-out client weighs both
+    trained models from the initial one on its rows, mixes them, then takes new_client_steps SGD steps."""
+    lr = 0.4
+    algo = FedFomo(lr=lr, M=2, val_batches=1, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
+    trained = []
+    for i in range(TRAIN):
+        m = dict(p0)
+        for _ in range(2):
+            m = step(m, grad(m, *rows[i]), lr)
+        trained.append(m)
+    mixed, w = fomo_mix(p0, p0, trained, *rows[TRAIN])
+    assert max(w) > 0
+    for _ in range(2):
+        mixed = step(mixed, grad(mixed, *rows[TRAIN]), lr)
+    close(onboard(algo, engine, state, data, 5).clients["params"], mixed, TRAIN)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedProto: follow=paper (global prototypes weighted by the clients' rows of the class) and pfllib
+# (unweighted mean over the clients having it); its local loss; the held-out client's steps
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+def test_fedproto_by_hand(engine_cls, follow):
+    lr, lam = 0.3, 0.9
+    algo = FedProto(lr=lr, lam=lam, follow=follow, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    protos, present = torch.zeros(K, 4, dtype=torch.float64), torch.zeros(K, dtype=torch.bool)
+
+    def loss(p, x, y):
+        z = feats(p, x)
+        target = torch.where(present[y].unsqueeze(-1), protos[y], z.detach())
+        return F.cross_entropy(z @ p["net.2.weight"].T + p["net.2.bias"], y) + lam * ((target - z) ** 2).mean()
+
+    models = [dict(p0) for _ in range(TRAIN + 1)]
+    for _ in range(2):
+        sums, counts = torch.zeros(TRAIN, K, 4, dtype=torch.float64), torch.zeros(TRAIN, K, dtype=torch.float64)
+        for i in range(TRAIN):
+            x, y = rows[i]
+            for _ in range(2):
+                z = feats(models[i], x).detach()
+                for r in range(len(y)):
+                    sums[i, y[r]] += z[r]
+                    counts[i, y[r]] += 1
+                models[i] = step(models[i], grad(models[i], x, y, loss), lr)
+        local = sums / counts.clamp(min=1).unsqueeze(-1)
+        wts = counts if follow == "paper" else (counts > 0).double()
+        present = counts.sum(0) > 0
+        protos = torch.where(present.unsqueeze(-1), (wts.unsqueeze(-1) * local).sum(0)
+                             / wts.sum(0).clamp(min=1e-30).unsqueeze(-1), torch.zeros(K, 4, dtype=torch.float64))
+    for _ in range(2):
+        models[TRAIN] = step(models[TRAIN], grad(models[TRAIN], *rows[TRAIN], loss), lr)
+    state = onboard(algo, engine, state, data, 5)
+    assert present.tolist() == [True, True, False]
+    torch.testing.assert_close(state.extra["protos"], protos, **TOL)
+    torch.testing.assert_close(state.extra["present"], present)
+    for i in range(TRAIN + 1):
+        close(state.clients["params"], models[i], i)
