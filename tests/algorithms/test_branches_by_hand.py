@@ -370,3 +370,99 @@ def test_fedproto_by_hand(engine_cls, follow):
     torch.testing.assert_close(state.extra["present"], present)
     for i in range(TRAIN + 1):
         close(state.clients["params"], models[i], i)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedPAC: follow=paper (heads combined from the trained heads, prototypes weighted by rows) and
+# pfllib (each combined head replacing its own in the sum for the next client, PFLlib's set_head;
+# the unweighted mean of the clients' class means), in the steps form (head_steps then the body;
+# prototypes under the body before its step) and the epochs form (a statistics pass, head passes,
+# body passes, a prototype pass under the trained body); the held-out client's head fitted alone
+# ----------------------------------------------------------------------------------------------
+
+HEAD = ("net.2.weight", "net.2.bias")
+
+
+def fedpac_by_hand(p0, rows, follow, lr, lam, form, rounds, new_steps):
+    body = {k: v for k, v in p0.items() if k not in HEAD}
+    heads = [{k: p0[k] for k in HEAD} for _ in range(TRAIN + 1)]
+    protos, present = torch.zeros(K, 4, dtype=torch.float64), torch.zeros(K, dtype=torch.bool)
+
+    def aligned(p, x, y):
+        z = feats(p, x)
+        target = torch.where(present[y].unsqueeze(-1), protos[y], z.detach())
+        return F.cross_entropy(z @ p["net.2.weight"].T + p["net.2.bias"], y) + lam * ((target - z) ** 2).mean()
+
+    def class_sums(z, y):
+        s, c = torch.zeros(K, 4, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
+        for r in range(len(y)):
+            s[y[r]] += z[r]
+            c[y[r]] += 1
+        return s, c
+
+    for _ in range(rounds):
+        bodies, trained, V, H, psums, pcounts = [], [], [], [], [], []
+        for i in range(TRAIN):
+            x, y = rows[i]
+            p = {**body, **heads[i]}
+            z = feats(p, x).detach()  # statistics under the received body
+            s, c = class_sums(z, y)
+            n = c.sum()
+            mu = s / c.clamp(min=1).unsqueeze(-1)
+            share = c / n
+            V.append(float(((z * z).sum() / n - (share ** 2 * (mu * mu).sum(-1)).sum()) / n))
+            H.append(share.unsqueeze(-1) * mu)
+            g = grad(p, x, y)  # the head's step: cross-entropy only (the alignment has no head gradient)
+            p = {k: p[k] - lr * g[k] if k in HEAD else p[k] for k in p}
+            before = feats(p, x).detach()
+            g = grad(p, x, y, aligned)
+            p = {k: p[k] if k in HEAD else p[k] - lr * g[k] for k in p}
+            s, c = class_sums(before if form == "steps" else feats(p, x).detach(), y)
+            psums.append(s)
+            pcounts.append(c)
+            bodies.append({k: p[k] for k in p if k not in HEAD})
+            trained.append({k: p[k] for k in HEAD})
+        d = float(((H[0] - H[1]) ** 2).sum())
+        A = []
+        for i in range(TRAIN):  # argmin a^T (diag(V) + D_i) a on the simplex: D_i = d off client i's own entry
+            q = [V[j] + (d if j != i else 0.0) for j in range(TRAIN)]
+            a = [1 / qj / sum(1 / qk for qk in q) for qj in q]
+            assert min(a) > 1e-3
+            A.append(a)
+        for i in range(TRAIN):
+            src = trained if follow == "paper" else heads[:i] + trained[i:]
+            heads[i] = {k: sum(A[i][j] * src[j][k] for j in range(TRAIN)) for k in HEAD}
+        body = mean(bodies)
+        sums, counts = torch.stack(psums), torch.stack(pcounts)
+        present = counts.sum(0) > 0
+        if follow == "paper":
+            protos = sums.sum(0) / counts.sum(0).clamp(min=1).unsqueeze(-1)
+        else:
+            has = counts > 0
+            protos = ((sums / counts.clamp(min=1).unsqueeze(-1)) * has.unsqueeze(-1)).sum(0) \
+                / has.sum(0).clamp(min=1).unsqueeze(-1)
+    p = {**body, **heads[TRAIN]}
+    for _ in range(new_steps):
+        g = grad(p, *rows[TRAIN])
+        p = {k: p[k] - lr * g[k] if k in HEAD else p[k] for k in p}
+    heads[TRAIN] = {k: p[k] for k in HEAD}
+    return body, heads, protos, present
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+@pytest.mark.parametrize("form", ["steps", "epochs"])
+def test_fedpac_by_hand(engine_cls, follow, form):
+    from fedrun.algorithms import FedPAC
+
+    lr, lam = 0.3, 0.8
+    algo = FedPAC(lr=lr, lam=lam, head_steps=1, head_epochs=1, local_epochs=1 if form == "epochs" else None,
+                  follow=follow, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    state = onboard(algo, engine, state, data, 5)
+    body, heads, protos, present = fedpac_by_hand(p0, rows, follow, lr, lam, form, rounds=2, new_steps=2)
+    close(state.params, body)
+    for i in range(TRAIN + 1):
+        close(state.clients["part"], heads[i], i)
+    torch.testing.assert_close(state.extra["protos"], protos, **TOL)
+    torch.testing.assert_close(state.extra["present"], present)
