@@ -466,3 +466,96 @@ def test_fedpac_by_hand(engine_cls, follow, form):
         close(state.clients["part"], heads[i], i)
     torch.testing.assert_close(state.extra["protos"], protos, **TOL)
     torch.testing.assert_close(state.extra["present"], present)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedPHP: mu_t = mu (t - 1) / T over rounds (T = mu_rounds, or the run's rounds), both served
+# models (serve=local | hpm), the steps and the epochs forms, the held-out client's steps
+# ----------------------------------------------------------------------------------------------
+
+def mmd(a, b):
+    k = lambda u, v: sum(torch.exp(-((u[:, None] - v[None]) ** 2).sum(-1) / (2 * s)) for s in (10.0, 15.0, 20.0, 50.0))
+    return (k(a, a) + k(b, b) - 2 * k(a, b)).mean()
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("serve, mu_rounds, form", [("local", 2, "steps"), ("hpm", None, "epochs")])
+def test_fedphp_by_hand(engine_cls, serve, mu_rounds, form):
+    from fedrun.algorithms import FedPHP
+
+    lr, mu, lam, rounds = 0.3, 0.6, 0.4, 3
+    algo = FedPHP(lr=lr, mu=mu, lam=lam, mu_rounds=mu_rounds, serve=serve,
+                  local_epochs=2 if form == "epochs" else None, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=rounds, tau=2 if form == "steps" else 5)
+    state = onboard(algo, engine, state, data, 5)
+    T = mu_rounds or rounds
+    mus = [min(mu * (t - 1) / T, mu) for t in range(1, rounds + 1)]
+    assert mus == pytest.approx([0.0, mu / T, 2 * mu / T if T == 3 else mu])
+
+    def train(p, v, x, y):
+        loss = lambda q, x, y: (1 - lam) * f(q, x, y) + lam * mmd(feats(q, x), feats(v, x).detach())
+        for _ in range(2):
+            p = step(p, grad(p, x, y, loss), lr)
+        return p
+
+    server, hist, own = dict(p0), [dict(p0) for _ in range(TRAIN + 1)], [dict(p0) for _ in range(TRAIN + 1)]
+    for t in range(rounds):
+        for i in range(TRAIN):
+            own[i] = train(server, hist[i], *rows[i])
+            hist[i] = lerp(own[i], hist[i], mus[t])
+        server = mean(own[:TRAIN])
+    own[TRAIN] = hist[TRAIN] = train(server, p0, *rows[TRAIN])  # then v takes it whole (mu_t = 0)
+    got, _ = algo.personalize(engine, state, None)
+    for i in range(TRAIN + 1):
+        close(got, (own if serve == "local" else hist)[i], i)
+    close(state.params, server)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedALA: round 1 skips the ALA (every local model is the server's); a client's first ALA walks
+# start_epochs passes, later ones one pass (ala_steps minibatches, or an epochs pass of its rows);
+# then tau steps or local_epochs passes of SGD; the held-out client's SGD from the server model
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("form", ["steps", "epochs"])
+def test_fedala_by_hand(engine_cls, form):
+    from fedrun.algorithms import FedALA
+
+    lr, eta, start = 0.3, 2.0, 3
+    epochs = form == "epochs"
+    algo = FedALA(lr=lr, eta=eta, layer_idx=2, start_epochs=start, ala_steps=None if epochs else 1,
+                  local_epochs=2 if epochs else None, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2 if form == "steps" else 5)
+    state = onboard(algo, engine, state, data, 5)
+    server, models = dict(p0), [dict(p0) for _ in range(TRAIN + 1)]
+    W = [{k: torch.ones_like(p0[k]) for k in HEAD} for _ in range(TRAIN)]
+    started = [False] * TRAIN
+    ala_steps = []
+    for t in range(3):
+        for i in range(TRAIN):
+            l = models[i]
+            active = float((server["net.0.weight"] - l["net.0.weight"]).sum()) != 0
+            theta = {k: (l[k] + (server[k] - l[k]) * W[i][k] if k in HEAD else server[k]) if active else l[k] for k in l}
+            n = (start if not started[i] else 1) if active else 0
+            ala_steps.append(n)
+            for _ in range(n):
+                g = grad(theta, *rows[i])
+                for k in HEAD:
+                    W[i][k] = (W[i][k] - eta * g[k] * (server[k] - l[k])).clamp(0, 1)
+                    theta[k] = l[k] + (server[k] - l[k]) * W[i][k]
+            started[i] |= active
+            for _ in range(2):
+                theta = step(theta, grad(theta, *rows[i]), lr)
+            models[i] = theta
+        server = mean(models[:TRAIN])
+    assert ala_steps == [0, 0, start, start, 1, 1]
+    assert all(not torch.equal(W[i][k], torch.ones_like(W[i][k])) for i in range(TRAIN) for k in HEAD)  # W learned
+    p = dict(server)
+    for _ in range(2):
+        p = step(p, grad(p, *rows[TRAIN]), lr)
+    models[TRAIN] = p
+    for i in range(TRAIN + 1):
+        close(state.clients["params"], models[i], i)
+    for i in range(TRAIN):
+        close(state.clients["weights"], W[i], i)
