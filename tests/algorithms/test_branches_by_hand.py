@@ -559,3 +559,45 @@ def test_fedala_by_hand(engine_cls, form):
         close(state.clients["params"], models[i], i)
     for i in range(TRAIN):
         close(state.clients["weights"], W[i], i)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedRoD: the generic model on the balanced softmax (logits + log n_c), the personal head on the
+# summed logits; the held-out client's personal head fitted with the server's generic model fixed
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+def test_fedrod_by_hand(engine_cls):
+    from fedrun.algorithms import FedRoD
+
+    lr = 0.3
+    algo = FedRoD(lr=lr, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    state = onboard(algo, engine, state, data, 5)
+    counts = [torch.bincount(y, minlength=K).double() for _, y in rows]
+
+    def rod_step(p, h, x, y, n, generic=True):
+        hp = {k: v.detach().clone().requires_grad_(True) for k, v in h.items()}
+        z, out = feats(p, x).detach(), logits(p, x).detach()
+        gh = torch.autograd.grad(F.cross_entropy(out + z @ hp["net.2.weight"].T + hp["net.2.bias"], y), list(hp.values()))
+        h = {k: h[k] - lr * g for (k, g) in zip(hp, gh)}
+        if generic:
+            p = step(p, grad(p, x, y, lambda q, x, y: F.cross_entropy(logits(q, x) + n.log(), y)), lr)
+        return p, h
+
+    server, heads = dict(p0), [{k: p0[k] for k in HEAD} for _ in range(TRAIN + 1)]
+    for _ in range(2):
+        models = []
+        for i in range(TRAIN):
+            p = dict(server)
+            for _ in range(2):
+                p, heads[i] = rod_step(p, heads[i], *rows[i], counts[i])
+            models.append(p)
+        server = mean(models)
+    for _ in range(2):
+        _, heads[TRAIN] = rod_step(server, heads[TRAIN], *rows[TRAIN], counts[TRAIN], generic=False)
+    close(state.params, server)
+    got, _ = algo.personalize(engine, state, None)
+    for i in range(TRAIN + 1):
+        close(state.clients["head"], heads[i], i)
+        close(got, {**server, **{k: server[k] + heads[i][k] for k in HEAD}}, i)
