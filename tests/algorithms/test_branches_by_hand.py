@@ -601,3 +601,79 @@ def test_fedrod_by_hand(engine_cls):
     for i in range(TRAIN + 1):
         close(state.clients["head"], heads[i], i)
         close(got, {**server, **{k: server[k] + heads[i][k] for k in HEAD}}, i)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPFL: follow=paper (the conditions from the received global GCE) and pfllib (from the GCE the
+# client holds before it takes the new one: its trained copy, zero before the first round), the
+# steps and the epochs forms; served conditions from the clients' class shares; the held-out
+# client's head fitted through the frozen CoV, its conditions from the global GCE
+# ----------------------------------------------------------------------------------------------
+
+def cov_by_hand(cov, f_, c):
+    def branch(name):
+        h = torch.relu(c @ cov[f"{name}.weight"].T + cov[f"{name}.bias"])
+        h = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        return h * cov[f"{name}.ln.weight"] + cov[f"{name}.ln.bias"]
+    return torch.relu(f_ * (branch("gamma") + 1) + branch("beta"))
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow, form", [("paper", "steps"), ("paper", "epochs"), ("pfllib", "steps")])
+def test_gpfl_by_hand(engine_cls, follow, form):
+    from fedrun.algorithms import GPFL
+
+    lr, lam, mu = 0.3, 0.5, 0.1
+    algo = GPFL(lr=lr, lam=lam, mu=mu, local_epochs=2 if form == "epochs" else None, follow=follow, new_client_steps=2)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
+    state = onboard(algo, engine, state, data, 5)
+    start = algo.init_modules(p0)  # the CoV's and GCE's initial values (inputs, not results)
+    cov, E = dict(start["cov"]), start["gce"]
+    body = {k: v for k, v in p0.items() if k not in HEAD}
+    heads = [{k: p0[k] for k in HEAD} for _ in range(TRAIN + 1)]
+    emb = [torch.zeros_like(E) for _ in range(TRAIN + 1)]  # pfllib's: zero before the first round
+    shares = [torch.bincount(y, minlength=K).double() / len(y) for _, y in rows]
+
+    def conds(e, s):
+        return e.mean(0), (s.unsqueeze(-1) * e).sum(0)
+
+    def loss(q, x, y, frozen, cg, cp):
+        p = {**{k: q[k] for k in p0}}
+        f_ = feats(p, x)
+        out = cov_by_hand(q, f_, cp) @ p["net.2.weight"].T + p["net.2.bias"]
+        fg = cov_by_hand(q, f_, cg)
+        cos = F.normalize(fg) @ F.normalize(q["gce"]).T
+        return F.cross_entropy(out, y) + F.cross_entropy(cos, y) + lam * torch.sqrt(((fg - frozen[y]) ** 2).sum())
+
+    for _ in range(2):
+        bodies, covs, gces = [], [], []
+        for i in range(TRAIN):
+            x, y = rows[i]
+            cg, cp = conds(E if follow == "paper" else emb[i], shares[i])
+            q = {**body, **heads[i], **cov, "gce": E}
+            for _ in range(2):
+                g = grad(q, x, y, lambda q, x, y: loss(q, x, y, E, cg, cp))
+                q = {k: q[k] - lr * (g[k] + (mu * q[k] if k in cov or k == "gce" else 0)) for k in q}
+            bodies.append({k: q[k] for k in body})
+            covs.append({k: q[k] for k in cov})
+            gces.append(q["gce"])
+            heads[i] = {k: q[k] for k in HEAD}
+        emb = gces + [E]  # pfllib: each client's next conditions from the GCE it holds now
+        body, cov, E = mean(bodies), mean(covs), sum(gces) / TRAIN
+    emb[TRAIN] = E  # the held-out client receives the global GCE
+    x, y = rows[TRAIN]
+    cp = conds(E, torch.bincount(y, minlength=K).double() / len(y))[1]
+    h = heads[TRAIN]
+    for _ in range(2):
+        g = grad(h, x, y, lambda h, x, y: F.cross_entropy(
+            cov_by_hand(cov, feats({**body, **h}, x), cp) @ h["net.2.weight"].T + h["net.2.bias"], y))
+        h = step(h, g, lr)
+    heads[TRAIN] = h
+    close(state.params, body)
+    close(state.extra["cov"], cov)
+    torch.testing.assert_close(state.extra["gce"], E, **TOL)
+    served, _ = algo.personalize(engine, state, EvalContext(data, torch.Generator(), 2, 1))
+    for i in range(TRAIN + 1):
+        close(state.clients["part"], heads[i], i)
+        want = conds(E if follow == "paper" else emb[i], torch.bincount(rows[i][1], minlength=K).double() / len(rows[i][1]))
+        torch.testing.assert_close(served["cond"][i], want[1], **TOL)
