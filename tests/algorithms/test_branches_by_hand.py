@@ -677,3 +677,80 @@ def test_gpfl_by_hand(engine_cls, follow, form):
         close(state.clients["part"], heads[i], i)
         want = conds(E if follow == "paper" else emb[i], torch.bincount(rows[i][1], minlength=K).double() / len(rows[i][1]))
         torch.testing.assert_close(served["cond"][i], want[1], **TOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# FedCP: follow=paper (every client starts from the current global head and CPN) and pfllib (a
+# client from the copies of the last round it took part in), one client a round so that they
+# differ; the held-out client's head fitted through the frozen CPN and global head. The Gumbel noise
+# (`FedCP.gumbel`, the one place it comes from) is set to 0 here, as the golden trace sets PFLlib's.
+# ----------------------------------------------------------------------------------------------
+
+def layer_norm(h, w, b):
+    return (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5) * w + b
+
+
+def cp_by_hand(cpn, f_, ctx, head, hg):
+    d = f_.shape[-1]
+    z = (f_ * ctx / ctx.norm()) @ cpn["fc.weight"].T + cpn["fc.bias"]
+    gate = torch.softmax(torch.relu(layer_norm(z, cpn["ln.weight"], cpn["ln.bias"])).view(len(f_), 2, d), dim=1)
+    return (f_ * gate[:, 0]) @ head["net.2.weight"].T + head["net.2.bias"] + (f_ * gate[:, 1]) @ hg["weight"].T + hg["bias"]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("follow", ["paper", "pfllib"])
+def test_fedcp_by_hand(engine_cls, follow):
+    from fedrun.algorithms import FedCP
+    from fedrun.simulate import _round_clients, round_generator
+
+    lr, lam, rounds = 0.3, 0.5, 3
+    algo = FedCP(lr=lr, lam=lam, local_epochs=None, follow=follow, new_client_steps=2)
+    algo.gumbel = lambda local, rnd, shape: torch.zeros(len(local["key"]), *shape, dtype=torch.float64)
+    data, model, rows = problem()
+    p0 = {k: v.detach().clone() for k, v in params_of(model).items()}
+    engine = engine_cls(model)
+    sched = Schedule(rounds=rounds, tau=2, clients_per_round=1, batch_size=2, sampling="steps")
+    state, _ = simulate(algo, engine, data, params_of(model), sched, 0)
+    state = onboard(algo, engine, state, data, 5)
+    picked = [int(_round_clients(data, sched, round_generator(0, t))[0]) for t in range(1, rounds + 1)]
+    assert picked == [1, 1, 0]  # (seed 0's draws: client 0 first trains in round 3, so the branches differ)
+
+    start = algo.init_modules(p0, TRAIN + 1)  # the CPN's and the conditions' initial values (inputs)
+    body = {k: v for k, v in p0.items() if k not in HEAD}
+    heads = [{k: p0[k] for k in HEAD} for _ in range(TRAIN + 1)]
+    hg = {"weight": p0["net.2.weight"], "bias": p0["net.2.bias"]}
+    cpn, ctx = dict(start["cpn"]), list(start["ctx"])
+    copies = [(dict(hg), dict(cpn)) for _ in range(TRAIN + 1)]  # pfllib: each client's own
+    for i in picked:
+        x, y = rows[i]
+        my_hg, my_cpn = (hg, cpn) if follow == "paper" else copies[i]
+        q = {**body, **heads[i], **{"c." + k: v for k, v in my_cpn.items()}}
+        f0 = feats(q, x).detach()
+
+        def loss(q, x, y):
+            f_ = feats(q, x)
+            out = cp_by_hand({k[2:]: q[k] for k in q if k.startswith("c.")}, f_, ctx[i], q, my_hg)
+            return F.cross_entropy(out, y) + lam * mmd(f_, f0)
+        for _ in range(2):
+            q = step(q, grad(q, x, y, loss), lr)
+        heads[i] = {k: q[k] for k in HEAD}
+        body = {k: q[k] for k in body}
+        hg = {"weight": 0.5 * q["net.2.weight"] + 0.5 * my_hg["weight"], "bias": 0.5 * q["net.2.bias"] + 0.5 * my_hg["bias"]}
+        cpn = {k[2:]: q[k] for k in q if k.startswith("c.")}
+        ctx[i] = q["net.2.weight"].sum(0)
+        copies[i] = (hg, cpn)
+    copies[TRAIN] = (hg, cpn)  # the held-out client receives the global ones
+    x, y = rows[TRAIN]
+    h = heads[TRAIN]
+    for _ in range(2):
+        h = step(h, grad(h, x, y, lambda h, x, y: F.cross_entropy(
+            cp_by_hand(cpn, feats({**body, **h}, x), ctx[TRAIN], h, hg), y)), lr)
+    heads[TRAIN] = h
+    close(state.params, body)
+    served, _ = algo.personalize(engine, state, None)
+    for i in range(TRAIN + 1):
+        close(state.clients["part"], heads[i], i)
+        torch.testing.assert_close(served["ctx"][i], ctx[i], **TOL)
+        want_hg, want_cpn = (hg, cpn) if follow == "paper" else copies[i]
+        close({k[3:]: v for k, v in served.items() if k.startswith("hg.")}, want_hg, i)
+        close({k[4:]: v for k, v in served.items() if k.startswith("cpn.")}, want_cpn, i)
