@@ -360,6 +360,56 @@ MUTANTS += [
            (BY_HAND, "-k", "fedpac and steps"), "FedPAC steps form: head_steps + 1 head steps"),
 ]
 
+MUTANTS += [
+    Mutant("fedphp-mu-schedule-off-by-one", "fedrun/algorithms/fedphp.py",
+           "return min(self.mu * (rnd - 1) / T, self.mu)", "return min(self.mu * rnd / T, self.mu)",
+           (BY_HAND, "-k", "fedphp"), "FedPHP: mu_t = mu t / T, not mu (t - 1) / T (the history weighs from round 1)"),
+    Mutant("fedphp-mu-rounds-ignored", "fedrun/algorithms/fedphp.py",
+           "T = self.mu_rounds or self.run_rounds", "T = self.run_rounds",
+           (BY_HAND, "-k", "fedphp"), "FedPHP: mu_rounds ignored (T the run's rounds)"),
+    Mutant("fedphp-onboard-next-round-mu", "fedrun/algorithms/fedphp.py",
+           "local = self.client_init(state, new, 1)", "local = self.client_init(state, new, 2)",
+           (BY_HAND, "-k", "fedphp"), "FedPHP: a held-out client's v_i keeps part of the initial model (mu_2, not 0)"),
+    Mutant("fedala-start-phase-every-round", "fedrun/algorithms/fedala.py",
+           'start = active & ~state.clients["ala"]["started"][clients]', "start = active",
+           (BY_HAND, "-k", "fedala"), "FedALA: the start phase's extra ALA passes every round, not the first ALA only"),
+    Mutant("fedala-start-steps-short", "fedrun/algorithms/fedala.py",
+           "ala += (Phase(self.ala_start_step, steps=(self.start_epochs - 1) * self.ala_steps),)",
+           "ala += (Phase(self.ala_start_step, steps=(self.start_epochs - 2) * self.ala_steps),)",
+           (BY_HAND, "-k", "fedala and steps"), "FedALA (ala_steps set): the first ALA one pass short"),
+    Mutant("fedala-start-epochs-long", "fedrun/algorithms/fedala.py",
+           "ala += (Phase(self.ala_start_step, epochs=self.start_epochs - 1),)",
+           "ala += (Phase(self.ala_start_step, epochs=self.start_epochs),)",
+           (BY_HAND, "-k", "fedala and epochs"), "FedALA (ala_steps null): the first ALA one pass too many"),
+    Mutant("fedrod-onboard-generic-trains", "fedrun/algorithms/fedrod.py",
+           "local = self._step(engine, local, batches, generic=False)",
+           "local = self._step(engine, local, batches, generic=True)",
+           (BY_HAND, "-k", "fedrod"), "FedRoD: a held-out client's personal head fitted while its generic model moves"),
+    Mutant("fedrod-unbalanced", "fedrun/algorithms/fedrod.py",
+           "balanced = engine.criterion(logits + counts.log(), y)", "balanced = engine.criterion(logits, y)",
+           (BY_HAND, "-k", "fedrod"), "FedRoD: the generic model on plain cross-entropy, not the balanced softmax"),
+    Mutant("gpfl-conditions-from-trained-gce", "fedrun/algorithms/gpfl.py",
+           'cond_g, cond_p = conditions(local["emb"], local["counts"])',
+           'cond_g, cond_p = conditions(local["gce"], local["counts"])',
+           (BY_HAND, "-k", "gpfl"), "GPFL: the step's conditions from the GCE as it trains, not the received one"),
+    Mutant("gpfl-gce-no-weight-decay", "fedrun/algorithms/gpfl.py",
+           '"gce": local["gce"] - lr * (g["gce"] + mu * local["gce"])', '"gce": local["gce"] - lr * g["gce"]',
+           (BY_HAND, "-k", "gpfl"), "GPFL: the GCE's step without its weight decay mu"),
+    Mutant("fedcp-upload-global-head", "fedrun/algorithms/fedcp.py",
+           'upload = {k: 0.5 * mine[k] + 0.5 * local["head_g"][k] for k in mine}',
+           'upload = {k: 0.5 * mine[k] + 0.5 * state.extra["head_g"][k] for k in mine}',
+           (BY_HAND, "-k", "fedcp"), "FedCP pfllib: the uploaded head averaged with the server's head_g, not the "
+                                     "client's own copy"),
+    Mutant("fedcp-mmd-to-itself", "fedrun/algorithms/fedcp.py",
+           "feat0 = engine.features({**base, head[0]: model[head[0]], head[1]: model[head[1]]}, x)",
+           "feat0 = engine.features(model, x)",
+           (BY_HAND, "-k", "fedcp"), "FedCP: the MMD against the trained body's features, not the received body's"),
+    Mutant("loop-vag-clients-from-args", "fedrun/engine/loop.py",
+           "for i in range(len(next(iter(params.values())))):", "for i in range(len(args[0])):",
+           (BY_HAND, "-k", "gpfl and Loop"), "LoopEngine.value_and_grad counts clients by its first argument "
+                                             "(GPFL's onboarding: a dict)"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:
