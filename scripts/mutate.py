@@ -410,6 +410,16 @@ MUTANTS += [
                                              "(GPFL's onboarding: a dict)"),
 ]
 
+MUTANTS += [
+    Mutant("apple-local-epochs-ignored", "fedrun/algorithms/apple.py",
+           "return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)",
+           "return None",
+           (BY_HAND, "-k", "apple and epochs"), "APPLE: local_epochs ignored (tau steps a round)"),
+    Mutant("fedcp-epochs-one-pass", "fedrun/algorithms/fedcp.py",
+           "return (Phase(self.train_step, epochs=self.local_epochs),)", "return (Phase(self.train_step, epochs=1),)",
+           (BY_HAND, "-k", "fedcp and epochs"), "FedCP: local_epochs ignored (one pass a round)"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -246,11 +246,12 @@ def apple_by_hand(p0, rows, follow, lr, dr_lr, mu, L, rounds, new_steps):
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
-@pytest.mark.parametrize("follow", ["paper", "pfllib"])
-def test_apple_by_hand(engine_cls, follow):
+@pytest.mark.parametrize("follow, form", [("paper", "steps"), ("pfllib", "steps"), ("paper", "epochs")])
+def test_apple_by_hand(engine_cls, follow, form):
     opts = dict(lr=0.2, dr_lr=0.5, mu=0.6)
-    algo = APPLE(**opts, decay=0.1, decay_rounds=2, follow=follow, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3)
+    algo = APPLE(**opts, decay=0.1, decay_rounds=2, follow=follow, new_client_steps=2,
+                 local_epochs=1 if form == "epochs" else None)  # one step a round either way
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=1 if form == "steps" else 5)
     state = onboard(algo, engine, state, data, 5)
     served, p, lams = apple_by_hand(p0, rows, follow, **opts, L=2, rounds=3, new_steps=2)
     assert lams == [1.0, 1.0, 0.5, 0.0]  # rounds 1..3 and the held-out client's
@@ -698,18 +699,18 @@ def cp_by_hand(cpn, f_, ctx, head, hg):
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
-@pytest.mark.parametrize("follow", ["paper", "pfllib"])
-def test_fedcp_by_hand(engine_cls, follow):
+@pytest.mark.parametrize("follow, form", [("paper", "steps"), ("pfllib", "steps"), ("paper", "epochs")])
+def test_fedcp_by_hand(engine_cls, follow, form):
     from fedrun.algorithms import FedCP
     from fedrun.simulate import _round_clients, round_generator
 
     lr, lam, rounds = 0.3, 0.5, 3
-    algo = FedCP(lr=lr, lam=lam, local_epochs=None, follow=follow, new_client_steps=2)
+    algo = FedCP(lr=lr, lam=lam, local_epochs=2 if form == "epochs" else None, follow=follow, new_client_steps=2)
     algo.gumbel = lambda local, rnd, shape: torch.zeros(len(local["key"]), *shape, dtype=torch.float64)
     data, model, rows = problem()
     p0 = {k: v.detach().clone() for k, v in params_of(model).items()}
     engine = engine_cls(model)
-    sched = Schedule(rounds=rounds, tau=2, clients_per_round=1, batch_size=2, sampling="steps")
+    sched = Schedule(rounds=rounds, tau=2 if form == "steps" else 5, clients_per_round=1, batch_size=2, sampling="steps")
     state, _ = simulate(algo, engine, data, params_of(model), sched, 0)
     state = onboard(algo, engine, state, data, 5)
     picked = [int(_round_clients(data, sched, round_generator(0, t))[0]) for t in range(1, rounds + 1)]
