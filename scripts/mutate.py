@@ -420,6 +420,18 @@ MUTANTS += [
            (BY_HAND, "-k", "fedcp and epochs"), "FedCP: local_epochs ignored (one pass a round)"),
 ]
 
+MUTANTS += [
+    Mutant("ditto-onboard-global-lr", "fedrun/algorithms/ditto.py",
+           "v = sgd(v, gv, self.personal_lr)", "v = sgd(v, gv, self.lr)",
+           (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
+                                                                  "not personal_lr"),
+    Mutant("bodyhead-onboard-fits-shared-part", "fedrun/algorithms/bodyhead.py",
+           "params = {k: torch.add(v, g[k], alpha=-lr) if k in names else v for k, v in params.items()}",
+           "params = {k: torch.add(v, g[k], alpha=-lr) if k not in names else v for k, v in params.items()}",
+           (BY_HAND, "-k", "held_out_client_by_hand"), "FedPer/LG-FedAvg/FedRep/FedPAC: a held-out client fits the "
+                                                       "shared part, its own part frozen"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -755,3 +755,48 @@ def test_fedcp_by_hand(engine_cls, follow, form):
         want_hg, want_cpn = (hg, cpn) if follow == "paper" else copies[i]
         close({k[3:]: v for k, v in served.items() if k.startswith("hg.")}, want_hg, i)
         close({k[4:]: v for k, v in served.items() if k.startswith("cpn.")}, want_cpn, i)
+
+
+# ----------------------------------------------------------------------------------------------
+# onboarding of the simpler methods after one round: Local (its own SGD from the initial model),
+# Ditto (its personal objective pulled to w^t), FedPer (its head, body frozen) and LG-FedAvg (its
+# body, head frozen)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+@pytest.mark.parametrize("name", ["local", "ditto", "fedper", "lgfedavg"])
+def test_held_out_client_by_hand(engine_cls, name):
+    from fedrun.algorithms import build
+
+    lr, plr, lam = 0.3, 0.2, 0.7
+    extra = dict(personal_lr=plr, lam=lam) if name == "ditto" else {}
+    algo = build(name, lr=lr, new_client_steps=2, **extra)
+    state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
+    state = onboard(algo, engine, state, data, 5)
+    trained = []
+    for i in range(TRAIN):
+        p = dict(p0)
+        for _ in range(2):
+            p = step(p, grad(p, *rows[i]), lr)
+        trained.append(p)
+    server = mean(trained)
+    x, y = rows[TRAIN]
+    if name == "local":
+        p = dict(p0)
+        for _ in range(2):
+            p = step(p, grad(p, x, y), lr)
+        close(state.clients["params"], p, TRAIN)
+    elif name == "ditto":
+        v = dict(server)
+        for _ in range(2):
+            g = grad(v, x, y)
+            v = step(v, {k: g[k] + lam * (v[k] - server[k]) for k in v}, plr)
+        close(state.clients["personal"], v, TRAIN)
+    else:
+        mine = HEAD if name == "fedper" else tuple(k for k in p0 if k not in HEAD)
+        p = {k: p0[k] if k in mine else server[k] for k in p0}
+        for _ in range(2):
+            g = grad(p, x, y)
+            p = {k: p[k] - lr * g[k] if k in mine else p[k] for k in p}
+        close(state.clients["part"], {k: p[k] for k in mine}, TRAIN)
+        close(state.params, {k: server[k] for k in p0 if k not in mine})
