@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import grad
+from torch.utils._pytree import tree_map
 
 from ..data.federated import ClientSplit
 from .tree import Params, stack
@@ -64,9 +65,11 @@ class LoopEngine(Engine):
 
     def value_and_grad(self, fn: Callable[..., Tensor], params: Params, *args: Tensor) -> tuple[Params, Tensor]:
         grads, values = [], []
-        for i in range(len(args[0])):
+        # (the clients: params' leading dim; args may hold dicts of stacked tensors, as GPFL's onboarding
+        # passes its frozen body and CoV: each client's entries, as vmap gives them)
+        for i in range(len(next(iter(params.values())))):
             p = {k: v.detach().requires_grad_(True) for k, v in self._client(params, i).items()}
-            value = fn(p, *[a[i] for a in args])
+            value = fn(p, *[tree_map(lambda t: t[i], a) for a in args])
             # parameters fn does not use (Proto never uses the output layer) get zero gradients
             grads.append(dict(zip(p, torch.autograd.grad(value, list(p.values()), allow_unused=True,
                                                          materialize_grads=True))))
