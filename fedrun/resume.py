@@ -78,6 +78,12 @@ def fingerprint(cfg: DictConfig) -> dict:
     return drop_options(round_schedules(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
 
 
+def differences(stored: dict, cfg: DictConfig) -> list[str]:
+    """What differs between a checkpoint's stored settings (`fingerprint` as it was written, by this
+    fedrun or an older one) and this run's: one line per option; empty: the run may resume from it."""
+    return _diff(drop_options(round_schedules(upgrade(stored)), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+
+
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     out = []
     for k in sorted(set(a) | set(b), key=str):
@@ -126,7 +132,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = differences(ck["config"], cfg)
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
