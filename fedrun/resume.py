@@ -81,7 +81,8 @@ def fingerprint(cfg: DictConfig) -> dict:
 def differences(stored: dict, cfg: DictConfig) -> list[str]:
     """What differs between a checkpoint's stored settings (`fingerprint` as it was written, by this
     fedrun or an older one) and this run's: one line per option; empty: the run may resume from it."""
-    return _diff(drop_options(round_schedules(upgrade(stored)), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    # (drop_options on the stored side too: older checkpoints kept options that are resumable changes now)
+    return _diff(drop_options(round_schedules(upgrade(stored)), RESUMABLE_CHANGES), fingerprint(cfg))
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:

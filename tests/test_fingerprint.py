@@ -108,7 +108,8 @@ def test_an_old_checkpoints_optim_still_matches():
     stored = {"rounds": 4, "seed": 0, "optim": {"name": "adam", "weight_decay": 0.0, "schedule": "step",
                                                 "betas": [0.9, 0.999], "eps": 1e-8, "state": "persist",
                                                 "step_size": 2, "gamma": 0.1}}
-    now = {"rounds": 4, "seed": 0, "optim": {**OmegaConf.to_container(load_conf(os.path.join(CONF_DIR, "config.yaml")).optim),
+    defaults = OmegaConf.to_container(load_conf(os.path.join(CONF_DIR, "config.yaml")).optim)
+    now = {"rounds": 4, "seed": 0, "optim": {**defaults,
                                              "name": "adam", "schedule": "step", "step_size": 2}}
     assert differences(stored, OmegaConf.create(now)) == []
     assert differences(stored, OmegaConf.create({**now, "optim": {**now["optim"], "gamma": 0.5}})) == [
@@ -174,7 +175,8 @@ class Products(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name in ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"):
-            self.dtypes.update(t.dtype for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor))
+            outs = out if isinstance(out, tuple) else (out,)
+            self.dtypes.update(t.dtype for t in outs if isinstance(t, torch.Tensor))
         return out
 
 
@@ -196,7 +198,8 @@ def _step_dtypes(data, precision: str, engine, model) -> set:
 
 
 @pytest.mark.parametrize("engine", [VmapEngine, LoopEngine], ids=["vmap", "loop"])
-@pytest.mark.parametrize("model", [lambda: MLP(6, 3, hidden=[5]), lambda: MLPBN(6, 3, hidden=[5])], ids=["mlp", "mlp_bn"])
+@pytest.mark.parametrize("model", [lambda: MLP(6, 3, hidden=[5]), lambda: MLPBN(6, 3, hidden=[5])],
+                         ids=["mlp", "mlp_bn"])
 def test_bf16_computes_the_steps_products_in_bfloat16(data, engine, model):
     """precision=bf16: every matrix product of the local steps (forward and backward; MLP's
     hand-written passes and MLPBN's torch.func ones) runs in bfloat16, not float16 nor float32;

@@ -235,14 +235,3 @@ def canonical(cfg: dict) -> dict:
     out["optim"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()
                     if k not in READ_ONLY_BY or READ_ONLY_BY[k][0](opt)}
     return out
-    keep = {"name", "weight_decay", "schedule"}
-    if opt.name == "sgd":
-        keep |= {"momentum", "nesterov"}
-    else:
-        keep |= {"betas", "eps"}
-    if opt.stateful:
-        keep.add("state")
-    keep |= {"step": {"step_size", "gamma"}, "exponential": {"gamma"}, "cosine": {"lr_min", "t_max"}}.get(opt.schedule, set())
-    d = asdict(opt)
-    out["optim"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k in keep}
-    return out

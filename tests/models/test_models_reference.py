@@ -28,7 +28,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models import resnet as tv
 
 from fedrun.models import CNN, CNNBN, LSTM, MLP, MLPBN, MLR, FastText, FedAvgCNN, ResNet10, ResNet18, ResNet34, TextCNN
 from fedrun.models import Transformer
@@ -108,6 +107,9 @@ class TorchvisionResNet(nn.Module):
 
     def __init__(self, blocks, width: int, norm: str, in_channels: int, classes: int):
         super().__init__()
+        # imported here, not at collection: torchvision.models imports torch._dynamo (~5 s per process)
+        from torchvision.models import resnet as tv
+
         layer = NORMS[norm]
         self.conv1, self.bn1 = tv.conv3x3(in_channels, width), layer(width)
         stages, inplanes = [], width
@@ -128,27 +130,30 @@ class TorchvisionResNet(nn.Module):
         return h, self.fc(h)
 
 
-RESNETS = {"resnet10": (ResNet10, (1, 1, 1, 1)), "resnet18": (ResNet18, (2, 2, 2, 2)), "resnet34": (ResNet34, (3, 4, 6, 3))}
+RESNETS = {"resnet10": (ResNet10, (1, 1, 1, 1)), "resnet18": (ResNet18, (2, 2, 2, 2)),
+           "resnet34": (ResNet34, (3, 4, 6, 3))}
 
 
 def _images(n: int, c: int, s: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, c, s, s, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-RESNET_CASES = [("resnet10", "bn", True), ("resnet10", "bn", False), ("resnet10", "gn", True), ("resnet10", "none", True),
+RESNET_CASES = [("resnet10", "bn", True), ("resnet10", "bn", False), ("resnet10", "gn", True),
+                ("resnet10", "none", True),
                 ("resnet18", "bn", True), ("resnet18", "gn", True), ("resnet34", "bn", True)]
 
 
 @pytest.mark.parametrize("name,norm,train", RESNET_CASES)
 def test_resnet_equals_torchvision_blocks(name, norm, train):
-    """fedrun's ResNet-10/18/34 (width 4, 8x8 images) = torchvision's BasicBlocks with the CIFAR stem;
-    BatchNorm in training (batch statistics, running statistics after) and evaluation mode, GroupNorm
-    with 2 groups, no norm (the blocks are the same in every ResNet: the deeper ones in one mode)."""
+    """fedrun's ResNet-10/18/34 (width 4) = torchvision's BasicBlocks with the CIFAR stem; BatchNorm in
+    training (batch statistics, running statistics after) and evaluation mode, GroupNorm with 2 groups,
+    no norm (the blocks are the same in every ResNet: the deeper ones in one mode). 16x16 images leave
+    2x2 maps after the last stage, so the pooling is seen (8x8 leave 1x1: any pooling is the identity)."""
     make, blocks = RESNETS[name]
     torch.manual_seed(0)
-    mine = _perturb(make(3 * 64, 5, norm=norm, groups=2, width=4), seed=1)
+    mine = _perturb(make(3 * 256, 5, norm=norm, groups=2, width=4), seed=1)
     ref = _copy(mine, TorchvisionResNet(blocks, 4, norm, 3, 5).double())
-    _compare(mine, ref, _images(3, 3, 8), train)
+    _compare(mine, ref, _images(3, 3, 16), train)
 
 
 # ---- LSTM: nn.LSTM, the head on the last step -------------------------------------------------------
