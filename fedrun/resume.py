@@ -77,9 +77,18 @@ def round_schedules(cfg: dict) -> dict:
     return {**cfg, "algo": algo}
 
 
-def fingerprint(cfg: DictConfig) -> dict:
-    """The settings that determine a run's numbers (what a checkpoint must match to be resumed)."""
-    return drop_options(round_schedules(OmegaConf.to_container(cfg, resolve=True)), RESUMABLE_CHANGES)
+def fingerprint(cfg: DictConfig | dict) -> dict:
+    """The settings that determine a run's numbers (what a checkpoint must match to be resumed); `cfg`
+    the run's config, or the same as a plain resolved dict."""
+    tree = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+    return drop_options(round_schedules(tree), RESUMABLE_CHANGES)
+
+
+def differences(stored: dict, cfg: DictConfig | dict) -> list[str]:
+    """What differs between a checkpoint's stored settings (`fingerprint` as it was written, by this
+    fedrun or an older one) and this run's: one line per option; empty: the run may resume from it."""
+    # (drop_options on the stored side too: older checkpoints kept options that are resumable changes now)
+    return _diff(drop_options(round_schedules(upgrade(stored)), RESUMABLE_CHANGES), fingerprint(cfg))
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -130,7 +139,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = differences(ck["config"], cfg)
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

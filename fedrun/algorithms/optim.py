@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -197,10 +198,29 @@ def local_optim(node, rounds: int) -> LocalOptim:
     return out
 
 
+# The options of LocalOptim that only some configurations read, with who reads them and why the others
+# do not. Every other field is read by every optimizer that is not plain SGD, so `canonical` (the resume
+# fingerprint's `optim`) keeps it: a field added to LocalOptim enters the fingerprint unless it is
+# listed here (tests/test_fingerprint.py changes every field under every optimizer and schedule, and
+# checks that a change left out of the fingerprint leaves the steps' numbers as they were).
+READ_ONLY_BY: dict[str, tuple[Callable[[LocalOptim], bool], str]] = {
+    "momentum": (lambda o: o.name == "sgd", "Adam's and AdamW's moments are set by betas"),
+    "nesterov": (lambda o: o.name == "sgd", "Adam and AdamW have no Nesterov step"),
+    "betas": (lambda o: o.name != "sgd", "SGD keeps no moment estimates"),
+    "eps": (lambda o: o.name != "sgd", "SGD's step has no denominator"),
+    "state": (lambda o: o.stateful, "SGD without momentum keeps no state to carry over or restart"),
+    "step_size": (lambda o: o.schedule == "step", "only the step schedule decays every step_size rounds"),
+    "gamma": (lambda o: o.schedule in ("step", "exponential"), "only the step and exponential schedules decay"),
+    "lr_min": (lambda o: o.schedule == "cosine", "only the cosine schedule has a floor"),
+    "t_max": (lambda o: o.schedule == "cosine", "only the cosine schedule has a period"),
+}
+
+
 def canonical(cfg: dict) -> dict:
     """A run's settings with the `optim` node reduced to what changes its numbers (resume.fingerprint):
-    dropped for plain SGD (so runs from before the node existed match), else only the options its
-    optimizer and schedule read, with cosine's t_max null made the run's `rounds`."""
+    dropped for plain SGD (so runs from before the node existed match), else every field of
+    LocalOptim but those READ_ONLY_BY says its optimizer and schedule do not read, with cosine's
+    t_max null made the run's `rounds`."""
     node = cfg.get("optim")
     if not isinstance(node, dict):
         return cfg
@@ -211,14 +231,7 @@ def canonical(cfg: dict) -> dict:
         return cfg
     if opt.plain:
         return out
-    keep = {"name", "weight_decay", "schedule"}
-    if opt.name == "sgd":
-        keep |= {"momentum", "nesterov"}
-    else:
-        keep |= {"betas", "eps"}
-    if opt.stateful:
-        keep.add("state")
-    keep |= {"step": {"step_size", "gamma"}, "exponential": {"gamma"}, "cosine": {"lr_min", "t_max"}}.get(opt.schedule, set())
     d = asdict(opt)
-    out["optim"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k in keep}
+    out["optim"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()
+                    if k not in READ_ONLY_BY or READ_ONLY_BY[k][0](opt)}
     return out
