@@ -8,9 +8,9 @@ fedrun config, feeds it the same initial weights, clients and minibatches (by re
 `fedrun.simulate.sample_round`), and checks the server's shared part after every round and every
 client's persistent part (FedPer/FedRep heads, LG-FedAvg bodies, Ditto's and APFL's personal
 models, APFL's alphas, FedBN's BatchNorm layers with their running statistics),
-|fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32; aggregation sums in another order). FedBN's trace
-is float64 (BatchNorm over 4 rows amplifies float32 rounding past that tolerance: PFLlib moved by 7e-6
-between 1 and several threads), replayed in float64 to TOL64.
+|fedrun - PFLlib| <= ATOL + RTOL |PFLlib| (float32; derived from the computation, model_tol below). FedBN's
+trace is float64 (BatchNorm over 4 rows amplified float32 rounding past the tolerance of then, 2e-7 + 1e-6 |ref|:
+PFLlib moved by 7e-6 between 1 and several threads), replayed in float64 to TOL64.
 protocol=official: aggregation weighted by clients' training rows, as PFLlib's receive_models does.
 
 The `_epochs` traces (record_pfllib.py --epochs) record FedRep, Ditto and FedBABU with their local
