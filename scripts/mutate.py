@@ -284,6 +284,12 @@ MUTANTS += [
            "pii = (p * own).sum(1) * local[\"scale\"]", "pii = (p * own).sum(1)",
            (APPLE_TRACE,), "APPLE: the own core's step without PFLlib's lr x C"),
 ]
+MUTANTS += [  # the pFedMe authors' traces at their derived tolerance (issue 46)
+    Mutant("pfedme-inner-steps-one-less", "fedrun/algorithms/pfedme.py",
+           "for _ in range(self.K):  # the inner problem", "for _ in range(self.K - 1):  # the inner problem",
+           ("tests/test_golden_pfedme.py::test_official_protocol_replays_the_authors_code[pfedme-mclr]",),
+           "pFedMe: K - 1 inner steps on theta, not K"),
+]
 FOMO_TRACE = "tests/test_golden_pfllib_fomo.py"
 MUTANTS += [
     Mutant("fedfomo-squared-distance", "fedrun/algorithms/fedfomo.py",
@@ -293,6 +299,10 @@ MUTANTS += [
     Mutant("fedfomo-negative-weights-kept", "fedrun/algorithms/fedfomo.py",
            "pos = w.clamp(min=0)", "pos = w.abs()",
            (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (abs(w_n), not max(w_n, 0))"),
+    Mutant("fedfomo-affinity-positive-only", "fedrun/algorithms/fedfomo.py",
+           'local["ids"][selected]), local["w"][selected],',
+           'local["ids"][selected]), local["w"][selected].clamp(min=0),',
+           (FOMO_TRACE,), "FedFomo: P accumulates only the positive w_n (P's golden tolerance, issue 46)"),
 ]
 
 # issue 45.2 / 46.3, the dataset readers: each against the literal rows of tests/data/test_reader_quirks.py

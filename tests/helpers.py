@@ -233,3 +233,15 @@ def compose_data(dataset: dict, partition: dict, cache_dir: str | None = None, c
     from fedrun.data.composed import composed
 
     return composed(built("dataset", dataset), built("partition", partition), cache_dir, chunk_len)
+
+
+def rounding_bound(dtype: torch.dtype, magnitude: float, ops: int) -> float:
+    """A bound on how far two computations of one value in `dtype` can differ when they round in other
+    orders (another CPU kernel, vector width, summation order, torch build): every rounding operation on
+    the way commits at most eps/2 of the size of the numbers it combines, so one computation is within
+    ops * eps/2 * magnitude of the exact value (Higham's gamma_n, first order) and two within
+    ops * eps * magnitude. `magnitude`: the largest size of the numbers the value is computed from
+    (not of the value: a difference of close numbers keeps their absolute error); `ops`: the longest
+    chain of rounding operations that feeds the value (a length-n dot product or sum counts n).
+    The golden tests derive their tolerances from it (docs/testing.md, "Golden tolerances")."""
+    return ops * torch.finfo(dtype).eps * magnitude
