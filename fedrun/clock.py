@@ -36,7 +36,8 @@ class Estimate:
 
     def line(self) -> str:
         ev = ("evaluation not timed yet" if self.evaluation is None else
-              f"evaluation {self.evaluation:.2f} s every {'round' if self.eval_every == 1 else f'{self.eval_every} rounds'}")
+              f"evaluation {self.evaluation:.2f} s every "
+              f"{'round' if self.eval_every == 1 else f'{self.eval_every} rounds'}")
         return (f"estimated time: {self.per_round:.2f} s/round x {self.rounds_left} rounds left = {hms(self.left)} "
                 f"(training {self.train:.2f} s/round, {ev})")
 

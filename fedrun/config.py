@@ -145,7 +145,8 @@ def group_options(group: str, roots: list[str] | None = None) -> list[str]:
     for root in roots or [CONF_DIR]:
         folder = os.path.join(root, group)
         if os.path.isdir(folder):
-            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")}  # _x.yaml: included by others
+            # _x.yaml: included by others
+            names |= {f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")}
     return sorted(names)
 
 
@@ -179,8 +180,9 @@ def _tracker_options() -> tuple[str, ...]:
 # `data.chunk_len` only split the same sums differently; the rest are where files live, what is
 # printed, drawn or sent to trackers (logger), and what happens on failure or restart.
 NEUTRAL_OPTIONS = (
-    "device", "engine", "threads", "max_chunks", "client_chunk", "memory", "progress", "plot", "plot_format", "checkpoint_every",
-    "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root", "data.download",
+    "device", "engine", "threads", "max_chunks", "client_chunk", "memory", "progress", "plot", "plot_format",
+    "checkpoint_every", "checkpoint_minutes", "resume", "on_diverge", "cache_dir", "data.cache_dir", "data.root",
+    "data.download",
     "data.chunk_len", "logger", *_tracker_options(),
     "dataset.root", "dataset.download", "data.dataset.root", "data.dataset.download",  # data=composed's copies
 )

@@ -111,7 +111,8 @@ class MAML(NoAdaptation):
             else:
                 pp = stack(p, batches[0].shape[0]) if s == 0 else p
                 g, l = engine.grad(pp, batches[0][:, s], batches[1][:, s])
-            p = sgd_each(p, clip_per_client(g, self.clip), self.inner_lr)  # broadcasts the shared params to [C, ...] at step 0
+            # broadcasts the shared params to [C, ...] at step 0
+            p = sgd_each(p, clip_per_client(g, self.clip), self.inner_lr)
             loss = l if loss is None else loss
         return p, (loss if batches is None else None)
 
@@ -158,7 +159,8 @@ class Proto(NoAdaptation):
 def proto_cross_entropy(logits: Tensor, y: Tensor, present: Tensor) -> Tensor:
     """Mean cross-entropy over the rows whose class has a prototype (others would be +inf)."""
     ok = present[y]
-    nll = -torch.where(ok, F.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1), torch.zeros_like(logits[:, 0]))
+    nll = -torch.where(ok, F.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1),
+                       torch.zeros_like(logits[:, 0]))
     return nll.sum() / ok.sum().clamp(min=1).to(nll.dtype)
 
 

@@ -15,7 +15,8 @@ trained w); and that stored mixture is what is served (the traces of tests/test_
 check it).
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): `clients["v"]` (started from the initial model) and `clients["mix"]["alpha"]` ([C, 1]).
+round's clients and scattered back, so unsampled clients keep theirs): `clients["v"]` (started from
+the initial model) and `clients["mix"]["alpha"]` ([C, 1]).
 """
 from __future__ import annotations
 
@@ -74,13 +75,14 @@ class APFL(Algorithm):
             alpha = (alpha - self.alpha_lr * dot.view(-1, 1)).clamp(0.0, 1.0)
         return {"params": sgd(w, g, self.lr), "v": new_v, "alpha": alpha}
 
-    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor, y: Tensor) -> Local:
+    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor,
+                     y: Tensor) -> Local:
         gv, _ = engine.grad(v, x, y)
         new_w, new_v = sgd(w, g, self.lr), sgd(v, gv, self.lr)
         if self.alpha_lr:
             a = alpha.view(-1)
-            dot = sum(((new_v[k] - new_w[k]) * (per_client(a, gv[k]) * gv[k] + per_client(1 - a, g[k]) * g[k])).flatten(1).sum(1)
-                      for k in v)
+            dot = sum(((new_v[k] - new_w[k]) * (per_client(a, gv[k]) * gv[k] + per_client(1 - a, g[k]) * g[k]))
+                      .flatten(1).sum(1) for k in v)
             alpha = (alpha - self.alpha_lr * (dot + 0.02 * a).view(-1, 1)).clamp(0.0, 1.0)
         return {"params": new_w, "v": new_v, "alpha": alpha}
 

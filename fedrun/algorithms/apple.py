@@ -31,8 +31,8 @@ round's non-finite check allocates an [m, C, P] boolean once per round.)
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back, so unsampled clients keep theirs): `params`, the core models
-(started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C]. Held-out clients have no core: their
-columns of every p are 0 and never move (`extra["member"]`).
+(started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C].
+Held-out clients have no core: their columns of every p are 0 and never move (`extra["member"]`).
 """
 from __future__ import annotations
 
@@ -122,7 +122,8 @@ class APPLE(Algorithm):
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         first = next(iter(params.values()))
-        n = self.sizes if self.sizes is not None and len(self.sizes) <= num_clients else torch.ones(num_clients, dtype=torch.float64)
+        n = (self.sizes if self.sizes is not None and len(self.sizes) <= num_clients
+             else torch.ones(num_clients, dtype=torch.float64))
         member = torch.zeros(num_clients, dtype=torch.bool)
         member[: len(n)] = True
         p0 = torch.zeros(num_clients, dtype=torch.float64)

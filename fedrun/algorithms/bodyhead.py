@@ -53,7 +53,8 @@ class PartSharing(LocalLR):
         mine = state.clients["part"]
         shared = weighted_mean(gather({k: v for k, v in local["params"].items() if k not in mine}, selected), weights)
         part = scatter(mine, clients, {k: local["params"][k] for k in mine})
-        return ServerState(params={**state.params, **shared}, extra=state.extra, clients={**state.clients, "part": part})
+        return ServerState(params={**state.params, **shared}, extra=state.extra,
+                           clients={**state.clients, "part": part})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         mine = state.clients["part"]

@@ -14,7 +14,8 @@ then `local_epochs` passes of the global model's step (its train), each step on 
 (`base.Phase`; tau is not used).
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): the personal models, `clients["personal"]`, started from the initial model.
+round's clients and scattered back, so unsampled clients keep theirs): the personal models,
+`clients["personal"]`, started from the initial model.
 """
 from __future__ import annotations
 

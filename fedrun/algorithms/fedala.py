@@ -10,14 +10,15 @@ trained models. "Higher layers" are the model's last `layer_idx` parameter tenso
 2 = the output layer's weight and bias; 0 = all). W starts at ones (theta = w^t).
 
 A client's ALA walks one pass of minibatches over its rows (an `epochs` phase; with `ala_steps` set,
-that many minibatches instead), in its first ALA (`start_epochs` passes: PFLlib's start phase) more; the ALA is skipped, the client keeping its own
-model whole, while sum(w^t - l) over the model's first parameter tensor is 0 (PFLlib's test for the
-first round, where every l is the initial model). Then its local training: `tau` steps (or
-`local_epochs` passes) of SGD of `lr`. This is PFLlib's clientALA / utils.ALA, which the trace of
-tests/test_golden_pfllib_mix.py replays, but for the choices docs/baselines.md ("FedALA") names:
-its ALA walks a contiguous slice of `rand_percent` % of the rows in order, and its start phase runs
-until the spread of its last losses is small, where fedrun walks a shuffled pass of all rows and a
-fixed number of passes; it runs ALA on every client every round, fedrun on the round's clients.
+that many minibatches instead), in its first ALA (`start_epochs` passes: PFLlib's start phase) more;
+the ALA is skipped, the client keeping its own model whole, while sum(w^t - l) over the model's
+first parameter tensor is 0 (PFLlib's test for the first round, where every l is the initial model).
+Then its local training: `tau` steps (or `local_epochs` passes) of SGD of `lr`. This is PFLlib's
+clientALA / utils.ALA, which the trace of tests/test_golden_pfllib_mix.py replays, but for the
+choices docs/baselines.md ("FedALA") names: its ALA walks a contiguous slice of `rand_percent` % of
+the rows in order, and its start phase runs until the spread of its last losses is small, where
+fedrun walks a shuffled pass of all rows and a fixed number of passes; it runs ALA on every client
+every round, fedrun on the round's clients.
 
 Served: each client's last trained model (the shared model until it first trains).
 
@@ -46,9 +47,9 @@ class FedALA(Algorithm):
     # rows (its clients have up to 6,552 rows: a pass of 1,310 steps, ~10 min of loop engine)
     agreement_options = dict(lr=0.1, start_epochs=2, ala_steps=2)
 
-    def __init__(self, lr: float, eta: float, layer_idx: int, start_epochs: int, ala_steps: int | None, local_epochs: int | None,
-                 new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
-                 finetune_lr: float | None):
+    def __init__(self, lr: float, eta: float, layer_idx: int, start_epochs: int, ala_steps: int | None,
+                 local_epochs: int | None, new_client_steps: int | None, finetune_steps: int,
+                 finetune_epochs: int | None, finetune_lr: float | None):
         check_positive("algo.lr", lr)
         check_positive("algo.eta", eta)
         check_int("algo.layer_idx", layer_idx, 0)
@@ -94,7 +95,8 @@ class FedALA(Algorithm):
         weights = {k: torch.ones(num_clients, *params[k].shape, dtype=params[k].dtype, device=first.device)
                    for k in self.higher(params)}
         return ServerState(params=params, clients={"params": stack(params, num_clients), "weights": weights,
-                                                   "ala": {"started": torch.zeros(num_clients, dtype=torch.bool, device=first.device)}})
+                                                   "ala": {"started": torch.zeros(num_clients, dtype=torch.bool,
+                                                                                  device=first.device)}})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         m, g = len(clients), state.params

@@ -81,7 +81,8 @@ class FedAMP(Algorithm):
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         first = next(iter(params.values()))
-        return ServerState(params=params, extra={"sent": torch.zeros(num_clients, dtype=torch.bool, device=first.device)},
+        return ServerState(params=params,
+                           extra={"sent": torch.zeros(num_clients, dtype=torch.bool, device=first.device)},
                            clients={"params": stack(params, num_clients), "u": stack(params, num_clients)})
 
     def cloud_models(self, state: ServerState, w: Params, ids: Tensor) -> Params:
@@ -124,5 +125,6 @@ class FedAMP(Algorithm):
         local["u"] = self.cloud_models(state, local["params"], new)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
-        kept = {"params": scatter(state.clients["params"], new, local["params"]), "u": scatter(state.clients["u"], new, local["u"])}
+        kept = {"params": scatter(state.clients["params"], new, local["params"]),
+                "u": scatter(state.clients["u"], new, local["u"])}
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})

@@ -71,4 +71,5 @@ class FedAvg(BatchNormState, AveragedSGD):
         super().check_params(params)
         if split_buffers(params)[1] and self.alpha is not None:
             raise ConfigError(f"algo={self.name} with a BatchNorm model scores the global model only: test-time "
-                              f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; set algo.alpha=null")
+                              f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; "
+                              f"set algo.alpha=null")

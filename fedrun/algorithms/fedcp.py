@@ -75,7 +75,8 @@ class FedCP(PartSharing):
         super().check_params(params)
         from ..errors import ConfigError
         if len(head_names(params)) != 2:
-            raise ConfigError(f"algo={self.name} needs a model whose output layer is one linear layer (weight and bias)")
+            raise ConfigError(f"algo={self.name} needs a model whose output layer is one linear layer "
+                              f"(weight and bias)")
 
     def set_finetuning(self, steps: int, epochs: int | None, lr: float | None) -> None:
         super().set_finetuning(steps, epochs, lr)
@@ -174,7 +175,8 @@ class FedCP(PartSharing):
         head_g = weighted_mean(gather(upload, selected), weights)
         cpn = weighted_mean(gather(local["cpn"], selected), weights)
         kept = dict(new.clients)
-        kept["cond"] = {"ctx": state.clients["cond"]["ctx"].index_copy(0, clients, mine["weight"].sum(1))}  # its head's row sum
+        # its head's row sum
+        kept["cond"] = {"ctx": state.clients["cond"]["ctx"].index_copy(0, clients, mine["weight"].sum(1))}
         if self.follow == "pfllib":  # set_head_g / set_cs: the round's clients only
             m = len(clients)
             kept["head_g"] = scatter(state.clients["head_g"], clients, expand(head_g, m))

@@ -24,12 +24,13 @@ paper and PFLlib cut a fixed validation split (PFLlib: the last 20 % of a client
 the client never trains on; fedrun's samplers draw from all of a client's training rows, and a
 per-client split would take rows from training that every other method uses (docs/baselines.md).
 
-Vectorized over the round's clients: the m clients' base models and their M neighbour models, m (M + 1)
-models, are scored on each client's validation minibatch in one engine call per minibatch (a loss and
-gradient: the engines' primitive; the gradient is unused), the mean losses summed in float64 (w_n's
-numerator is a difference of close losses); the distances one reduction over the stacked differences. Memory besides the stacked client models: the [C, C] affinity matrix and the round's
-m M neighbour models (100 clients of a 1M-parameter model, 10 a round, M 5: a 100 x 100 matrix and
-50 gathered models, 200 MB in float32).
+Vectorized over the round's clients: the m clients' base models and their M neighbour models, m (M +
+1) models, are scored on each client's validation minibatch in one engine call per minibatch (a loss
+and gradient: the engines' primitive; the gradient is unused), the mean losses summed in float64
+(w_n's numerator is a difference of close losses); the distances one reduction over the stacked
+differences. Memory besides the stacked client models: the [C, C] affinity matrix and the round's m
+M neighbour models (100 clients of a 1M-parameter model, 10 a round, M 5: a 100 x 100 matrix and 50
+gathered models, 200 MB in float32).
 
 Served: each client's last trained model. The shared model (`global_*` metrics) stays the initial
 model: FedFomo has no global model.
@@ -61,7 +62,8 @@ def weigh(engine: Engine, base: Params, own: Params, nbrs: Params, live: Tensor,
     rep = lambda t: t.unsqueeze(1).expand(m, M + 1, *t.shape[1:]).flatten(0, 1)
     # the mean of the minibatches' mean losses, summed in float64: w_n's numerator is a difference of
     # close losses, which float32 sums would leave with a few digits (PFLlib sums Python floats)
-    losses = sum(engine.grad(models, rep(x), rep(y))[1].detach().double() for x, y in batches).view(m, M + 1) / len(batches)
+    losses = (sum(engine.grad(models, rep(x), rep(y))[1].detach().double() for x, y in batches).view(m, M + 1)
+              / len(batches))
     dist = sum((nbrs[k] - base[k].unsqueeze(1)).flatten(2).square().sum(2) for k in base).sqrt()  # [m, M]
     gain = (losses[:, :1] - losses[:, 1:]).to(dist.dtype)
     w = torch.where(live, gain / (dist + 1e-5), torch.zeros_like(dist))

@@ -54,8 +54,8 @@ class FedPAC(PartSharing):
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
     agreement_options = dict(lr=0.05, head_steps=1)  # fedrun.bench.agreement: both parts in tau=2
 
-    def __init__(self, lr: float, lam: float, head_steps: int, head_epochs: int, local_epochs: int | None, follow: str | None,
-                 new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
+    def __init__(self, lr: float, lam: float, head_steps: int, head_epochs: int, local_epochs: int | None,
+                 follow: str | None, new_client_steps: int | None, finetune_steps: int, finetune_epochs: int | None,
                  finetune_lr: float | None):
         super().__init__(lr, new_client_steps, finetune_steps, finetune_epochs, finetune_lr)
         check_positive("algo.lam", lam, allow_zero=True)
@@ -106,7 +106,8 @@ class FedPAC(PartSharing):
         feats = stacked_features(engine, local["params"], x)
         stats = _add(local, feats, y, "stat", on_head, squares=True)
         stats = _add(stats, feats, y, "proto", ~on_head)
-        g, _ = engine.value_and_grad(self._aligned_loss(engine), local["params"], x, y, local["centers"], local["present"])
+        g, _ = engine.value_and_grad(self._aligned_loss(engine), local["params"], x, y, local["centers"],
+                                     local["present"])
         head = set(head_names(g))  # (its head gradient is the cross-entropy's: the alignment needs no head)
         p = local["params"]
         new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] for k in p}

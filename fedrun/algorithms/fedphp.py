@@ -106,7 +106,8 @@ class FedPHP(Algorithm):
             ce = torch.nn.functional.cross_entropy(engine.logits(p, x), y)
             if not self.lam:
                 return ce
-            return (1 - self.lam) * ce + self.lam * mmd_rbf(engine.features(p, x), engine.features(dict(zip(names, hist)), x))
+            return (1 - self.lam) * ce + self.lam * mmd_rbf(engine.features(p, x),
+                                                            engine.features(dict(zip(names, hist)), x))
 
         g, _ = engine.value_and_grad(loss, local["params"], x, y, *[v[k] for k in names])
         return {**local, "params": sgd(local["params"], g, self.lr)}

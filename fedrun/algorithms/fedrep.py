@@ -60,7 +60,8 @@ class FedRep(PartSharing):
         p = local["params"]
         g, _ = engine.grad(p, x, y)
         names = set(head_names(p))
-        return {**local, "params": {k: torch.add(p[k], g[k], alpha=-self.lr) if (k in names) == head else p[k] for k in p}}
+        return {**local, "params": {k: torch.add(p[k], g[k], alpha=-self.lr) if (k in names) == head else p[k]
+                                    for k in p}}
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)

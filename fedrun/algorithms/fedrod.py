@@ -41,7 +41,8 @@ class FedRoD(LocalLR):
         self.check_params(params)
         head = {k: params[k] for k in head_names(params)}
         K = params[head_names(params)[-1]].shape[0]
-        counts = torch.ones(num_clients, K, dtype=next(iter(params.values())).dtype, device=next(iter(params.values())).device)
+        counts = torch.ones(num_clients, K, dtype=next(iter(params.values())).dtype,
+                            device=next(iter(params.values())).device)
         return ServerState(params=params, clients={"head": stack(head, num_clients), "counts": {"n": counts}})
 
     def prepare(self, engine: Engine, state: ServerState, ctx: EvalContext) -> ServerState:
@@ -67,7 +68,8 @@ class FedRoD(LocalLR):
             model = {k: v for k, v in p.items() if not k.startswith(PERSONAL)}
             z, logits = features_and_logits(engine, model, x)
             balanced = engine.criterion(logits + counts.log(), y)
-            mine = apply_head(engine, {k[len(PERSONAL):]: v for k, v in p.items() if k.startswith(PERSONAL)}, z.detach())
+            mine = apply_head(engine, {k[len(PERSONAL):]: v for k, v in p.items() if k.startswith(PERSONAL)},
+                              z.detach())
             return balanced + engine.criterion(logits.detach() + mine, y)
 
         g, _ = engine.value_and_grad(loss, both, x, y, local["counts"])

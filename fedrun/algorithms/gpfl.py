@@ -75,7 +75,8 @@ class GPFL(PartSharing):
         super().check_params(params)
         from ..errors import ConfigError
         if len(head_names(params)) != 2:
-            raise ConfigError(f"algo={self.name} needs a model whose output layer is one linear layer (weight and bias)")
+            raise ConfigError(f"algo={self.name} needs a model whose output layer is one linear layer "
+                              f"(weight and bias)")
 
     # -- state ------------------------------------------------------------------------------------
     def init_modules(self, params: Params) -> dict:
@@ -91,7 +92,8 @@ class GPFL(PartSharing):
         cov = {}
         for part in ("gamma", "beta"):
             cov[f"{part}.weight"], cov[f"{part}.bias"] = u(d, d), u(d)  # kaiming_uniform(a=sqrt 5) = U(+-1/sqrt d)
-            cov[f"{part}.ln.weight"], cov[f"{part}.ln.bias"] = torch.ones(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
+            cov[f"{part}.ln.weight"], cov[f"{part}.ln.bias"] = (torch.ones(d, dtype=torch.float64),
+                                                                torch.zeros(d, dtype=torch.float64))
         gce = torch.randn(K, d, generator=g, dtype=torch.float64)
         cast = lambda t: t.to(dtype=w.dtype, device=w.device)
         return {"cov": {k: cast(v) for k, v in cov.items()}, "gce": cast(gce)}
@@ -170,11 +172,13 @@ class GPFL(PartSharing):
         """Every client's (generic, personalized) conditions [C, d] as served, from its class counts."""
         split = data.train
         K = state.extra["gce"].shape[0]
-        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device), split.sizes.to(split.y.device),
+        owner = torch.repeat_interleave(torch.arange(split.num_clients, device=split.y.device),
+                                        split.sizes.to(split.y.device),
                                         output_size=len(split.y))  # (known: no read of the sizes' sum)
         counts = torch.zeros(split.num_clients, K, dtype=state.extra["gce"].dtype, device=split.y.device)
         counts.index_put_((owner, split.y), torch.ones_like(split.y, dtype=counts.dtype), accumulate=True)
-        emb = state.clients["emb"] if self.follow == "pfllib" else state.extra["gce"].expand(split.num_clients, *state.extra["gce"].shape)
+        emb = (state.clients["emb"] if self.follow == "pfllib"
+               else state.extra["gce"].expand(split.num_clients, *state.extra["gce"].shape))
         return conditions(emb, counts)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
@@ -210,7 +214,8 @@ class GPFL(PartSharing):
         model's cross-entropy over minibatches of its training rows."""
         clients = dict(state.clients)
         if self.follow == "pfllib":
-            clients["emb"] = state.clients["emb"].index_copy(0, new, state.extra["gce"].expand(len(new), *state.extra["gce"].shape))
+            clients["emb"] = state.clients["emb"].index_copy(0, new, state.extra["gce"].expand(len(new),
+                                                                                               *state.extra["gce"].shape))
         state = ServerState(params=state.params, extra=state.extra, clients=clients)
         _, cond_p = self._conditions_of(state, ctx.data)
         m = len(new)

@@ -3,7 +3,8 @@ steps of lr `lr` on its own model; nothing is sent or averaged. The server model
 model (the `global_*` metrics score it); `pers_*` score the clients' models.
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): each client's model, `clients["params"]`, started from the initial model.
+round's clients and scattered back, so unsampled clients keep theirs): each client's model,
+`clients["params"]`, started from the initial model.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class LocalOnly(LocalLR):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "params": scatter(state.clients["params"], clients, local["params"])})
+                           clients={**state.clients,
+                                    "params": scatter(state.clients["params"], clients, local["params"])})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         return state.clients["params"], None

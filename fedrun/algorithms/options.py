@@ -48,7 +48,8 @@ _WORDS = {float: "a number", int: "an integer", bool: "true or false", str: "a s
 
 def _type_ok(value, hint) -> tuple[bool, str]:
     """(value fits the annotation, the annotation in words); unknown annotations always fit."""
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    args = (typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+            else (hint,))
     words, ok = [], False
     for t in args:
         if t is type(None):
@@ -101,7 +102,8 @@ class AlgorithmMeta(type):
         names = list(options)
         for k in kwargs:
             if k not in options:
-                raise ConfigError(f"algo.{k} is not an option of {cls.__name__}; its options: {', '.join(sorted(names))}")
+                raise ConfigError(f"algo.{k} is not an option of {cls.__name__}; "
+                                  f"its options: {', '.join(sorted(names))}")
         given = {**dict(zip(names, args)), **kwargs}
         defaults = conf_defaults(cls)
         filled = {k: defaults[k] for k in names if k not in given and k in defaults}

@@ -26,7 +26,8 @@ class PFLDyn(DebiasedSGD):
     def init(self, params: Params, num_clients: int) -> ServerState:
         state = super().init(params, num_clients)
         h = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"h": h}, clients={**state.clients, "g": zeros_like(params, num_clients)})
+        return ServerState(params=params, extra={"h": h},
+                           clients={**state.clients, "g": zeros_like(params, num_clients)})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)

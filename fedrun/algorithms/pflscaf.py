@@ -21,7 +21,8 @@ class PFLScaf(DebiasedSGD):
     def init(self, params: Params, num_clients: int) -> ServerState:
         state = super().init(params, num_clients)
         c = {k: torch.zeros_like(v) for k, v in params.items()}
-        return ServerState(params=params, extra={"c": c}, clients={**state.clients, "c": zeros_like(params, num_clients)})
+        return ServerState(params=params, extra={"c": c},
+                           clients={**state.clients, "c": zeros_like(params, num_clients)})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)

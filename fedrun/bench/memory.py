@@ -79,7 +79,8 @@ def main(argv=None) -> None:
     print(head)
     for n in [int(c) for c in args.clients.split(",")]:
         # generate once, in its own process, outside the measured ones
-        subprocess.run([sys.executable, "-c", f"from fedrun.data import synthetic; synthetic(num_clients={n}, cache_dir={cache!r})"],
+        subprocess.run([sys.executable, "-c",
+                        f"from fedrun.data import synthetic; synthetic(num_clients={n}, cache_dir={cache!r})"],
                        check=True)
         for model_name in args.models.split(","):
             r = subprocess.run([sys.executable, "-m", "fedrun.bench.memory", "--child", f"{n}:{model_name}",

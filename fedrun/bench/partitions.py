@@ -39,12 +39,16 @@ def main(argv: list[str] | None = None) -> None:
     cases = {
         f"iid, {c} clients": lambda: P.iid(labels, np.random.default_rng(1), c),
         f"dirichlet alpha=0.1, {c} clients": lambda: P.dirichlet(labels, np.random.default_rng(1), c, alpha=0.1),
-        f"dirichlet alpha=0.1 min_size=10, {c} clients": lambda: P.dirichlet(labels, np.random.default_rng(1), c, alpha=0.1, min_size=10, max_redraws=1000),
-        f"dirichlet alpha=0.5 min_size=20, {c} clients": lambda: P.dirichlet(labels, np.random.default_rng(1), c, alpha=0.5, min_size=20, max_redraws=1000),
+        f"dirichlet alpha=0.1 min_size=10, {c} clients": lambda: P.dirichlet(labels, np.random.default_rng(1), c,
+                                                                             alpha=0.1, min_size=10, max_redraws=1000),
+        f"dirichlet alpha=0.5 min_size=20, {c} clients": lambda: P.dirichlet(labels, np.random.default_rng(1), c,
+                                                                             alpha=0.5, min_size=20, max_redraws=1000),
         f"shards 2 per client, {c} clients": lambda: P.shards(labels, np.random.default_rng(1), c, 2),
         f"classes 10 per client, {c} clients": lambda: P.classes(labels, np.random.default_rng(1), c, 10),
-        f"quantity lognormal sigma=1, {c} clients": lambda: P.quantity(labels, np.random.default_rng(1), c, "lognormal"),
-        f"mixture iid_frac=0.5 alpha=0.1, {c} clients": lambda: P.mixture(labels, np.random.default_rng(1), c, 0.5, 0.1),
+        f"quantity lognormal sigma=1, {c} clients": lambda: P.quantity(labels, np.random.default_rng(1), c,
+                                                                       "lognormal"),
+        f"mixture iid_frac=0.5 alpha=0.1, {c} clients": lambda: P.mixture(labels, np.random.default_rng(1), c,
+                                                                          0.5, 0.1),
     }
     print(f"50,000 labels, 100 classes (CIFAR-100 sized); best of {args.repeats}; numpy {np.__version__}")
     for name, fn in cases.items():

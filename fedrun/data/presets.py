@@ -14,8 +14,8 @@ from .partitioners.paper import Paper004, PerFedAvgPaper, PfedmeAuthors, PfedmeP
 
 
 def synthetic(num_clients: int = 100, alpha: float = 0.5, beta: float = 0.5, iid: bool = False, size_factor: int = 5,
-              dim: int = 60, num_classes: int = 10, train_frac: float = 0.9, seed: int = 0, cache_dir: str | None = None,
-              chunk_len: int = 256) -> FederatedData:
+              dim: int = 60, num_classes: int = 10, train_frac: float = 0.9, seed: int = 0,
+              cache_dir: str | None = None, chunk_len: int = 256) -> FederatedData:
     """Power-law Synthetic(alpha, beta) of FedProx / pFedMe, its own clients (`datasets.synthetic`)."""
     settings = dict(num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, size_factor=size_factor, dim=dim,
                     num_classes=num_classes, train_frac=train_frac, seed=seed)
@@ -31,7 +31,8 @@ def mnist_perfedavg(root: str = "data", n: int = 10, a: int = 200, test_a: int |
 
 
 def mnist_pfedme(root: str = "data", num_clients: int = 20, labels_per_client: int = 2, train_frac: float = 0.75,
-                 seed: int = 0, download: bool = True, cache_dir: str | None = None, chunk_len: int = 256) -> FederatedData:
+                 seed: int = 0, download: bool = True, cache_dir: str | None = None,
+                 chunk_len: int = 256) -> FederatedData:
     """MNIST split of pFedMe (paper 002 Sec. 5.1; `partitioners.paper.PfedmePaper`)."""
     return composed(Idx("mnist", root, download), PfedmePaper(num_clients, labels_per_client, train_frac, seed),
                     cache_dir, chunk_len)

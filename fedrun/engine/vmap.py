@@ -188,7 +188,8 @@ class VmapEngine(Engine):
             return self._loop.full_grad(params, split, shared)
         hand = self._hand(split.x)
         with torch.no_grad() if hand else torch.enable_grad():
-            grads, loss = self._sum_per_client(self._chunk_hand if hand else self._chunk_autograd, params, split, shared)
+            grads, loss = self._sum_per_client(self._chunk_hand if hand else self._chunk_autograd, params, split,
+                                               shared)
         n = split.sizes.to(split.chunk_mask.dtype)
         return {k: g / n.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}, loss / n
 
@@ -209,7 +210,8 @@ class VmapEngine(Engine):
         return super().loss_sums(params, split, shared)
 
     @torch.no_grad()
-    def _evaluate_shared(self, params: Params, split: ClientSplit, accuracy: bool = True) -> tuple[Tensor, Tensor | None]:
+    def _evaluate_shared(self, params: Params, split: ClientSplit,
+                         accuracy: bool = True) -> tuple[Tensor, Tensor | None]:
         """One model for every client: a plain forward over the flat rows, in blocks (at most a group
         of chunks' rows), summed per client by each row's owner. No padding, and the layers run as
         single matrix products (vmapped with unbatched weights they were 2.7x slower on the CPU).

@@ -41,7 +41,8 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU()
         self.shortcut = nn.Sequential()
         if stride != 1 or inplanes != planes:
-            self.shortcut = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False), _norm(norm, planes, groups))
+            self.shortcut = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                          _norm(norm, planes, groups))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.norm1(self.conv1(x)))

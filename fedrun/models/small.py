@@ -218,7 +218,8 @@ class CNN(nn.Module):
         forward) faster there than NCHW, whose max-pooling alone costs more than the first convolution."""
         x = x.reshape(*batch, self.in_channels, self.image_size, self.image_size)
         forced = None if self.layout is None else {"layout": self.layout}
-        if choose("layout", x.device, forced) != "channels_last" or torch._C._functorch.maybe_current_level() is not None:
+        if (choose("layout", x.device, forced) != "channels_last"
+                or torch._C._functorch.maybe_current_level() is not None):
             return x  # (inside torch.func transforms, vmap cannot choose a memory order)
         return x.contiguous(memory_format=torch.channels_last)
 

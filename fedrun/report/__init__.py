@@ -61,7 +61,8 @@ def parse_targets(values: list[str], option: str = "--target", hint: str = "") -
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="fedrun-report", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="e.g. fedrun-report outputs/multirun/2026-01-01_12-00-00 --target 80 90 --baseline perfedavg")
+                                 epilog="e.g. fedrun-report outputs/multirun/2026-01-01_12-00-00 --target 80 90 "
+                                        "--baseline perfedavg")
     ap.add_argument("dirs", nargs="+", help="multirun folder(s) or run folders; searched recursively for jobs")
     ap.add_argument("--target", nargs="+", default=[], metavar="ACC",
                     help="accuracies for 'rounds to reach' (0.8, 80 or 80%%; lists allowed: 80,90)")
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from ..outputs import cannot_write
 
         out = args.out or args.dirs[0]
-        print(f"fedrun-report: error: --out {out}: {cannot_write(e, 'name a writable folder with --out')}", file=sys.stderr)
+        print(f"fedrun-report: error: --out {out}: {cannot_write(e, 'name a writable folder with --out')}",
+              file=sys.stderr)
         return 2
     n_ok = sum(j.ok for j in rep.jobs)
     more = f" (and jobs without a record: see 'missing' below)" if rep.missing else ""

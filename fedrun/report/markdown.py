@@ -10,7 +10,8 @@ from .stats import target_name
 
 
 # What summary.md shows per model, first: the numbers a reader compares (the rest is in summary.csv).
-MD_COLUMNS = {"acc_last_round": "last round", "acc_best_round": "best round", "acc_client_min_last_round": "lowest client"}
+MD_COLUMNS = {"acc_last_round": "last round", "acc_best_round": "best round",
+              "acc_client_min_last_round": "lowest client"}
 
 
 def _pm(mean, std, scale=100.0, digits=2) -> str:

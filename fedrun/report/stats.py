@@ -116,10 +116,11 @@ def find_baseline(groups: list[Group], name: str) -> Group:
     hits = [g for g in groups if name in (g.jobs[0].settings.get("experiment"), g.jobs[0].settings.get("algo"))]
     labels = "; ".join(g.label for g in groups)
     if not hits:
-        raise ValueError(f"--baseline {name!r} names no configuration (give a label, a preset or an algo; have: {labels})")
+        raise ValueError(f"--baseline {name!r} names no configuration "
+                         f"(give a label, a preset or an algo; have: {labels})")
     if len(hits) > 1:
-        raise ValueError(f"--baseline {name!r} matches {len(hits)} configurations ({'; '.join(g.label for g in hits)}); "
-                         f"give one of their labels")
+        raise ValueError(f"--baseline {name!r} matches {len(hits)} configurations "
+                         f"({'; '.join(g.label for g in hits)}); give one of their labels")
     return hits[0]
 
 

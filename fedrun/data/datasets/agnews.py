@@ -58,7 +58,8 @@ def read_agnews_csv(path: str) -> tuple[list[str], np.ndarray]:
             for n, row in enumerate(csv.reader(f), 1):
                 if len(row) < 2 or not row[0].strip().isdigit() or not 1 <= int(row[0]) <= CLASSES:
                     raise DataCorruptError(corrupt(path, f"not an ag_news_csv file: line {n} is not "
-                                                         f"\"class 1-{CLASSES}\",\"title\",\"description\" ({str(row)[:60]})"))
+                                                         f"\"class 1-{CLASSES}\",\"title\",\"description\" "
+                                                         f"({str(row)[:60]})"))
                 labels.append(int(row[0]) - 1)
                 texts.append(" ".join(row[1:]))
     except (UnicodeDecodeError, csv.Error) as e:
@@ -125,7 +126,8 @@ class AgNews(Dataset):
             if not all_present(base, FILES):
                 raise DataMissingError(
                     f"AG News not found: expected {', '.join(FILES)} in {os.path.abspath(base)} ({why}); copy the "
-                    f"ag_news_csv release there ({URL}) or point dataset.root (or $FEDRUN_DATA) at the folder that holds {FOLDER}")
+                    f"ag_news_csv release there ({URL}) or point dataset.root (or $FEDRUN_DATA) at the folder that "
+                    f"holds {FOLDER}")
         (train, try_), (test, tey) = (read_agnews_csv(os.path.join(base, f)) for f in FILES)
         train, test = [tokens(t) for t in train], [tokens(t) for t in test]
         vocab = build_vocab(train, self.vocab_size)

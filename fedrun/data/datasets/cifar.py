@@ -16,7 +16,8 @@ from ...errors import DataCorruptError, DataMissingError
 from .base import Dataset, Rows, all_present, choice, corrupt, download_into
 
 PAD_FILLS = ("black", "mean")
-LABELS = {"fine": b"fine_labels", "coarse": b"coarse_labels"}  # CIFAR-100's two label sets (100 classes, 20 superclasses)
+# CIFAR-100's two label sets (100 classes, 20 superclasses)
+LABELS = {"fine": b"fine_labels", "coarse": b"coarse_labels"}
 LABEL_COUNTS = {b"labels": 10, b"fine_labels": 100, b"coarse_labels": 20}  # a label key -> its labels 0..n-1
 
 
@@ -162,7 +163,8 @@ def _read_cifar(paths: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(root: str, num_classes: int = 10, download: bool = True, root_option: str = "dataset.root (or $FEDRUN_DATA)",
+def load_cifar(root: str, num_classes: int = 10, download: bool = True,
+               root_option: str = "dataset.root (or $FEDRUN_DATA)",
                label_key: bytes | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 as (train_x uint8 [N,3,32,32], train_y, test_x, test_y) from the python pickles.
 

@@ -100,8 +100,9 @@ def read_idx(path: str) -> np.ndarray:
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(shape)):
-        raise DataCorruptError(corrupt(name, f"{arr.size} bytes of data, but its header ({' x '.join(map(str, shape))}) "
-                                              f"says {int(np.prod(shape))} (a torn copy?)"))
+        raise DataCorruptError(corrupt(name, f"{arr.size} bytes of data, but its header "
+                                             f"({' x '.join(map(str, shape))}) says {int(np.prod(shape))} "
+                                             f"(a torn copy?)"))
     return arr.reshape(shape)
 
 
@@ -123,9 +124,10 @@ def check_labelled_images(images: np.ndarray, labels: np.ndarray, image_file: st
                                f"per image: delete both and download the dataset again (or copy good copies there)")
     bad = np.flatnonzero((labels < lowest) | (labels >= lowest + count))
     if len(bad):
-        raise DataCorruptError(corrupt(label_file, f"a label file with label {int(labels[bad[0]])} at row {int(bad[0])} "
-                                                    f"({len(bad)} row{'s' if len(bad) > 1 else ''} outside {what}'s labels "
-                                                    f"{lowest}..{lowest + count - 1})"))
+        raise DataCorruptError(corrupt(label_file, f"a label file with label {int(labels[bad[0]])} "
+                                                   f"at row {int(bad[0])} ({len(bad)} "
+                                                   f"row{'s' if len(bad) > 1 else ''} outside {what}'s labels "
+                                                   f"{lowest}..{lowest + count - 1})"))
 
 
 def load_idx(root: str, dataset: str, split: str | None = None, download: bool = True
@@ -152,7 +154,8 @@ def load_idx(root: str, dataset: str, split: str | None = None, download: bool =
         if not present():
             raise DataMissingError(
                 f"{TITLES[dataset]} not found: expected {', '.join(names)} (or .gz) in {os.path.abspath(raw)} "
-                f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds {folder}/raw"
+                f"({why}); copy them there or point dataset.root (or $FEDRUN_DATA) at the folder that holds "
+                f"{folder}/raw"
             )
     paths = [os.path.join(raw, f) for f in names]
     paths = [p if os.path.exists(p) or not os.path.exists(p + ".gz") else p + ".gz" for p in paths]

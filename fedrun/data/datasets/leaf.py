@@ -39,7 +39,8 @@ def leaf_files(root: str, dataset: str) -> dict[str, str | None]:
     """name -> path of every JSON file under `root`/<dataset>/data/{train,test} (the cache key's files)."""
     root = os.path.abspath(root)
     sub = [os.path.join(dataset, "data", s) for s in ("train", "test")]
-    return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub if os.path.isdir(os.path.join(root, d))
+    return {f: os.path.join(root, f) for f in sorted(os.path.join(d, f) for d in sub
+                                                     if os.path.isdir(os.path.join(root, d))
                                                      for f in os.listdir(os.path.join(root, d)) if f.endswith(".json"))}
 
 
@@ -68,7 +69,8 @@ def leaf_blob(path: str, dataset: str):
     if len(set(map(str, users))) != len(users) or set(map(str, users)) != set(data):
         extra, missing = sorted(set(data) - set(map(str, users))), sorted(set(map(str, users)) - set(data))
         raise bad(f"a LEAF user file whose metadata contradicts its rows: \"users\" lists {len(users)} users, "
-                  f"\"user_data\" holds {len(data)}" + (f" ({len(extra)} not listed, e.g. {extra[0]!r})" if extra else "")
+                  f"\"user_data\" holds {len(data)}"
+                  + (f" ({len(extra)} not listed, e.g. {extra[0]!r})" if extra else "")
                   + (f" ({len(missing)} without rows, e.g. {missing[0]!r})" if missing else "")
                   + (" (a user listed twice)" if not extra and not missing else ""))
     counts = blob.get("num_samples")
@@ -129,7 +131,8 @@ def load_leaf(root: str, dataset: str = "femnist", users_of=None) -> tuple[np.nd
         raise DataMissingError(
             f"dataset={dataset} not found: expected LEAF's JSON user files (*.json) in {os.path.abspath(folders[0])} "
             f"and {os.path.abspath(folders[1])} (fedrun does not download LEAF data: run LEAF's "
-            f"data/{dataset}/preprocess.sh, then point dataset.root (or $FEDRUN_DATA) at the folder that holds {dataset}/data)")
+            f"data/{dataset}/preprocess.sh, then point dataset.root (or $FEDRUN_DATA) at the folder that holds "
+            f"{dataset}/data)")
     out = []
     for d, names in zip(folders, files):
         xs, ys, ws = [], [], []

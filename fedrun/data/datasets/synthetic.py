@@ -46,7 +46,8 @@ class Synthetic(Dataset):
     has_groups = True
 
     def __init__(self, num_clients: int = 100, alpha: float = 0.5, beta: float = 0.5, iid: bool = False,
-                 size_factor: int = 5, dim: int = 60, num_classes: int = 10, train_frac: float = 0.9, seed: int = 0) -> None:
+                 size_factor: int = 5, dim: int = 60, num_classes: int = 10, train_frac: float = 0.9,
+                 seed: int = 0) -> None:
         self.settings_ = dict(num_clients=num_clients, alpha=alpha, beta=beta, iid=iid, size_factor=size_factor,
                               dim=dim, num_classes=num_classes, train_frac=train_frac, seed=seed)
         check_settings(**self.settings_, prefix="dataset")
@@ -67,10 +68,11 @@ class Synthetic(Dataset):
                     groups=(owner(train), owner(test)))
 
 
-def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes, train_frac, seed=0, prefix="data") -> None:
+def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes, train_frac, seed=0,
+                   prefix="data") -> None:
     """Raises ValueError naming the first bad option (`prefix`.name: the config node they were given in)."""
-    for name, v in (("num_clients", num_clients), ("size_factor", size_factor), ("dim", dim), ("num_classes", num_classes),
-                    ("seed", seed)):
+    for name, v in (("num_clients", num_clients), ("size_factor", size_factor), ("dim", dim),
+                    ("num_classes", num_classes), ("seed", seed)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise ValueError(f"{prefix}.{name}={v!r}: allowed an integer")
     for name, v in (("alpha", alpha), ("beta", beta), ("train_frac", train_frac)):
@@ -103,7 +105,8 @@ def check_settings(num_clients, alpha, beta, iid, size_factor, dim, num_classes,
         if not v >= 0:
             raise ValueError(f"{prefix}.{name}={v}: allowed a number >= 0 (a standard deviation)")
         if iid and v != 0:
-            raise ValueError(f"{prefix}.{name}={v}: must be 0 with {prefix}.iid=true (the iid generator has no client priors)")
+            raise ValueError(f"{prefix}.{name}={v}: must be 0 with {prefix}.iid=true "
+                             f"(the iid generator has no client priors)")
 
 
 def generate_synthetic(

@@ -40,7 +40,8 @@ def _image(path: str) -> np.ndarray:
     except (OSError, UnidentifiedImageError, ValueError) as e:
         raise DataCorruptError(corrupt(path, f"not a readable image ({type(e).__name__}: {str(e)[:100]})")) from None
     if a.shape != (SIDE, SIDE, 3):
-        raise DataCorruptError(corrupt(path, f"a {a.shape[1]} x {a.shape[0]} image, not Tiny-ImageNet's {SIDE} x {SIDE}"))
+        raise DataCorruptError(corrupt(path, f"a {a.shape[1]} x {a.shape[0]} image, "
+                                             f"not Tiny-ImageNet's {SIDE} x {SIDE}"))
     return a.transpose(2, 0, 1)
 
 

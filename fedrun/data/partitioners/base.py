@@ -92,11 +92,11 @@ def holdout_clients(num_clients: int, holdout, rng: np.random.Generator) -> np.n
     if isinstance(holdout, float) and 0 < holdout < 1 and not 0 < count < num_clients:
         lo, hi = 0.5 / num_clients, (num_clients - 0.5) / num_clients  # the fractions that round to 1..C-1
         raise PartitionError(f"partition.holdout={holdout!r}: holds out round({holdout!r} x {num_clients} clients) = "
-                             f"{count}; allowed 0 (none), a fraction in ({lo:.4g}, {hi:.4g}) (it rounds to 1..{num_clients - 1} "
-                             f"clients) or a count 0..{num_clients - 1}")
+                             f"{count}; allowed 0 (none), a fraction in ({lo:.4g}, {hi:.4g}) "
+                             f"(it rounds to 1..{num_clients - 1} clients) or a count 0..{num_clients - 1}")
     if (isinstance(holdout, float) and not 0 <= holdout < 1) or not 0 <= count < num_clients:
-        raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) or a count 0..{num_clients - 1} "
-                             f"({num_clients} clients, at least one must train)")
+        raise PartitionError(f"partition.holdout={holdout!r}: allowed a fraction in [0, 1) "
+                             f"or a count 0..{num_clients - 1} ({num_clients} clients, at least one must train)")
     return np.sort(rng.permutation(num_clients)[:count])
 
 
@@ -172,7 +172,8 @@ class Partitioner:
         if unknown:  # a key its yaml lacks (a user's own partition yaml, or a Python caller's typo)
             import inspect
 
-            known = {*inspect.signature(type(self).__init__).parameters, *inspect.signature(Partitioner.__init__).parameters}
+            known = {*inspect.signature(type(self).__init__).parameters,
+                     *inspect.signature(Partitioner.__init__).parameters}
             known -= {"self", "split", "unknown"} | ({"num_clients"} if num_clients is None else set())
             raise PartitionError(f"partition.{sorted(unknown)[0]} is not an option of partition={self.name}; "
                                  f"its options: {', '.join(sorted(known))}")

@@ -99,7 +99,8 @@ def class_lists(num_classes: int, n: int, k: int, how: str, rng: np.random.Rando
     if how not in CLASS_CHOICES:
         raise ValueError(f"data.classes={how!r} is not one of {list(CLASS_CHOICES)}")
     if not 1 <= k <= num_classes:
-        raise ValueError(f"data.classes_per_client={k} must be in 1..{num_classes} (the dataset has {num_classes} classes)")
+        raise ValueError(f"data.classes_per_client={k} must be in 1..{num_classes} "
+                         f"(the dataset has {num_classes} classes)")
     if n < 1:
         raise ValueError(f"data.num_clients={n} must be >= 1")
     if how == "consecutive":
@@ -428,7 +429,8 @@ class PerFedAvgSplit(Partitioner):
 
     def __call__(self, labels, rng, groups=None):
         if labels.max() >= 10:
-            raise PartitionError(f"partition=perfedavg_split: needs a dataset of 10 classes, this one has {labels.max() + 1}")
+            raise PartitionError(f"partition=perfedavg_split: needs a dataset of 10 classes, "
+                                 f"this one has {labels.max() + 1}")
         try:
             return perfedavg_mnist(labels, self.num_clients, self.a, _rs(rng))
         except ValueError as e:
@@ -436,7 +438,8 @@ class PerFedAvgSplit(Partitioner):
 
 
 class PfedmeLabels(Partitioner):
-    """`partition=pfedme_labels`: pFedMe's rule (`pfedme_mnist`): distinct labels per client, weighted sizes; 10 labels."""
+    """`partition=pfedme_labels`: pFedMe's rule (`pfedme_mnist`): distinct labels per client, weighted sizes;
+    10 labels."""
 
     name = "pfedme_labels"
 
@@ -450,7 +453,8 @@ class PfedmeLabels(Partitioner):
 
     def __call__(self, labels, rng, groups=None):
         if labels.max() >= 10:
-            raise PartitionError(f"partition=pfedme_labels: needs a dataset of 10 classes, this one has {labels.max() + 1}")
+            raise PartitionError(f"partition=pfedme_labels: needs a dataset of 10 classes, "
+                                 f"this one has {labels.max() + 1}")
         try:
             return pfedme_mnist(labels, self.num_clients, self.labels_per_client, _rs(rng))
         except ValueError as e:
@@ -462,7 +466,8 @@ class Acid(Partitioner):
 
     name = "acid"
 
-    def __init__(self, num_clients: int = 100, classes_per_client: int = 5, classes: str = "consecutive", **split) -> None:
+    def __init__(self, num_clients: int = 100, classes_per_client: int = 5, classes: str = "consecutive",
+                 **split) -> None:
         super().__init__(num_clients, **split)
         self.classes_per_client = _int("classes_per_client", classes_per_client, 1)
         self.classes = _choice("classes", classes, CLASS_CHOICES)
@@ -515,7 +520,8 @@ class PfedmePaper(_Paper):
 
     name = "pfedme"
 
-    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, train_frac: float = 0.75, seed: int = 0) -> None:
+    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, train_frac: float = 0.75,
+                 seed: int = 0) -> None:
         super().__init__(num_clients, seed)
         self.labels_per_client = _labels_per_client(labels_per_client)
         self.train_frac = _train_frac(train_frac)
@@ -537,7 +543,8 @@ class PfedmeAuthors(_Paper):
 
     name = "pfedme_authors"
 
-    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, seed: int = 1, train_frac: float = 0.75) -> None:
+    def __init__(self, num_clients: int = 20, labels_per_client: int = 2, seed: int = 1,
+                 train_frac: float = 0.75) -> None:
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 10 or num_clients % 10:
             raise ValueError(f"mnist_pfedme_authors: data.num_clients={num_clients!r}: the authors' generator needs a "
                              f"positive multiple of 10")
