@@ -188,7 +188,8 @@ class Job:
         """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
         between summary.json and the figure)."""
         who = self.identity()
-        self.folder.plot_metrics(title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        self.folder.plot_metrics(title=f"{who['algo']} on {data_title(choices, who['data'])}, seed {self.cfg.seed}",
                                  personalized=f"personalized ({who['algo']}'s own personalization)")
 
     def identity(self) -> dict:
@@ -198,6 +199,14 @@ class Job:
                 "data": choices.get("data") or self.data.name,
                 "model": choices.get("model") or str(self.cfg.model.get("_target_")),
                 "experiment": choices.get("experiment"), "seed": self.cfg.seed}
+
+
+def data_title(choices: dict, data: str) -> str:
+    """The data as a figure's title names it: a composed data (`dataset=` x `partition=`) by its
+    dataset and partition (`mnist, partition=dirichlet`), not by `composed`; a preset (data=) by its name."""
+    if choices.get("dataset"):
+        return f"{choices['dataset']}, partition={choices.get('partition') or 'iid'}"
+    return data
 
 
 USER_ERRORS = (ConfigError, DataMissingError)

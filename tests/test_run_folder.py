@@ -353,6 +353,41 @@ def test_summary_names_its_run_and_the_figure_says_what_it_draws(tmp_path, monke
     assert not (run_dir / "cli.log").exists()  # Hydra's job log was always empty: not written
 
 
+def test_metrics_png_names_dataset_and_partition_and_draws_the_unseen_clients(tmp_path, monkeypatch):
+    """A composed run (dataset= x partition=) with held-out clients: metrics.png's title names the
+    dataset and the partition (not `composed`); its accuracy panel draws the unseen clients' global and
+    personalized accuracy (metrics.csv new_*_acc), each below its model's column in the legend, and
+    its loss panel their test losses, the same numbers as metrics.csv's."""
+    import fedrun.plots as plots
+
+    drawn = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, title="": (
+        drawn.append((fig, title)) if str(out).endswith("metrics.png") else None, real_save(fig, out, title)))
+    run_dir = tmp_path / "X"
+    r = fedrun(["dataset=synthetic", "dataset.num_clients=8", "dataset.seed=9", "partition.holdout=2", "algo=fedavg",
+                "tau=2", "clients_per_round=3", "rounds=2", "progress=false", "plot=true", "partition=natural",
+                f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (fig, title), = drawn
+    assert title == "fedavg on synthetic, partition=natural, seed 0"
+    acc, loss = fig.axes
+    texts = [t.get_text() for t in acc.get_legend().get_texts()]
+    pers = "personalized (fedavg's own personalization)"
+    assert texts == ["global model (pooled)", "middle half of its clients (p25-p75)",
+                     "lowest tenth of its clients below (p10)", "unseen clients, global model (pooled)",
+                     f"{pers} (pooled)", "middle half of its clients (p25-p75)",
+                     "lowest tenth of its clients below (p10)", f"unseen clients, {pers} (pooled)"]
+    m = pd.read_csv(run_dir / "metrics.csv")
+    lines = {line.get_label(): line for ax in (acc, loss) for line in ax.get_lines()}
+    for label, column in (("unseen clients, global model (pooled)", "new_global_acc"),
+                          (f"unseen clients, {pers} (pooled)", "new_pers_acc"),
+                          ("test loss, unseen clients, global model", "new_global_loss"),
+                          (f"test loss, unseen clients, {pers}", "new_pers_loss")):
+        assert lines[label].get_ydata().tolist() == m[column].tolist(), label
+    _assert_legends_clear_of_labels(fig)
+
+
 def _assert_legends_clear_of_labels(fig):
     """No legend overlaps a panel's plotting area or an axis label (as drawn)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
