@@ -33,7 +33,7 @@ from .engine import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
-from .acceleration import LocalSteps
+from .acceleration import LocalSteps, cpu_note
 from .memory import budget_bytes, plan as plan_memory
 from .config import instantiate_checked
 from .simulate import Diverged, Progress, Replica, simulate_group
@@ -100,7 +100,7 @@ class Job:
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
         check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
                           self.algo.batches_per_step)
-        for line in _warnings(cfg, self.data):
+        for line in _warnings(cfg, self.data, self.device):
             print(f"fedrun: warning: {line}", file=sys.stderr)
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         model = self.model()
@@ -383,9 +383,9 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     return result
 
 
-def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
+def _warnings(cfg: DictConfig, data: FederatedData, device: torch.device) -> list[str]:
     """Settings that run, but likely not as meant."""
-    out = []
+    out = [line for line in [cpu_note(cfg.get("precision", "fp32"), device)] if line]
     given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
     if cfg.frac is not None and "clients_per_round" in given:
         out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
