@@ -56,14 +56,14 @@ def check(compile: str, precision: str, device: torch.device | str) -> None:
                           f"matmuls, so the run would compute fp32 while its record says tf32; use precision=fp32")
 
 
-BF16_CPU = "2.5x to 4.2x per round in docs/performance.md's CPU sitting"
+BF16_CPU = "Per-FedAvg and pFedMe 2.5x and 4.2x per round in docs/performance.md's CPU sitting"
 
 
 def cpu_note(precision: str, device: torch.device | str) -> str | None:
     """The warning of a precision that runs on the CPU but slower than fp32 (bf16), else None."""
     if precision == "bf16" and torch.device(device).type == "cpu":
-        return (f"precision=bf16 on the CPU is slower than fp32 ({BF16_CPU}) and less exact; it is meant "
-                f"for CUDA devices (precision=fp32 on the CPU)")
+        return (f"precision=bf16 on the CPU is usually slower than fp32 ({BF16_CPU}) and less exact; it is "
+                f"meant for CUDA devices (precision=fp32 on the CPU)")
     return None
 
 
