@@ -222,6 +222,32 @@ def test_report_tells_a_failed_job_from_one_that_never_started(launcher, tmp_pat
     assert "2 jobs, 2 finished" in _report([sweep, "--no-figure"])[1]  # the rerun's job: its reason gone
 
 
+@pytest.mark.parametrize("hydra_yaml", ["readable", "unreadable"])
+def test_report_says_a_job_s_config_is_unreadable_not_that_it_never_started(hydra_yaml, tmp_path):
+    """A sweep's job whose .hydra/config.yaml cannot be read (not UTF-8) has its folder: the report
+    leaves it out naming that file, and does not list it as a job that never started (its number
+    read from its hydra.yaml, or, that one unreadable too, from its folder's `<num>_` name)."""
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": {}},
+        "overrides": {"task": ["algo.beta=0.001,0.002"]}}}))
+    for num, beta in ((0, 0.001), (1, 0.002)):
+        folder = sweep / f"{num}_algo.beta={beta}"
+        _job(folder, 0, [0.5, 0.6], beta=beta)
+        (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    bad = sweep / "1_algo.beta=0.002"
+    (bad / ".hydra" / "config.yaml").write_bytes(b"seed: 0\nalgo: \xff\n")
+    if hydra_yaml == "unreadable":
+        (bad / ".hydra" / "hydra.yaml").write_bytes(b"hydra: \xff\n")
+    code, out, err = _report([sweep, "--no-figure"])
+    assert code == 0, err
+    assert f"left out {bad}: unreadable .hydra/" in out and "never started" not in out, out
+    assert "missing" not in out, out
+
+
 def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     """A sweep stopped by its second job (diverged: lr 1e30; a job refused by its options stops the
     sweep before any job starts, test_batched.py): the report leaves that job out, saying why, and
