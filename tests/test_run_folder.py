@@ -648,6 +648,25 @@ def test_resume_from_a_file_that_is_no_checkpoint_is_one_line_without_torchs_war
         _one_line(r, f"resume='{path}' is not a readable fedrun checkpoint", says)
 
 
+def test_a_refusal_in_a_folder_of_files_leaves_no_lock_and_a_finished_run_s_lock_stays(tmp_path):
+    """Refused in a folder that holds files but no .lock (a user's folder; a finished run's whose .lock
+    was cleaned away): the folder is as it was, no .lock left; a finished run's own .lock stays."""
+    import fedrun.outputs as outputs
+
+    run_dir = tmp_path / "X"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine\n")
+    (run_dir / "checkpoints").write_text("a file where the checkpoint folder goes\n")  # refused by the job
+    r = fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path)
+    _one_line(r, "is not a folder, and the run keeps its checkpoints there")
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "notes.txt"]
+    os.remove(run_dir / "checkpoints")
+    assert fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    assert (run_dir / outputs.LOCK_NAME).exists()  # a run's .lock is left in place (docs/outputs.md)
+    _one_line(fedrun([*TINY, "rounds=1", "tau=3", f"hydra.run.dir={run_dir}"], tmp_path), "of a different configuration")
+    assert (run_dir / outputs.LOCK_NAME).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_refused_first_command_leaves_no_folder(tmp_path):
     """A fresh clone's first command, refused after Hydra made its folder (outputs/runs/<time>_...):
     neither it nor the outputs/runs/ above it stays."""
