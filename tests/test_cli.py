@@ -199,6 +199,36 @@ def test_algo_help_explains_each_of_its_options(algo, tmp_path):
         assert meaning.startswith(" ".join(comment.split()[:4])), (key, meaning)
 
 
+def test_help_of_a_chosen_method_comes_first():
+    """`fedrun algo=X --help`: the method's own options right after the usage lines, before the ~290
+    lines of general options and choices (a user asked about X)."""
+    from fedrun.help import help_text
+
+    lines = help_text(["algo=fedprox", "--help"]).splitlines()
+    chosen = lines.index("algo=fedprox (algo/fedprox.yaml):")
+    general = lines.index("Options (key=value; default, then meaning; from conf/config.yaml):")
+    assert chosen < 10 < general and any(line.strip().startswith("algo.mu=") for line in lines[chosen:general])
+    assert help_text(["--help"]).splitlines().index(lines[general]) < 10  # nothing chosen: the options first
+
+
+def test_help_names_every_dataset_that_partition_natural_takes():
+    """partition=natural's line in `fedrun --help` names every dataset whose rows come with their own
+    clients (a dataset class's has_groups), not femnist alone."""
+    import re
+
+    from hydra.utils import get_class
+
+    from fedrun.config import group_file, load_conf
+    from fedrun.help import help_text
+
+    takes = [name for name in options("dataset") if not name.startswith("_") and
+             getattr(get_class(load_conf(group_file("dataset", name))["_target_"]), "has_groups", False)]
+    assert {"femnist", "shakespeare", "synthetic"} <= set(takes)
+    text = " ".join(help_text(["--help"]).split())
+    line = re.search(r" natural (.*?) \*?\w+ [A-Z]", text).group(1)  # up to the next choice
+    assert all(name in line for name in takes), line
+
+
 def _yaml_options(path) -> dict:
     """Every option of a yaml file -> (default as written, its inline comment), read here with a plain
     regex: dotted below a key that holds others (logger/mlflow.yaml: `mlflow.tracking_uri`); without
