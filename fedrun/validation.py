@@ -235,8 +235,8 @@ def _own_yaml(group: str, name: str, roots: list[str]) -> str:
     (docs/extending.md); with such folders given, that none of them holds it."""
     if len(roots) > 1:
         return f" ({group}/{name}.yaml is in none of the config folders: {', '.join(roots[1:])})"
-    return (f" (your own: {group}/{name}.yaml in a folder given by hydra.searchpath=[file://DIR] or FEDRUN_CONF_PATH=DIR, "
-            f"docs/extending.md)")
+    return (f" (your own: {group}/{name}.yaml in a folder given by hydra.searchpath=[file://DIR] or "
+            f"FEDRUN_CONF_PATH=DIR, docs/extending.md)")
 
 
 def precheck(argv: list[str], complete: bool = True) -> str | None:
@@ -262,7 +262,8 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             allowed = group_options(key, roots)
             for v in value.split(","):
                 if v not in allowed:
-                    return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}{_own_yaml(key, v, roots)}"
+                    return (f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
+                            f"{_own_yaml(key, v, roots)}")
             choices[key] = value.split(",")[0]
             swept[key] = value.split(",")
     if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise

@@ -88,7 +88,7 @@ def test_overrides_reach_the_run(tmp_path):
     (["taux=3"], "unknown option 'taux'; top-level options:"),
     (["optim.bogus=1"], "optim.bogus is not an option of optim; its options: betas, eps, gamma, lr_min, momentum"),
     (["+optim.bogus=1"], "optim.bogus is not an option of optim; its options: betas, eps, gamma, lr_min, momentum"),
-    (["algo=mine"], "(your own: algo/mine.yaml in a folder given by hydra.searchpath=[file://DIR] or FEDRUN_CONF_PATH=DIR"),
+    (["algo=mine"], "(your own: algo/mine.yaml in a folder given by hydra.searchpath=[file://DIR] or FEDRUN_CONF_PATH"),
     (["dataset=mine", "hydra.searchpath=[file://my_conf]"], "(dataset/mine.yaml is in none of the config folders: "),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
     (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),

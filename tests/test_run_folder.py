@@ -663,7 +663,8 @@ def test_a_refusal_in_a_folder_of_files_leaves_no_lock_and_a_finished_run_s_lock
     os.remove(run_dir / "checkpoints")
     assert fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
     assert (run_dir / outputs.LOCK_NAME).exists()  # a run's .lock is left in place (docs/outputs.md)
-    _one_line(fedrun([*TINY, "rounds=1", "tau=3", f"hydra.run.dir={run_dir}"], tmp_path), "of a different configuration")
+    r = fedrun([*TINY, "rounds=1", "tau=3", f"hydra.run.dir={run_dir}"], tmp_path)
+    _one_line(r, "of a different configuration")
     assert (run_dir / outputs.LOCK_NAME).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
 
 
