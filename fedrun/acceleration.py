@@ -51,6 +51,20 @@ def check(compile: str, precision: str, device: torch.device | str) -> None:
     if compile == "graphs" and torch.device(device).type != "cuda":
         raise ConfigError(f"compile=graphs captures CUDA graphs and needs a CUDA device (device={device}); "
                           f"use compile=default or none on the CPU")
+    if precision == "tf32" and torch.device(device).type != "cuda":  # refused, not run as fp32 under tf32's name
+        raise ConfigError(f"precision=tf32 has no effect on the CPU (device={device}): TF32 is a mode of CUDA "
+                          f"matmuls, so the run would compute fp32 while its record says tf32; use precision=fp32")
+
+
+BF16_CPU = "Per-FedAvg and pFedMe 2.5x and 4.2x per round in docs/performance.md's CPU sitting"
+
+
+def cpu_note(precision: str, device: torch.device | str) -> str | None:
+    """The warning of a precision that runs on the CPU but slower than fp32 (bf16), else None."""
+    if precision == "bf16" and torch.device(device).type == "cpu":
+        return (f"precision=bf16 on the CPU is usually slower than fp32 ({BF16_CPU}) and less exact; it is "
+                f"meant for CUDA devices (precision=fp32 on the CPU)")
+    return None
 
 
 @contextlib.contextmanager

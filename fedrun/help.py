@@ -2,7 +2,8 @@
 
 One source: conf/config.yaml's comments explain the top-level options, each group yaml's first
 comment line explains that choice, and the comments of `conf/algo/<name>.yaml` (or any group's
-yaml named on the command line, e.g. `fedrun algo=pfedme --help`) explain its options. Nothing here
+yaml named on the command line, e.g. `fedrun algo=pfedme --help`) explain its options, printed first
+(after the usage lines), before the general options and every group's choices. Nothing here
 lists an option or a choice by name; a new yaml or a new commented key shows up by itself.
 """
 from __future__ import annotations
@@ -158,22 +159,9 @@ def help_text(argv: list[str]) -> str:
     hydra_help = top.get("hydra", {}).get("help", {})
     _, options = read_yaml_doc(top_path)
     groups = _defaults(top)
-    lines = [str(hydra_help.get("header", "")).rstrip(), ""]
+    lines = [str(hydra_help.get("header", "")).rstrip()]
 
-    lines.append("Options (key=value; default, then meaning; from conf/config.yaml):")
-    lines += _rows([(f"{k}={v}", c) for k, v, c in options])
-
-    lines += ["", "Config groups (group=choice; * marks the default; `fedrun GROUP=CHOICE --help` lists its options):"]
-    for group, default in groups.items():
-        lines.append(f"  {group}:" + ("" if default is not None else "   (default: none)"))
-        pairs = []
-        for name in group_options(group, roots):
-            header, _ = read_yaml_doc(group_file(group, name, roots))
-            pairs.append((("*" if name == default else " ") + name, _first_sentence(header)))
-        lines += _rows(pairs, indent=4)
-    lines.append("  hydra/launcher:   (with -m)")
-    lines += _rows([(("*" if n == "basic" else " ") + n, d) for n, d in _launchers(roots)], indent=4)
-
+    # the choices the command line names first (`fedrun algo=X --help`: its options on the first screen)
     for group, name in _chosen(argv, [*groups, "hydra/launcher"]):
         if name not in group_options(group, roots):  # hydra/launcher=basic|batched|joblib: no yaml of fedrun's
             continue
@@ -190,6 +178,20 @@ def help_text(argv: list[str]) -> str:
             prefix = "" if group == "experiment" else f"{group.replace('/', '.')}."
             lines.append(f"  options ({prefix}key=value; default, then meaning):" if prefix else "  sets:")
             lines += _rows([(f"{prefix}{k}={v}", c) for k, v, c in opts], indent=4)
+
+    lines += ["", "Options (key=value; default, then meaning; from conf/config.yaml):"]
+    lines += _rows([(f"{k}={v}", c) for k, v, c in options])
+
+    lines += ["", "Config groups (group=choice; * marks the default; `fedrun GROUP=CHOICE --help` lists its options):"]
+    for group, default in groups.items():
+        lines.append(f"  {group}:" + ("" if default is not None else "   (default: none)"))
+        pairs = []
+        for name in group_options(group, roots):
+            header, _ = read_yaml_doc(group_file(group, name, roots))
+            pairs.append((("*" if name == default else " ") + name, _first_sentence(header)))
+        lines += _rows(pairs, indent=4)
+    lines.append("  hydra/launcher:   (with -m)")
+    lines += _rows([(("*" if n == "basic" else " ") + n, d) for n, d in _launchers(roots)], indent=4)
 
     footer = str(hydra_help.get("footer", "")).rstrip()
     if footer:

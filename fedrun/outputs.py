@@ -88,14 +88,22 @@ def lock_folder(folder: str) -> int:
     Raises FolderBusy, naming the holder's pid, when another job holds it (in this process or another).
     """
     os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    path = os.path.join(folder, LOCK_NAME)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise FolderBusy(f"{folder} is in use by another fedrun (pid {holder}); wait for it to end, "
+                             f"or give this run its own hydra.run.dir") from None
+        try:  # the file locked is still the folder's (a refused job removes its own lock file while holding it)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise FolderBusy(f"{folder} is in use by another fedrun (pid {holder}); wait for it to end, "
-                         f"or give this run its own hydra.run.dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

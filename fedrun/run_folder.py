@@ -52,6 +52,7 @@ class RunFolder:
 
     def __init__(self, path: str, record: dict[str, str] | None = None, plot: bool = True, plot_format: str = "png"):
         self.path, self.record, self.plot, self.plot_format = path, record, plot, plot_format
+        self.own_lock_file = not os.path.lexists(self.file(outputs.LOCK_NAME))  # a refusal removes it (`refuse`)
         try:  # taken before the folder is read, released by close() or the process's end
             self.lock: int | None = outputs.lock_folder(path)
         except outputs.FolderBusy as e:
@@ -71,11 +72,13 @@ class RunFolder:
         return self.file(f"{name}.{self.plot_format}")
 
     def refuse(self) -> None:
-        """The job was refused before it wrote anything: a folder of its own making goes (no trace)."""
-        if os.listdir(self.path) == [outputs.LOCK_NAME]:
-            os.remove(self.file(outputs.LOCK_NAME))
-            discard_empty(self.path)
+        """The job was refused before it wrote anything: no trace. The lock file goes unless the
+        folder had one before (a run's that finished there), and so does a folder left empty."""
+        if self.lock is not None and (self.own_lock_file or os.listdir(self.path) == [outputs.LOCK_NAME]):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.file(outputs.LOCK_NAME))  # while held: a contender re-checks it (lock_folder)
         self.close()
+        discard_empty(self.path)
 
     def close(self) -> None:
         """Releases the folder (its metrics log closed first)."""

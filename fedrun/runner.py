@@ -33,7 +33,7 @@ from .engine import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
-from .acceleration import LocalSteps
+from .acceleration import LocalSteps, cpu_note
 from .memory import budget_bytes, plan as plan_memory
 from .config import follows_dataset_vocab, instantiate_checked, instantiate_model
 from .simulate import Diverged, Progress, Replica, simulate_group
@@ -103,7 +103,7 @@ class Job:
         passes = check_passes(self.algo, sched, sizes)
         check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
                           self.algo, int(sizes.max()) // sched.batch_size)
-        for line in _warnings(cfg, self.data, self.algo) + passes:
+        for line in _warnings(cfg, self.data, self.algo, self.device) + passes:
             print(f"fedrun: warning: {line}", file=sys.stderr)
         given = (cfg.get("dataset") or {}).get("vocab_size")
         if self.data.vocab_size is not None and isinstance(given, int) and self.data.vocab_size < given \
@@ -198,7 +198,8 @@ class Job:
         """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
         between summary.json and the figure)."""
         who = self.identity()
-        self.folder.plot_metrics(title=f"{who['algo']} on {who['data']}, seed {self.cfg.seed}",
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        self.folder.plot_metrics(title=f"{who['algo']} on {data_title(choices, who['data'])}, seed {self.cfg.seed}",
                                  personalized=f"personalized ({who['algo']}'s own personalization)")
 
     def identity(self) -> dict:
@@ -208,6 +209,14 @@ class Job:
                 "data": choices.get("data") or self.data.name,
                 "model": choices.get("model") or str(self.cfg.model.get("_target_")),
                 "experiment": choices.get("experiment"), "seed": self.cfg.seed}
+
+
+def data_title(choices: dict, data: str) -> str:
+    """The data as a figure's title names it: a composed data (`dataset=` x `partition=`) by its
+    dataset and partition (`mnist, partition=dirichlet`), not by `composed`; a preset (data=) by its name."""
+    if choices.get("dataset"):
+        return f"{choices['dataset']}, partition={choices.get('partition') or 'iid'}"
+    return data
 
 
 USER_ERRORS = (ConfigError, DataMissingError)
@@ -384,10 +393,10 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     return result
 
 
-def _warnings(cfg: DictConfig, data: FederatedData, algo) -> list[str]:
+def _warnings(cfg: DictConfig, data: FederatedData, algo, device: torch.device) -> list[str]:
     """Settings that run, but likely not as meant (a round in passes over the clients' rows:
     `validation.check_passes`)."""
-    out = []
+    out = [line for line in [cpu_note(cfg.get("precision", "fp32"), device)] if line]
     given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
     if cfg.frac is not None and "clients_per_round" in given:
         out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")

@@ -310,6 +310,13 @@ def _repeated_sweep_value(argv: list[str]) -> str | None:
                 return (f"{o.input_line} lists {v!r} twice: its jobs would be "
                         f"the same run, counted as two in the sweep's summary; give each value once")
     return None
+def _own_yaml(group: str, name: str, roots: list[str]) -> str:
+    """Where a config of one's own goes (fedrun.config.search_roots): `hydra.searchpath` or $FEDRUN_CONF_PATH
+    (docs/extending.md); with such folders given, that none of them holds it."""
+    if len(roots) > 1:
+        return f" ({group}/{name}.yaml is in none of the config folders: {', '.join(roots[1:])})"
+    return (f" (your own: {group}/{name}.yaml in a folder given by hydra.searchpath=[file://DIR] or "
+            f"FEDRUN_CONF_PATH=DIR, docs/extending.md)")
 
 
 def precheck(argv: list[str], complete: bool = True) -> str | None:
@@ -338,7 +345,8 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             allowed = group_options(key, roots)
             for v in value.split(","):
                 if v not in allowed:
-                    return f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
+                    return (f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
+                            f"{_own_yaml(key, v, roots)}")
             choices[key] = value.split(",")[0]
             swept[key] = value.split(",")
     if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
@@ -376,4 +384,6 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
         elif head not in top:
             known = sorted(k for k in top if k not in ("defaults", "hydra"))
             return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join((*GROUPS, PRESETS))}"
+        elif rest and OmegaConf.is_dict(top[head]) and rest.split(".")[0] not in top[head]:  # optim.bogus
+            return f"{key} is not an option of {head}; its options: {', '.join(sorted(top[head]))}"
     return None

@@ -642,6 +642,42 @@ MUTANTS += [
            "precision=bf16 autocasts to float16"),
 ]
 
+# figures and the smaller traps of issue 46 (items 7, 8)
+FIG_SUMMARY = ("tests/test_report.py::"
+               "test_summary_figure_names_methods_holds_its_bands_and_shows_a_method_evaluated_once")
+MUTANTS += [
+    Mutant("plots-bands-cut-off", "fedrun/plots.py",
+           'fit_ylim(ax, [c["mean"] for c in curves.values()], spreads=[c["std"] for c in curves.values()])',
+           'fit_ylim(ax, [c["mean"] for c in curves.values()])',
+           (FIG_SUMMARY,), "summary.png: the y-axis fitted to the means only, cutting off the +- std bands"),
+    Mutant("plots-evaluated-once-bare-dot", "fedrun/plots.py",
+           "if mean.notna().sum() == 1:", "if False:",
+           (FIG_SUMMARY,), "summary.png: a configuration evaluated once drawn as a one-point line (a bare dot)"),
+    Mutant("plots-no-unseen-curves", "fedrun/plots.py",
+           'if f"new_{prefix}_acc" in df and', 'if False and f"new_{prefix}_acc" in df and',
+           ("tests/test_run_folder.py::test_metrics_png_names_dataset_and_partition_and_draws_the_unseen_clients",),
+           "metrics.png: the unseen clients' curves left out"),
+    Mutant("report-legend-method-defaults", "fedrun/report/figure.py",
+           "if len({repr(p.get(o, missing)) for p in peers}) < 2:", "if False:",
+           ("tests/test_report.py::"
+            "test_legend_of_one_method_s_options_across_methods_names_the_method_and_what_differs",),
+           "summary.png legend: each method's own defaults listed as differences"),
+    Mutant("report-unreadable-never-started", "fedrun/report/jobs.py",
+           'job.num = _folder_num(path, None if name == "hydra.yaml" else hydra_yaml)', "job.num = None",
+           ("tests/test_run_folder.py::test_report_says_a_job_s_config_is_unreadable_not_that_it_never_started",),
+           "fedrun-report: a job with an unreadable config also listed as never started"),
+    Mutant("refusal-keeps-lock", "fedrun/run_folder.py",
+           "(self.own_lock_file or os.listdir", "(os.listdir",
+           ("tests/test_run_folder.py::"
+            "test_a_refusal_in_a_folder_of_files_leaves_no_lock_and_a_finished_run_s_lock_stays",),
+           "a refused run leaves its .lock in a folder holding other files"),
+    Mutant("tf32-on-cpu-silent", "fedrun/acceleration.py",
+           'if precision == "tf32" and torch.device(device).type != "cuda":', "if False:",
+           ("tests/test_acceleration.py::test_precision_on_the_cpu_says_what_it_does",),
+           "precision=tf32 on the CPU runs fp32 silently"),
+]
+
+
 def _copy(dst: str) -> None:
     for name in COPY:
         src = os.path.join(REPO, name)

@@ -136,6 +136,25 @@ def test_the_options_are_checked_in_one_line():
         check("graphs", "fp32", "cpu")
 
 
+def test_precision_on_the_cpu_says_what_it_does(tmp_path):
+    """precision=tf32 on the CPU is refused in one line (it would compute fp32 under tf32's name);
+    bf16 on the CPU runs, with one warning that it is slower there; on CUDA neither is said."""
+    from fedrun.acceleration import cpu_note
+
+    with pytest.raises(ConfigError, match=r"^precision=tf32 has no effect on the CPU \(device=cpu\).*precision=fp32$"):
+        check("none", "tf32", "cpu")
+    check("none", "tf32", "cuda")
+    assert cpu_note("bf16", "cuda") is None and cpu_note("fp32", "cpu") is None
+    r = fedrun(["precision=tf32", "device=cpu", "rounds=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "precision=tf32 has no effect on the CPU" in r.stderr and not (tmp_path / "run").exists()
+    r = fedrun(["precision=bf16", "device=cpu", "rounds=1", "data.num_clients=6", "data.seed=9", "tau=2",
+                "clients_per_round=3", "progress=false", "plot=false", f"hydra.run.dir={tmp_path / 'bf'}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if line.startswith("fedrun: warning:")]
+    assert warned == [f"fedrun: warning: {cpu_note('bf16', 'cpu')}"] and "slower than fp32" in warned[0]
+
+
 def test_a_bad_compile_option_stops_the_run_before_it_starts(tmp_path):
     r = fedrun(["compile=graphs", "device=cpu", "rounds=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 2

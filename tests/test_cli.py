@@ -86,6 +86,10 @@ def test_overrides_reach_the_run(tmp_path):
     (["device=tpu"], "device='tpu' is not allowed; choose one of: auto, cpu, cuda, cuda:N"),
     (["clients_per_round=7"], "clients_per_round=7 exceeds the 6 clients of the data; allowed: 1..6"),
     (["taux=3"], "unknown option 'taux'; top-level options:"),
+    (["optim.bogus=1"], "optim.bogus is not an option of optim; its options: betas, eps, gamma, lr_min, momentum"),
+    (["+optim.bogus=1"], "optim.bogus is not an option of optim; its options: betas, eps, gamma, lr_min, momentum"),
+    (["algo=mine"], "(your own: algo/mine.yaml in a folder given by hydra.searchpath=[file://DIR] or FEDRUN_CONF_PATH"),
+    (["dataset=mine", "hydra.searchpath=[file://my_conf]"], "(dataset/mine.yaml is in none of the config folders: "),
     (["algo=fedavg", "algo.variant=fo"], "algo.variant is not an option of algo=fedavg; its options: alpha, beta"),
     (["data.iid=true"], "data.alpha=0.5: must be 0 with data.iid=true"),
     # runs that trained nothing, or a part of the model, and exited 0 (issue 46)
@@ -213,6 +217,36 @@ def test_algo_help_explains_each_of_its_options(algo, tmp_path):
         assert comment, f"conf/algo/{algo}.yaml: {key} has no comment to explain it"
         meaning = _help_meaning(r.stdout, f"algo.{key}={default}")
         assert meaning.startswith(" ".join(comment.split()[:4])), (key, meaning)
+
+
+def test_help_of_a_chosen_method_comes_first():
+    """`fedrun algo=X --help`: the method's own options right after the usage lines, before the ~290
+    lines of general options and choices (a user asked about X)."""
+    from fedrun.help import help_text
+
+    lines = help_text(["algo=fedprox", "--help"]).splitlines()
+    chosen = lines.index("algo=fedprox (algo/fedprox.yaml):")
+    general = lines.index("Options (key=value; default, then meaning; from conf/config.yaml):")
+    assert chosen < 10 < general and any(line.strip().startswith("algo.mu=") for line in lines[chosen:general])
+    assert help_text(["--help"]).splitlines().index(lines[general]) < 10  # nothing chosen: the options first
+
+
+def test_help_names_every_dataset_that_partition_natural_takes():
+    """partition=natural's line in `fedrun --help` names every dataset whose rows come with their own
+    clients (a dataset class's has_groups), not femnist alone."""
+    import re
+
+    from hydra.utils import get_class
+
+    from fedrun.config import group_file, load_conf
+    from fedrun.help import help_text
+
+    takes = [name for name in options("dataset") if not name.startswith("_") and
+             getattr(get_class(load_conf(group_file("dataset", name))["_target_"]), "has_groups", False)]
+    assert {"femnist", "shakespeare", "synthetic"} <= set(takes)
+    text = " ".join(help_text(["--help"]).split())
+    line = re.search(r" natural (.*?) \*?\w+ [A-Z]", text).group(1)  # up to the next choice
+    assert all(name in line for name in takes), line
 
 
 def _yaml_options(path) -> dict:

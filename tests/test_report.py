@@ -495,10 +495,77 @@ def test_summary_figure_fits_its_axes_labels_lines_by_the_swept_values_and_keeps
     low, high = pers.get_ylim()
     assert 0.88 < low < 0.89 and 0.971 < high < 0.98, (low, high)  # 0.89 (the lowest after the climb) to 0.971, padded
     legend, = fig.legends
-    assert legend.get_title().get_text() == "algo.K, algo.lr"
+    assert legend.get_title().get_text() == "pfedme: algo.K, algo.lr"  # one method's options: its name heads them
     assert [t.get_text() for t in legend.get_texts()][:3] == ["0, 0.01", "0, 0.02", "1, 0.01"]
     styles = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in pers.get_lines()}
     assert len(pers.get_lines()) == 22 and len({(c, m) for c, m, _ in styles}) == 22
+
+
+def test_summary_figure_names_methods_holds_its_bands_and_shows_a_method_evaluated_once(tmp_path, monkeypatch):
+    """Three methods, each with its own defaults (algo.lr, algo.finetune_steps differ between them:
+    no difference the sweep made): the legend is the methods' names and the one option the sweep
+    varied (eval_every), not `algo=fedproto, algo.finetune_steps=0, ...`; each panel's y-axis holds
+    every mean +- std after the climb (a band was cut off at the top); the method evaluated once is a
+    marker with its +- std bar, and the legend says it was evaluated once."""
+    import numpy as np
+    from matplotlib.container import ErrorbarContainer
+
+    root = tmp_path / "s"
+    pers = {0: [0.5, 0.6, 0.7, 0.80], 1: [0.5, 0.6, 0.7, 0.98]}  # last round: 0.89 +- 0.127, past 1.0
+    n = 0
+    for algo, extra in (("fedavg", {"lr": 0.02, "finetune_steps": 1}), ("fedproto", {"lr": 0.01, "finetune_steps": 0}),
+                        ("fedrep", {"lr": 0.02, "finetune_steps": 0})):
+        for seed in (0, 1):
+            _write_job(root / f"{n}_algo={algo}", n, algo, seed, 10, pers[seed], [0.3] * 4, extra=extra)
+            n += 1
+    for seed, last in ((0, 0.70), (1, 0.76)):  # evaluated after its last round only (eval_every=10 > rounds)
+        folder = root / f"{n}_once"
+        _write_job(folder, n, "fedbabu", seed, 10, [0.5, 0.6, 0.7, last], [0.3] * 4,
+                   extra={"lr": 0.02, "finetune_steps": 5})
+        cfg = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**cfg, "eval_every": 10}))
+        m = pd.read_csv(folder / "metrics.csv")
+        m.iloc[[-1]].to_csv(folder / "metrics.csv", index=False)
+        n += 1
+    fig = _captured_figure(monkeypatch, root)
+    legend, = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "fedavg, eval_every=1", "fedbabu, eval_every=10 (evaluated once)", "fedproto, eval_every=1",
+        "fedrep, eval_every=1"]
+    assert legend.get_title().get_text() == ""
+    pers_ax = [ax for ax in fig.axes if ax.get_visible() and ax.get_title() == "personalized accuracy"][0]
+    low, high = pers_ax.get_ylim()
+    s = pd.DataFrame(pers)
+    mean, std = s.mean(axis=1), s.std(axis=1)
+    assert high >= (mean + std).max() and low <= (mean - std).iloc[int(len(s) * 0.2):].min(), (low, high)
+    once, = [c for c in pers_ax.containers if isinstance(c, ErrorbarContainer)]
+    point, _, (bar,) = once
+    assert once.get_label() == "fedbabu, eval_every=10 (evaluated once)"
+    assert point.get_markersize() >= 6 and point.get_xdata().tolist() == [4]
+    segment = bar.get_segments()[0]  # the +- std bar: 0.73 +- the two seeds' std
+    assert np.allclose(segment[:, 1], [0.73 - np.std([0.70, 0.76], ddof=1), 0.73 + np.std([0.70, 0.76], ddof=1)])
+
+
+def test_legend_of_one_method_s_options_across_methods_names_the_method_and_what_differs():
+    """fedprox at two mu beside fedavg: `fedprox, mu=0.01`, `fedprox, mu=0.1`, `fedavg` (algo.lr, each
+    method's default, differs too, and is left out); a partition's option differs: shown whole."""
+    from fedrun.report.figure import short_labels
+    from fedrun.report.jobs import Group
+
+    def group(label, settings, varying):
+        return Group(label=label, settings={k: settings[k] for k in varying if k in settings},
+                     jobs=[Job(path=label, settings=settings)])
+
+    configs = [{"algo": "fedavg", "algo.lr": 0.02, "partition.alpha": 0.1},
+               {"algo": "fedprox", "algo.lr": 0.01, "algo.mu": 0.01, "partition.alpha": 0.1},
+               {"algo": "fedprox", "algo.lr": 0.01, "algo.mu": 0.1, "partition.alpha": 0.1},
+               {"algo": "fedprox", "algo.lr": 0.01, "algo.mu": 0.1, "partition.alpha": 0.5}]
+    varying = ["algo", "algo.lr", "algo.mu", "partition.alpha"]
+    groups = [group(f"g{i}", c, varying) for i, c in enumerate(configs)]
+    names, title = short_labels(groups)
+    assert list(names.values()) == ["fedavg, partition.alpha=0.1", "fedprox, mu=0.01, partition.alpha=0.1",
+                                    "fedprox, mu=0.1, partition.alpha=0.1", "fedprox, mu=0.1, partition.alpha=0.5"]
+    assert title is None
 
 
 @pytest.mark.parametrize("fmt, magic", [("pdf", b"%PDF"), ("svg", b"<?xml")])

@@ -222,6 +222,32 @@ def test_report_tells_a_failed_job_from_one_that_never_started(launcher, tmp_pat
     assert "2 jobs, 2 finished" in _report([sweep, "--no-figure"])[1]  # the rerun's job: its reason gone
 
 
+@pytest.mark.parametrize("hydra_yaml", ["readable", "unreadable"])
+def test_report_says_a_job_s_config_is_unreadable_not_that_it_never_started(hydra_yaml, tmp_path):
+    """A sweep's job whose .hydra/config.yaml cannot be read (not UTF-8) has its folder: the report
+    leaves it out naming that file, and does not list it as a job that never started (its number
+    read from its hydra.yaml, or, that one unreadable too, from its folder's `<num>_` name)."""
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": {}},
+        "overrides": {"task": ["algo.beta=0.001,0.002"]}}}))
+    for num, beta in ((0, 0.001), (1, 0.002)):
+        folder = sweep / f"{num}_algo.beta={beta}"
+        _job(folder, 0, [0.5, 0.6], beta=beta)
+        (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    bad = sweep / "1_algo.beta=0.002"
+    (bad / ".hydra" / "config.yaml").write_bytes(b"seed: 0\nalgo: \xff\n")
+    if hydra_yaml == "unreadable":
+        (bad / ".hydra" / "hydra.yaml").write_bytes(b"hydra: \xff\n")
+    code, out, err = _report([sweep, "--no-figure"])
+    assert code == 0, err
+    assert f"left out {bad}: unreadable .hydra/" in out and "never started" not in out, out
+    assert "missing" not in out, out
+
+
 def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     """A sweep stopped by its second job (diverged: lr 1e30; a job refused by its options stops the
     sweep before any job starts, test_batched.py): the report leaves that job out, saying why, and
@@ -351,6 +377,41 @@ def test_summary_names_its_run_and_the_figure_says_what_it_draws(tmp_path, monke
         assert line.get_linewidth() >= 2 * train.get_linewidth() and line.get_zorder() < train.get_zorder()
     _assert_legends_clear_of_labels(fig)
     assert not (run_dir / "cli.log").exists()  # Hydra's job log was always empty: not written
+
+
+def test_metrics_png_names_dataset_and_partition_and_draws_the_unseen_clients(tmp_path, monkeypatch):
+    """A composed run (dataset= x partition=) with held-out clients: metrics.png's title names the
+    dataset and the partition (not `composed`); its accuracy panel draws the unseen clients' global and
+    personalized accuracy (metrics.csv new_*_acc), each below its model's column in the legend, and
+    its loss panel their test losses, the same numbers as metrics.csv's."""
+    import fedrun.plots as plots
+
+    drawn = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, title="": (
+        drawn.append((fig, title)) if str(out).endswith("metrics.png") else None, real_save(fig, out, title)))
+    run_dir = tmp_path / "X"
+    r = fedrun(["dataset=synthetic", "dataset.num_clients=8", "dataset.seed=9", "partition.holdout=2", "algo=fedavg",
+                "tau=2", "clients_per_round=3", "rounds=2", "progress=false", "plot=true", "partition=natural",
+                f"hydra.run.dir={run_dir}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (fig, title), = drawn
+    assert title == "fedavg on synthetic, partition=natural, seed 0"
+    acc, loss = fig.axes
+    texts = [t.get_text() for t in acc.get_legend().get_texts()]
+    pers = "personalized (fedavg's own personalization)"
+    assert texts == ["global model (pooled)", "middle half of its clients (p25-p75)",
+                     "lowest tenth of its clients below (p10)", "unseen clients, global model (pooled)",
+                     f"{pers} (pooled)", "middle half of its clients (p25-p75)",
+                     "lowest tenth of its clients below (p10)", f"unseen clients, {pers} (pooled)"]
+    m = pd.read_csv(run_dir / "metrics.csv")
+    lines = {line.get_label(): line for ax in (acc, loss) for line in ax.get_lines()}
+    for label, column in (("unseen clients, global model (pooled)", "new_global_acc"),
+                          (f"unseen clients, {pers} (pooled)", "new_pers_acc"),
+                          ("test loss, unseen clients, global model", "new_global_loss"),
+                          (f"test loss, unseen clients, {pers}", "new_pers_loss")):
+        assert lines[label].get_ydata().tolist() == m[column].tolist(), label
+    _assert_legends_clear_of_labels(fig)
 
 
 def _assert_legends_clear_of_labels(fig):
@@ -585,6 +646,26 @@ def test_resume_from_a_file_that_is_no_checkpoint_is_one_line_without_torchs_war
     for path, says in ((text, "it is not a file torch.save wrote"), (proto4, "(ValueError: ")):
         r = fedrun([*TINY, "rounds=1", f"resume={path}", f"hydra.run.dir={tmp_path / 'X'}"], tmp_path)
         _one_line(r, f"resume='{path}' is not a readable fedrun checkpoint", says)
+
+
+def test_a_refusal_in_a_folder_of_files_leaves_no_lock_and_a_finished_run_s_lock_stays(tmp_path):
+    """Refused in a folder that holds files but no .lock (a user's folder; a finished run's whose .lock
+    was cleaned away): the folder is as it was, no .lock left; a finished run's own .lock stays."""
+    import fedrun.outputs as outputs
+
+    run_dir = tmp_path / "X"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine\n")
+    (run_dir / "checkpoints").write_text("a file where the checkpoint folder goes\n")  # refused by the job
+    r = fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path)
+    _one_line(r, "is not a folder, and the run keeps its checkpoints there")
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "notes.txt"]
+    os.remove(run_dir / "checkpoints")
+    assert fedrun([*TINY, "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    assert (run_dir / outputs.LOCK_NAME).exists()  # a run's .lock is left in place (docs/outputs.md)
+    r = fedrun([*TINY, "rounds=1", "tau=3", f"hydra.run.dir={run_dir}"], tmp_path)
+    _one_line(r, "of a different configuration")
+    assert (run_dir / outputs.LOCK_NAME).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
 
 
 def test_a_refused_first_command_leaves_no_folder(tmp_path):

@@ -92,6 +92,7 @@ def load_job(path: str) -> Job:
         except Exception as e:  # noqa: BLE001 - YAML, UTF-8 or I/O errors: the job is left out, saying which
             where = getattr(e, "problem_mark", None)
             job.status = f"unreadable .hydra/{name} ({type(e).__name__}{f' at line {where.line + 1}' if where else ''})"
+            job.num = _folder_num(path, None if name == "hydra.yaml" else hydra_yaml)  # its folder is there: it started
             return job
         cfg, hy = (got, hy) if name == "config.yaml" else (cfg, got)
     if not isinstance(cfg, dict) or not all(k in cfg for k in FEDRUN_OPTIONS):
@@ -117,6 +118,19 @@ def load_job(path: str) -> Job:
     job.key = tuple(sorted((k, repr(v)) for k, v in settings.items() if v is not None))
     job.status = _status(job, path, cfg)
     return job
+
+
+def _folder_num(path: str, hydra_yaml: str | None) -> int | None:
+    """The sweep job number of a folder whose config cannot be read: its .hydra/hydra.yaml's, when
+    that one reads, else the `<num>_` its name starts with (hydra.sweep.subdir), else None."""
+    try:
+        num = (((read_yaml(hydra_yaml) or {}).get("hydra") or {}).get("job") or {}).get("num") if hydra_yaml else None
+    except Exception:  # noqa: BLE001 - unreadable too: the folder's name
+        num = None
+    if isinstance(num, int) and not isinstance(num, bool):
+        return num
+    head = os.path.basename(os.path.normpath(path)).split("_", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _fill_added_options(flat: dict, choices: dict) -> None:
