@@ -22,11 +22,15 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   agnews_dir_textcnn        AG News, Dirichlet alpha=0.1, 20 clients, all per round, TextCNN, batch 50 (GPU)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
 client's rows split 75 / 25 train / test); --dataset.root is the folder holding MNIST/raw or
-cifar-10-batches-py. --data-overrides adds fedrun data options (e.g. "partition.num_clients=50").
+cifar-10-batches-py. --data-overrides adds fedrun options (e.g. "partition.num_clients=50"); a model=,
+dataset=, partition= or data= there replaces the setting's, whose options of that group stay only where
+the new choice takes them (docs/baselines.md "Another model, dataset or partition").
 
     python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --eval-every 5
     python scripts/baselines.py --setting mnist_shards2 --dataset.root /work/shared/data --seeds 0,1,2
     python scripts/baselines.py --quick              # 2 rounds of 2 steps, 6 small synthetic clients, seed 0
+    python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --quick \
+        --data-overrides "model=fedavg_cnn"      # another model (or dataset=, partition=) for the setting's
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
 
 Writes baselines.csv, baselines.md and baselines.png into the output folder it prints.

@@ -262,7 +262,8 @@ from fedrun.cli import main
 sys.argv[0] = 'fedrun'
 main()
 """
-STOPPED = [*TINY, "rounds=4", "checkpoint_every=1", "seed=0,1", "hydra/launcher=batched", "~hydra.callbacks.sweep_report"]
+STOPPED = [*TINY, "rounds=4", "checkpoint_every=1", "seed=0,1", "hydra/launcher=batched",
+           "~hydra.callbacks.sweep_report"]
 
 
 @pytest.fixture(scope="module")
@@ -351,5 +352,6 @@ def test_a_group_checkpoints_its_seeds_at_the_same_rounds():
     due = {0: lambda: len(saved[0]) == 0, 1: lambda: False}  # seed 0 due after round 1, seed 1 never
     runs = [Replica(s, params_of(model), on_checkpoint=lambda at, s=s: saved[s].append(at.round), checkpoint_due=due[s])
             for s in (0, 1)]
-    simulate_group(FedAvg(), VmapEngine(model), data, runs, Schedule(rounds=3, tau=1, clients_per_round=2, batch_size=5))
+    sched = Schedule(rounds=3, tau=1, clients_per_round=2, batch_size=5)
+    simulate_group(FedAvg(), VmapEngine(model), data, runs, sched)
     assert saved == {0: [1, 3], 1: [1, 3]}
