@@ -355,3 +355,18 @@ def test_a_group_checkpoints_its_seeds_at_the_same_rounds():
     sched = Schedule(rounds=3, tau=1, clients_per_round=2, batch_size=5)
     simulate_group(FedAvg(), VmapEngine(model), data, runs, sched)
     assert saved == {0: [1, 3], 1: [1, 3]}
+
+
+def test_seeds_at_different_rounds_without_a_common_checkpoint_resume_from_their_own(tmp_path, capsys):
+    """Where a seed lacks the group's common round's checkpoint (none written there), the seeds keep
+    their own resume points, and one line says so."""
+    from types import SimpleNamespace
+
+    from fedrun.runner import _resume_together
+
+    jobs = [SimpleNamespace(cfg=OmegaConf.create({"resume": "auto"}), ck={"round": r, "path": "p"},
+                            out_dir=str(tmp_path / str(r))) for r in (4, 2)]
+    _resume_together(jobs)
+    assert [j.ck["round"] for j in jobs] == [4, 2]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped at rounds [2, 4]" in err and "round 2" in err, err
