@@ -139,6 +139,11 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
+    return _matching(ck, cfg)
+
+
+def _matching(ck: dict, cfg: DictConfig) -> dict:
+    """`ck`, if it is of `cfg`'s configuration; else a ConfigError naming what differs."""
     diff = differences(ck["config"], cfg)
     if diff:
         raise ConfigError(
@@ -146,3 +151,15 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
             f"run elsewhere (hydra.run.dir=...) or start over with resume=false"
         )
     return ck
+
+
+def resume_point_at(cfg: DictConfig, out_dir: str, rnd: int) -> dict | None:
+    """The run's own checkpoint of round `rnd` (checkpoints/round_<rnd>.pt), if it is there and
+    readable; None otherwise. For the seeds of a batched group that a kill left at different rounds:
+    they go back to their common round (fedrun.runner)."""
+    path = os.path.join(out_dir, "checkpoints", f"round_{rnd:07d}.pt")
+    try:
+        ck = outputs.read_checkpoint(path)
+    except Exception:  # noqa: BLE001 - missing or unreadable: the caller says what it does instead
+        return None
+    return _matching(ck, cfg)

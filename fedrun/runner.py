@@ -31,7 +31,7 @@ from .errors import DataMissingError
 from .device import cpu_threads, keep_freed_memory, resolve_device
 from .engine import ENGINES, params_of
 from .protocol import apply_protocol
-from .resume import find_resume_point, fingerprint
+from .resume import find_resume_point, fingerprint, resume_point_at
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .acceleration import LocalSteps, cpu_note
 from .memory import budget_bytes, plan as plan_memory
@@ -259,12 +259,39 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
                     part.append((i, job))
             if part:
                 try:
+                    _resume_together([job for _, job in part])
                     ends = _run_together([job for _, job in part])
                 except USER_ERRORS as e:  # an output that cannot be written: every job of the group
                     ends = [e] * len(part)
                 for (i, _), res in zip(part, ends):
                     results[i] = res
     return results
+
+
+def _resume_together(jobs: list[Job]) -> None:
+    """Seeds of one group resume from one round: a kill between their checkpoints' writes (each
+    atomic, one after the other) can leave some a checkpoint ahead of the others. Those go back to
+    the group's common round, from their own checkpoint of it (a folder keeps its newest two, and
+    a group checkpoints at the same rounds), so the group trains on as the uninterrupted one did.
+    Where one lacks that checkpoint, the seeds resume from their own rounds, said in one line (their
+    numbers may then differ from the uninterrupted sweep's in the last float bits)."""
+    if len(jobs) < 2 or any(str(job.cfg.resume) not in ("auto", "True", "true") for job in jobs):
+        return  # (resume=false starts every seed over; resume=<path> is what the user chose)
+    rounds = [job.ck["round"] if job.ck is not None else 0 for job in jobs]
+    common = min(rounds)
+    if common == max(rounds):
+        return
+    back = [(job, resume_point_at(job.cfg, job.out_dir, common) if common else None)
+            for job, rnd in zip(jobs, rounds) if rnd > common]
+    if common and any(ck is None for _, ck in back):
+        print(f"fedrun: warning: the seeds of one group were stopped at rounds {sorted(set(rounds))} and not all "
+              f"keep a checkpoint of round {common}; each resumes from its own round", file=sys.stderr)
+        return
+    for job, ck in back:
+        print(f"fedrun: {job.out_dir}: its group's other seeds stopped at round {common}; it goes back to "
+              f"{'round ' + str(common) if common else 'the start'} with them (from its round {job.ck['round']})",
+              file=sys.stderr)
+        job.ck = ck
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,7 +1,10 @@
 """THE round loop: sample clients, local steps for all of them at once, server step, evaluate, log."""
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -373,26 +376,57 @@ def simulate_group(
         local = train(algo, engine, local, data, idx, rnd, aug)
         bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
         offset = 0
-        for r, (clients, trained, _, _) in zip(active, draws):
-            n = len(trained)
-            mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + n], local)
-            bad = [i - offset for i in bad_all if offset <= i < offset + n]
-            offset += n
-            try:
-                eval_s += _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad, checkpoint_every)
-            except Diverged as e:
-                r.error = e
+        with _signals_held(len(active) > 1):  # every replica finishes the round, or none (an interrupt waits)
+            for r, (clients, trained, _, _) in zip(active, draws):
+                n = len(trained)
+                mine = local if len(active) == 1 else tree_map(lambda v: v[offset : offset + n], local)
+                bad = [i - offset for i in bad_all if offset <= i < offset + n]
+                offset += n
+                try:
+                    eval_s += _finish_round(algo, engine, data, sched, r, rnd, clients, trained, mine, bad)
+                except Diverged as e:
+                    r.error = e
+            finished = [r for r in active if r.error is None]
+            # the group checkpoints together: at the same rounds for all its replicas (one's time-based
+            # checkpoint is every one's), so a group's checkpoints always name one common round
+            if ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds
+                    or any(r.checkpoint_due is not None and r.checkpoint_due() for r in finished)):
+                for r in finished:
+                    if r.on_checkpoint:
+                        r.on_checkpoint(r.at)
+            for r in finished:
+                r.done = r.at
         last = active[0].last  # (the bar shows the first replica's accuracies)
         report.on_round(rnd, time.perf_counter() - t0, eval_s, None if last is None else last.row)
     report.close()
 
 
+@contextlib.contextmanager
+def _signals_held(hold: bool):
+    """With `hold` (in the main thread): SIGINT and SIGTERM that arrive inside wait until its end,
+    then reach their handlers (Ctrl-C's KeyboardInterrupt, fedrun's SIGTERM one) as if they had just
+    come. A group's replicas thus finish a round together or not at all: an interrupt during one
+    replica's evaluation would leave the others a round behind, checkpointed at another round."""
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    held = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(came):
+            signal.raise_signal(s)
+
+
 def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule, r: Replica, rnd: int,
-                  clients: torch.Tensor, trained: torch.Tensor, local: Local, bad: list[int],
-                  checkpoint_every: int) -> float:
+                  clients: torch.Tensor, trained: torch.Tensor, local: Local, bad: list[int]) -> float:
     """One replica's part of round `rnd` after local training: the divergence guard (`bad`: its
-    clients with non-finite parameters), the server step, evaluation and callbacks. Returns the
-    seconds its evaluation took (0.0: none this round)."""
+    clients with non-finite parameters), the server step, evaluation and its report (the caller
+    checkpoints the group's replicas and marks the round done). Returns the seconds its evaluation
+    took (0.0: none this round)."""
     if bad:
         raise Diverged(
             f"round {rnd}: {algo.name} produced NaN/inf parameters on clients "
@@ -412,10 +446,6 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
             raise Diverged(f"round {rnd}: {algo.name} global model has a non-finite training loss")
         if r.on_eval:
             r.on_eval(rnd, r.at.transmitted, r.last)
-    if r.on_checkpoint and ((checkpoint_every and rnd % checkpoint_every == 0) or rnd == sched.rounds
-                            or (r.checkpoint_due is not None and r.checkpoint_due())):
-        r.on_checkpoint(r.at)
-    r.done = r.at
     return eval_s
 
 

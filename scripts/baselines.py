@@ -22,11 +22,15 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   agnews_dir_textcnn        AG News, Dirichlet alpha=0.1, 20 clients, all per round, TextCNN, batch 50 (GPU)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
 client's rows split 75 / 25 train / test); --dataset.root is the folder holding MNIST/raw or
-cifar-10-batches-py. --data-overrides adds fedrun data options (e.g. "partition.num_clients=50").
+cifar-10-batches-py. --data-overrides adds fedrun options (e.g. "partition.num_clients=50"); a model=,
+dataset=, partition= or data= there replaces the setting's, whose options of that group stay only where
+the new choice takes them (docs/baselines.md "Another model, dataset or partition").
 
     python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --eval-every 5
     python scripts/baselines.py --setting mnist_shards2 --dataset.root /work/shared/data --seeds 0,1,2
     python scripts/baselines.py --quick              # 2 rounds of 2 steps, 6 small synthetic clients, seed 0
+    python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --quick \
+        --data-overrides "model=fedavg_cnn"      # another model (or dataset=, partition=) for the setting's
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
 
 Writes baselines.csv, baselines.md and baselines.png into the output folder it prints.
@@ -128,7 +132,8 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
                  f"{s['root']}.download={'false' if args.no_download else 'true'}"]
     if args.quick and args.setting == "synthetic":
         data += QUICK["data"]
-    data += args.data_overrides.split() if args.data_overrides else []
+    own = args.data_overrides.split() if args.data_overrides else []
+    data = fitted(data, own, os.path.abspath(args.data_root), args.no_download) + own
     rounds = args.rounds or (QUICK["rounds"] if args.quick else s["rounds"])
     run = s["run"] + (QUICK["run"] if args.quick else [])
     for e in entries:
@@ -140,6 +145,80 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
             f"algo={algo}", *opts, *data, *run, f"rounds={rounds}", f"seed={','.join(map(str, seeds))}",
             f"device={args.device}", "on_diverge=record"], _paper.HIDDEN_IN_NAMES + ["algo.*", "model.hidden"])
         print(f"{e}: training took {secs:.0f}s")
+
+
+# the config groups of the data and the model: a setting's choice of one gives way to --data-overrides'
+DATA_GROUPS = ("data", "dataset", "partition", "model")
+
+
+def _key(opt: str) -> str:
+    return opt.partition("=")[0].lstrip("+~")
+
+
+def _options(group: str, name: str, roots: list[str]) -> set[str] | None:
+    """The options conf/<group>/<name>.yaml takes, with those of the same group's files its defaults
+    list names (a partition's _split); None when no config folder has it (fedrun then names it)."""
+    from fedrun.config import group_file, load_conf
+
+    try:
+        conf = load_conf(group_file(group, name, roots))
+    except FileNotFoundError:
+        return None
+    keys = {str(k) for k in conf if k != "defaults"}
+    for d in conf.get("defaults", []):
+        if isinstance(d, str) and d != "_self_":
+            keys |= _options(group, d, roots) or set()
+    return keys
+
+
+def fitted(setting: list[str], own: list[str], root: str, no_download: bool) -> list[str]:
+    """The setting's data and model options that still apply once `own` (--data-overrides) is
+    added: a group `own` chooses (model=, dataset=, partition=, data=) replaces the setting's choice,
+    and the setting's options of a group are kept only where its final choice takes them (model.hidden
+    for an MLP, not for model=fedavg_cnn; partition.alpha for dirichlet, not for shards); a dataset=
+    or partition= of `own` replaces a data= preset. Where the final data reads files, the script's
+    --dataset.root and --no-download go with it."""
+    from fedrun.config import CONF_DIR, load_conf, search_roots
+
+    roots = search_roots(own)
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
+    choice = {g: None for g in DATA_GROUPS}
+    for d in top.defaults:
+        if not isinstance(d, str):
+            for g, v in d.items():
+                if g in choice:
+                    choice[g] = v
+    mine = {_key(o): o.partition("=")[2] for o in own if _key(o) in DATA_GROUPS}
+    composed = "dataset" in mine or "partition" in mine
+    for o in setting:
+        if _key(o) in DATA_GROUPS and _key(o) not in mine and not (composed and _key(o) == "data"):
+            choice[_key(o)] = o.partition("=")[2]
+    choice.update(mine)
+    if composed or choice["dataset"] is not None or choice["partition"] is not None:
+        if "data" not in mine:
+            choice["data"] = "composed"
+    kept = []
+    for o in setting:
+        group, _, option = _key(o).partition(".")
+        if group not in choice:
+            kept.append(o)  # not a data or model option
+        elif not option:
+            if choice[group] == o.partition("=")[2]:
+                kept.append(o)
+        elif choice[group] is not None:
+            takes = _options(group, str(choice[group]).split(",")[0], roots)
+            if takes is None or option.split(".")[0] in takes:
+                kept.append(o)
+    # the files' folder: dataset.root on every route (fedrun gives a data= preset's as data.root)
+    files = (choice["dataset"] is not None and "root" in (_options("dataset", str(choice["dataset"]), roots) or ())) \
+        or (choice["dataset"] is None and "root" in (_options("data", str(choice["data"]), roots) or ()))
+    kept = [o for o in kept if _key(o) not in ("dataset.root", "dataset.download", "data.download")]
+    if files and not any(_key(o) in ("dataset.root", "data.root") for o in own):
+        kept.append(f"dataset.root={root}")
+    if files:
+        kept.append(f"{'dataset' if choice['dataset'] is not None else 'data'}.download="
+                    f"{'false' if no_download else 'true'}")
+    return kept
 
 
 def _slug(entry: str) -> str:

@@ -677,6 +677,24 @@ MUTANTS += [
            "precision=tf32 on the CPU runs fp32 silently"),
 ]
 
+# issue 46: a batched group's seeds stop and resume at one round; the baseline table takes any model
+BATCHED = "tests/test_batched.py"
+MUTANTS += [
+    Mutant("group-round-interruptible", "fedrun/simulate.py",
+           "with _signals_held(len(active) > 1):", "with _signals_held(False):",
+           (BATCHED, "-k", "ctrl_c"), "a Ctrl-C inside a round's per-seed finish stops the seeds at different rounds"),
+    Mutant("group-checkpoint-own-clock", "fedrun/simulate.py",
+           "or any(r.checkpoint_due is not None and r.checkpoint_due() for r in finished)",
+           "or all(r.checkpoint_due is not None and r.checkpoint_due() for r in finished)",
+           (BATCHED, "-k", "same_rounds"), "a time-based checkpoint due for one seed is not the group's"),
+    Mutant("group-resume-own-rounds", "fedrun/runner.py",
+           "    if common == max(rounds):\n", "    if True:\n",
+           (BATCHED, "-k", "common_round"), "seeds a kill left at different rounds resume from their own"),
+    Mutant("baselines-setting-options-kept", "scripts/baselines.py",
+           "if takes is None or option.split(\".\")[0] in takes:", "if True:",
+           ("tests/test_scripts.py", "-k", "another_model"),
+           "baselines.py passes the setting's model/partition options to a model or partition that has none such"),
+]
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -243,3 +243,131 @@ def test_the_batched_launcher_gives_each_job_one_thread_unless_told(tmp_path, ca
         option = next(o for o in OmegaConf.load(job / ".hydra" / "overrides.yaml") if o.startswith("threads="))
         threads[option.split("=")[1]] = json.loads((job / "summary.json").read_text())["threads"]
     assert threads == {"3": 3, "auto": 1, "default": 2}
+
+
+# A sweep stopped at a chosen point in a new process: fedrun.cli with RunFolder.log_row wrapped so that,
+# at its NTH call for round RND, the process sends itself SIGINT (issue 46: a Ctrl-C inside a round).
+_STOP_AT = """
+import os, signal, sys
+import fedrun.run_folder
+rnd, nth = (int(v) for v in os.environ['STOP_AT'].split(':'))
+calls, log_row = [], fedrun.run_folder.RunFolder.log_row
+def stop(self, row):
+    log_row(self, row)
+    if row['round'] == rnd:
+        calls.append(self.path)
+        if len(calls) == nth:
+            os.kill(os.getpid(), signal.SIGINT)
+fedrun.run_folder.RunFolder.log_row = stop
+from fedrun.cli import main
+sys.argv[0] = 'fedrun'
+main()
+"""
+STOPPED = [*TINY, "rounds=4", "checkpoint_every=1", "seed=0,1", "hydra/launcher=batched",
+           "~hydra.callbacks.sweep_report"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache) -> list[str]:
+    """The job folders of the sweep STOPPED, run to its end."""
+    ref = tmp_path_factory.mktemp("uninterrupted")
+    r = fedrun(["-m", *STOPPED, f"hydra.sweep.dir={ref / 'sweep'}"], ref, {"FEDRUN_CACHE": cache})
+    assert r.returncode == 0, r.stderr
+    return _jobs(ref / "sweep")
+
+
+def _jobs(sweep) -> list[str]:
+    return sorted(str(sweep / j) for j in os.listdir(sweep) if (sweep / j).is_dir())
+
+
+def _last_checkpoint(job: str) -> dict:
+    folder = os.path.join(job, "checkpoints")
+    return torch.load(os.path.join(folder, sorted(os.listdir(folder))[-1]), weights_only=True)
+
+
+def _resume_as_uninterrupted(sweep, uninterrupted: list[str], cwd, cache: str) -> list[str]:
+    """Reruns the sweep STOPPED into `sweep`: its seeds resume from one round, and every job's
+    metrics.csv, clients.csv and final parameters equal the uninterrupted sweep's byte for byte.
+    Returns the rounds they resumed from."""
+    r = fedrun(["-m", *STOPPED, f"hydra.sweep.dir={sweep}"], cwd, {"FEDRUN_CACHE": cache})
+    assert r.returncode == 0, r.stderr
+    resumed = [line.rsplit("(round ", 1)[1] for line in r.stderr.splitlines() if line.startswith("fedrun: resuming")]
+    assert len(resumed) == 2 and len(set(resumed)) == 1, r.stderr  # the group resumed from one round
+    jobs = _jobs(sweep)
+    for j, ref in zip(jobs, uninterrupted, strict=True):
+        for name in ("metrics.csv", "clients.csv"):
+            assert open(os.path.join(j, name), "rb").read() == open(os.path.join(ref, name), "rb").read(), (j, name)
+        a, b = _last_checkpoint(j)["state"]["params"], _last_checkpoint(ref)["state"]["params"]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), j
+    return resumed
+
+
+def test_a_ctrl_c_inside_a_batched_round_stops_every_seed_after_it(tmp_path, cache, uninterrupted):
+    """Ctrl-C while seed 1 logs round 2, after seed 0 finished it: the interrupt waits for the round's
+    end, so both seeds keep round 2 (before: seed 0 at round 2, seed 1 at round 1), and the rerun
+    resumes both from it to the uninterrupted sweep's files."""
+    sweep = tmp_path / "sweep"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "FEDRUN_CACHE": cache, "OMP_NUM_THREADS": "1", "STOP_AT": "2:2",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    p = subprocess.run([sys.executable, "-c", _STOP_AT, "-m", *STOPPED, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 130, p.stderr
+    assert [_last_checkpoint(j)["round"] for j in _jobs(sweep)] == [2, 2], p.stderr
+    assert p.stderr.count("interrupted after round 2") == 2, p.stderr
+    assert _resume_as_uninterrupted(sweep, uninterrupted, tmp_path, cache) == ["2)", "2)"]
+
+
+def test_seeds_a_kill_left_at_different_rounds_resume_from_their_common_round(tmp_path, cache, uninterrupted):
+    """What a SIGKILL between seed 0's and seed 1's round-2 checkpoints leaves (each write is atomic,
+    the two are not): both logged round 2, seed 0 keeps rounds 1 and 2, seed 1 only round 1, no
+    summary. The rerun takes seed 0 back to round 1 with seed 1 (before: seed 0 went on from 2,
+    alone in its rounds), to the uninterrupted sweep's files."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(os.path.dirname(uninterrupted[0]), sweep)
+    for job in _jobs(sweep):  # the sweep as it stood during round 2's checkpoints
+        folder = os.path.join(job, "checkpoints")
+        for f in os.listdir(folder):
+            os.remove(os.path.join(folder, f))
+        for f in ("summary.json", "clients.csv"):
+            os.remove(os.path.join(job, f))
+        with open(os.path.join(job, "metrics.csv")) as f:
+            kept = [line for line in f if not line.startswith(("3,", "4,"))]
+        with open(os.path.join(job, "metrics.csv"), "w") as f:
+            f.writelines(kept)
+    r = fedrun(["-m", *STOPPED, "rounds=2", f"hydra.sweep.dir={tmp_path / 'two'}"], tmp_path, {"FEDRUN_CACHE": cache})
+    assert r.returncode == 0, r.stderr
+    for job, two in zip(_jobs(sweep), _jobs(tmp_path / "two"), strict=True):
+        shutil.copytree(os.path.join(two, "checkpoints"), os.path.join(job, "checkpoints"), dirs_exist_ok=True)
+    os.remove(os.path.join(_jobs(sweep)[1], "checkpoints", "round_0000002.pt"))
+    assert _resume_as_uninterrupted(sweep, uninterrupted, tmp_path, cache) == ["1)", "1)"]
+
+
+def test_a_group_checkpoints_its_seeds_at_the_same_rounds():
+    """A time-based checkpoint (checkpoint_minutes) that falls due for one seed is every seed's: a
+    group's checkpoints always name common rounds (before: each seed its own clock's rounds)."""
+    data = synthetic(num_clients=5, dim=6, num_classes=4, seed=35, chunk_len=64)
+    torch.manual_seed(0)
+    model = MLP(6, 4, hidden=[5])
+    saved: dict[int, list[int]] = {0: [], 1: []}
+    due = {0: lambda: len(saved[0]) == 0, 1: lambda: False}  # seed 0 due after round 1, seed 1 never
+    runs = [Replica(s, params_of(model), on_checkpoint=lambda at, s=s: saved[s].append(at.round), checkpoint_due=due[s])
+            for s in (0, 1)]
+    sched = Schedule(rounds=3, tau=1, clients_per_round=2, batch_size=5)
+    simulate_group(FedAvg(), VmapEngine(model), data, runs, sched)
+    assert saved == {0: [1, 3], 1: [1, 3]}
+
+
+def test_seeds_at_different_rounds_without_a_common_checkpoint_resume_from_their_own(tmp_path, capsys):
+    """Where a seed lacks the group's common round's checkpoint (none written there), the seeds keep
+    their own resume points, and one line says so."""
+    from types import SimpleNamespace
+
+    from fedrun.runner import _resume_together
+
+    jobs = [SimpleNamespace(cfg=OmegaConf.create({"resume": "auto"}), ck={"round": r, "path": "p"},
+                            out_dir=str(tmp_path / str(r))) for r in (4, 2)]
+    _resume_together(jobs)
+    assert [j.ck["round"] for j in jobs] == [4, 2]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped at rounds [2, 4]" in err and "round 2" in err, err

@@ -438,6 +438,34 @@ def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
     assert "| new: last round | new: lowest decile |" in md and "| 70.00 | 20.00 |" in md
 
 
+def test_baselines_takes_another_model_and_partition_with_unseen_clients(data_root, tmp_path, monkeypatch):
+    """--data-overrides with model=fedavg_cnn on mnist_dir01 (an MLP setting: its model.hidden=[100] was
+    passed on, "model.hidden is not an option of model=fedavg_cnn"), another partition (dirichlet's
+    alpha dropped, its client count kept) and held-out clients: each entry's own options stay, the
+    setting's options the new choices do not take go."""
+    out = tmp_path / "bl"
+    root, _ = data_root
+    over = "model=fedavg_cnn partition=shards partition.num_clients=6 partition.holdout=2"
+    text = script("baselines.py", ["--setting", "mnist_dir01", "--dataset.root", root, "--no-download", "--quick",
+                                   "--entries", "FedAvg,FedPer", "--data-overrides", over, "--out", str(out)],
+                  tmp_path, monkeypatch)
+    table = pd.read_csv(out / "baselines.csv")
+    assert list(table["entry"]) == ["FedAvg", "FedPer"] and (table["rounds"] == 2).all()
+    assert table["new_last"].notna().all() and "new: last round" in text  # the held-out clients' columns
+    for entry, algo in (("FedAvg", "fedavg"), ("FedPer", "fedper")):
+        (cfg,) = (out / "runs" / baselines._slug(entry)).glob("*/.hydra/config.yaml")
+        job = OmegaConf.load(cfg)
+        assert job.model._target_ == "fedrun.models.FedAvgCNN" and "hidden" not in job.model
+        assert job.data.partition._target_.endswith("Shards") and job.data.partition.num_clients == 6
+        assert job.data.partition.holdout == 2 and job.algo.lr == baselines.LR
+        assert job.algo._target_.lower().endswith(algo)
+        (overrides,) = (out / "runs" / baselines._slug(entry)).glob("*/.hydra/overrides.yaml")
+        assert "partition.alpha=0.1" not in OmegaConf.load(overrides)
+    # the setting's choices and options as they were, where --data-overrides chooses nothing
+    setting = [*baselines.SETTINGS["mnist_dir01"]["data"], "dataset.root=/d", "dataset.download=true"]
+    assert baselines.fitted(setting, [], "/d", False) == setting
+
+
 def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for argv, named, allowed in ((["--setting", "mnist_dir1"], "--setting 'mnist_dir1'", "mnist_dir01, mnist_shards2"),
