@@ -25,7 +25,8 @@ def common_options(ap: argparse.ArgumentParser, name: str, holds: str = "MNIST/r
     ap.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
     ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default: 0)")
     ap.add_argument("--dataset.root", "--data-root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
-                    metavar="DIR", help=f"folder holding {holds}, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
+                    metavar="DIR",
+                    help=f"folder holding {holds}, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
     ap.add_argument("--no-download", action="store_true",
                     help=f"fail instead of downloading {data} (via torchvision) when it is not in --dataset.root")
     ap.add_argument("--device", default="auto", help="fedrun device= (auto, cpu, cuda, cuda:N)")
@@ -34,7 +35,8 @@ def common_options(ap: argparse.ArgumentParser, name: str, holds: str = "MNIST/r
                          "the best evaluated round")
     ap.add_argument("--launcher", default="batched", choices=("batched", "basic"),
                     help="hydra/launcher: batched (default) trains a setting's seeds as one computation, "
-                         "basic one job after another; the numbers agree to float rounding (tests/test_batched.py: 2e-6)")
+                         "basic one job after another; the numbers agree to float rounding "
+                         "(tests/test_batched.py: 2e-6)")
     ap.add_argument("--out", default=None,
                     help=f"output folder (default: outputs/papers/{name}/<date>_<time>[_quick])")
     ap.add_argument("--replot", metavar="DIR", default=None,

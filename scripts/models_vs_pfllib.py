@@ -86,8 +86,8 @@ def main(pfllib: str) -> None:
     mine = Transformer(40, 4, vocab_size=1000, dim=128, heads=8, layers=2, ff=512, pool="first")
 
     def rename(k: str) -> str | None:
-        return None if k.startswith("pos_encoder.") else (k.replace("encoder.layers", "layers").replace("self_attn.in_proj_", "in_proj.")
-                .replace("self_attn.", "").replace("fc.", "head."))
+        return None if k.startswith("pos_encoder.") else (k.replace("encoder.layers", "layers")
+                .replace("self_attn.in_proj_", "in_proj.").replace("self_attn.", "").replace("fc.", "head."))
 
     copy(ref, mine, rename)
     compare("Transformer (pool=first: PFLlib's first token)", ref, mine, tokens)
@@ -101,8 +101,10 @@ def main(pfllib: str) -> None:
     copy(ref, mine, lambda k: k.replace("fc.", "head."))
     chars = torch.randint(0, 80, (6, 80))
     compare("LSTMNet's LSTM (recurrence only; embed 256)", ref, mine, chars,
-            ref_out=lambda t: ref.lstm(ref.embedding(t))[0], mine_out=lambda t: lstm_layers(mine.lstm, mine.embedding(t)))
-    print(f"| LEAF Shakespeare LSTM (fedrun default) | 817,872 (LEAF, one bias per gate) | {count(LSTM(80, 80)):,} | - |")
+            ref_out=lambda t: ref.lstm(ref.embedding(t))[0],
+            mine_out=lambda t: lstm_layers(mine.lstm, mine.embedding(t)))
+    print(f"| LEAF Shakespeare LSTM (fedrun default) | 817,872 (LEAF, one bias per gate) | "
+          f"{count(LSTM(80, 80)):,} | - |")
 
 
 if __name__ == "__main__":

@@ -64,15 +64,15 @@ def train(args, out: str, pairs, seeds, rounds: int) -> None:
     tr, te = _paper.mnist_labels(args.data_root, download=not args.no_download)
     _paper.describe_data(args.data_root, tr, te)
     a = _paper.fitting_a(tr, te, PAPER["n"], args.a or default_a())
-    print(f"settings: n={PAPER['n']}, a={a}, alpha={PAPER['alpha']}, beta={PAPER['beta']}, batch {PAPER['batch_size']}, "
-          f"{rounds} rounds, (tau, r) in {pairs}, seeds {seeds}")
+    print(f"settings: n={PAPER['n']}, a={a}, alpha={PAPER['alpha']}, beta={PAPER['beta']}, "
+          f"batch {PAPER['batch_size']}, {rounds} rounds, (tau, r) in {pairs}, seeds {seeds}")
     hidden = [k for k in _paper.HIDDEN_IN_NAMES if k != "algo"] + ["tau", "frac", "algo.alpha", "algo.beta"]
     total = 0.0
     for tau, r in pairs:
         total += _paper.run_sweep(args, pair_dir(os.path.join(out, "runs"), tau, r), [
             "algo=fedavg,perfedavg", "data=mnist_perfedavg", "model=mlp",
-            f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}", f"data.a={a}",
-            f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
+            f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false", f"data.n={PAPER['n']}",
+            f"data.a={a}", f"tau={tau}", f"frac={r}", f"batch_size={PAPER['batch_size']}", f"rounds={rounds}",
             f"algo.alpha={PAPER['alpha']}", f"algo.beta={PAPER['beta']}",
             f"seed={','.join(map(str, seeds))}", f"device={args.device}", "on_diverge=record",
         ], hidden)
@@ -123,7 +123,8 @@ def draw(out: str, pairs) -> list[dict]:
     write_csv(os.path.join(out, "figure1.csv"), rows)
     lines = ["| tau | r | curve | last-round accuracy % | best-round accuracy % | seeds |", "|---|---|---|---|---|---|"]
     for x in rows:
-        lines.append(f"| {x['tau']} | {x['r']:g} | {x['curve']} | {_pm(x['acc_last_round_mean'], x['acc_last_round_std'])} "
+        lines.append(f"| {x['tau']} | {x['r']:g} | {x['curve']} | "
+                     f"{_pm(x['acc_last_round_mean'], x['acc_last_round_std'])} "
                      f"| {_pm(x['acc_best_round_mean'], x['acc_best_round_std'])} | {x['seeds']} |")
     write_atomic(os.path.join(out, "figure1.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -142,8 +143,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     _paper.common_options(ap, NAME)
-    ap.add_argument("--pairs", default="10:0.2,4:0.5,10:0.5", help="(tau, r) panels as tau:r,... (default: %(default)s)")
-    ap.add_argument("--a", type=int, default=None, help="images per digit of the full users (default: fedrun's data default)")
+    ap.add_argument("--pairs", default="10:0.2,4:0.5,10:0.5",
+                    help="(tau, r) panels as tau:r,... (default: %(default)s)")
+    ap.add_argument("--a", type=int, default=None,
+                    help="images per digit of the full users (default: fedrun's data default)")
     args = ap.parse_args(argv)
     t0 = time.time()
     out = _paper.out_dir(args, NAME)

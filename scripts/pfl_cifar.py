@@ -87,18 +87,30 @@ QUICK_CLIENTS = {"cifar10": 10, "cifar100": 100}
 # one Per-FedAvg round; None: "> 1000") in the column order of PAPER_COLUMNS, then the gain printed.
 PAPER_COLUMNS = ["perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto"]
 PAPER = {
-    ("acid", "cifar10", 3): [(92.2, [None, 211, 455, 618, None, 797], ">4.7×"), (91.6, [815, 152, 242, 514, None, 334], "5.4×")],
-    ("acid", "cifar100", 3): [(90.6, [None, 186, 376, 480, None, 838], ">5.4×"), (89.1, [961, 133, 255, 328, None, 383], "7.2×")],
-    ("acid", "cifar10", 5): [(88.8, [None, 221, 392, 666, None, 783], ">4.5×"), (87.6, [794, 163, 237, 436, 924, 286], "4.9×")],
-    ("acid", "cifar100", 5): [(86.5, [860, 185, 223, 478, None, None], "4.6×"), (86.3, [718, 179, 203, 466, None, 954], "4.0×")],
-    ("acid", "cifar10", 7): [(86.9, [None, 202, 235, 622, None, 843], ">5.0×"), (85.8, [925, 155, 177, 452, 734, 365], "6.0×")],
-    ("acid", "cifar100", 7): [(83.0, [None, 200, 224, 528, None, 976], ">5.0×"), (82.7, [998, 186, 207, 494, None, 772], "5.4×")],
-    ("alid", "cifar10", 3): [(90.1, [None, 109, 970, 290, None, 169], ">9.2×"), (87.9, [792, 73, 323, 184, 520, 95], "10.8×")],
-    ("alid", "cifar100", 3): [(89.8, [None, 156, 849, 406, None, 390], ">6.4×"), (83.7, [985, 53, 229, 118, 656, 83], "18.6×")],
-    ("alid", "cifar10", 5): [(87.5, [None, 161, 846, 452, None, 341], ">6.2×"), (79.6, [514, 54, 88, 126, 296, 64], "9.5×")],
-    ("alid", "cifar100", 5): [(83.9, [None, 203, 520, 296, None, 233], ">4.9×"), (78.7, [983, 100, 177, 146, 680, 87], "11.3×")],
-    ("alid", "cifar10", 7): [(86.7, [None, 224, 911, 574, None, 455], ">4.5×"), (76.3, [966, 57, 86, 120, 292, 59], "16.9×")],
-    ("alid", "cifar100", 7): [(77.5, [None, 158, 568, 228, None, 170], ">6.3×"), (68.3, [960, 58, 151, 82, 432, 58], "16.6×")],
+    ("acid", "cifar10", 3): [(92.2, [None, 211, 455, 618, None, 797], ">4.7×"),
+                             (91.6, [815, 152, 242, 514, None, 334], "5.4×")],
+    ("acid", "cifar100", 3): [(90.6, [None, 186, 376, 480, None, 838], ">5.4×"),
+                              (89.1, [961, 133, 255, 328, None, 383], "7.2×")],
+    ("acid", "cifar10", 5): [(88.8, [None, 221, 392, 666, None, 783], ">4.5×"),
+                             (87.6, [794, 163, 237, 436, 924, 286], "4.9×")],
+    ("acid", "cifar100", 5): [(86.5, [860, 185, 223, 478, None, None], "4.6×"),
+                              (86.3, [718, 179, 203, 466, None, 954], "4.0×")],
+    ("acid", "cifar10", 7): [(86.9, [None, 202, 235, 622, None, 843], ">5.0×"),
+                             (85.8, [925, 155, 177, 452, 734, 365], "6.0×")],
+    ("acid", "cifar100", 7): [(83.0, [None, 200, 224, 528, None, 976], ">5.0×"),
+                              (82.7, [998, 186, 207, 494, None, 772], "5.4×")],
+    ("alid", "cifar10", 3): [(90.1, [None, 109, 970, 290, None, 169], ">9.2×"),
+                             (87.9, [792, 73, 323, 184, 520, 95], "10.8×")],
+    ("alid", "cifar100", 3): [(89.8, [None, 156, 849, 406, None, 390], ">6.4×"),
+                              (83.7, [985, 53, 229, 118, 656, 83], "18.6×")],
+    ("alid", "cifar10", 5): [(87.5, [None, 161, 846, 452, None, 341], ">6.2×"),
+                             (79.6, [514, 54, 88, 126, 296, 64], "9.5×")],
+    ("alid", "cifar100", 5): [(83.9, [None, 203, 520, 296, None, 233], ">4.9×"),
+                              (78.7, [983, 100, 177, 146, 680, 87], "11.3×")],
+    ("alid", "cifar10", 7): [(86.7, [None, 224, 911, 574, None, 455], ">4.5×"),
+                             (76.3, [966, 57, 86, 120, 292, 59], "16.9×")],
+    ("alid", "cifar100", 7): [(77.5, [None, 158, 568, 228, None, 170], ">6.3×"),
+                              (68.3, [960, 58, 151, 82, 432, 58], "16.6×")],
 }
 STYLES = {"Per-FedAvg (MAML)": dict(color="black", linestyle="--"), "PFLDyn (Proto)": dict(color="tab:red"),
           "PFLDyn (MAML)": dict(color="tab:red", linestyle="--"), "PFLScaf (Proto)": dict(color="tab:blue"),
@@ -124,9 +136,10 @@ def check_configs(keys: list[str]) -> None:
             if os.path.isdir(os.path.join(CONF_DIR, group)) or group == "experiment":
                 path = os.path.join(CONF_DIR, group, f"{option}.yaml")
                 if not os.path.isfile(path):
-                    _paper.fail(f"method {k} ({METHODS[k].label}) needs {os.path.relpath(path, os.path.dirname(CONF_DIR))}, "
-                             f"which this fedrun does not have (paper 004's algorithms not merged?); pick --methods among "
-                             f"those whose configs exist")
+                    _paper.fail(f"method {k} ({METHODS[k].label}) needs "
+                                f"{os.path.relpath(path, os.path.dirname(CONF_DIR))}, "
+                                f"which this fedrun does not have (paper 004's algorithms not merged?); pick --methods "
+                                f"among those whose configs exist")
 
 
 def _experiment_prefix() -> str:
@@ -292,13 +305,15 @@ def tables(out: str, res: dict, settings: dict, targets: list[float], baseline: 
                          "transmissions_mean": mean, "transmissions_std": std, "transmissions_at_least": at_least,
                          "models_transmitted_mean": _num(row[f"{c}_mean"]), "devices_per_round": per,
                          "gain_vs_baseline": g, "gain_bound": bound, "baseline": baseline if base is not None else "",
-                         "paper_transmissions": (">1000" if pval is None else pval) if pv and key in PAPER_COLUMNS else "",
+                         "paper_transmissions": ((">1000" if pval is None else pval)
+                                                 if pv and key in PAPER_COLUMNS else ""),
                          "paper_gain": pv[1] if pv and key == baseline else ""})
     write_csv(os.path.join(out, f"{name}.csv"), rows)
 
     run = [k for k in res if METHODS[k].table] or list(res)
     shown = run + [k for k in PAPER_COLUMNS if k not in run] if paper else run  # the paper's columns always
-    lines = [f"# Paper 004 {titles[settings['split']]}: {_dataset_name(settings['dataset'])}, {settings['classes']} classes "
+    lines = [f"# Paper 004 {titles[settings['split']]}: {_dataset_name(settings['dataset'])}, "
+             f"{settings['classes']} classes "
              "per device", "", f"Model transmissions needed to reach {reach}, relative to one round of Per-FedAvg "
              "(models sent to the server / devices per round, so PFLScaf counts "
              "2 per round); mean ± std over seeds; *not reached (> N)*: N transmissions were made (mean over seeds) "
@@ -349,7 +364,8 @@ def accuracy_table(out: str, res: dict) -> list[dict]:
     rows = []
     for key, r in res.items():
         p, row = METHODS[key].model, r["rows"]["average"]
-        x = {"method": key, "label": METHODS[key].label, "curve": p, "seeds": int(row["n_seeds"]), "rounds": int(row["rounds"])}
+        x = {"method": key, "label": METHODS[key].label, "curve": p, "seeds": int(row["n_seeds"]),
+             "rounds": int(row["rounds"])}
         for what in ("acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round",
                      "acc_client_min_best_round", "acc_client_max_best_round"):
             x[f"{what}_mean"], x[f"{what}_std"] = _num(row[f"{p}_{what}_mean"]), _num(row[f"{p}_{what}_std"])
@@ -358,12 +374,14 @@ def accuracy_table(out: str, res: dict) -> list[dict]:
     lines = ["| method | curve | seeds | rounds | average: last round | average: best round | lowest device: last | "
              "highest device: last | lowest device: best round | highest device: best round |", "|" + "---|" * 10]
     for x in rows:
-        cells = [x["label"], "personalized" if x["curve"] == "pers" else "global model", str(x["seeds"]), str(x["rounds"])]
+        cells = [x["label"], "personalized" if x["curve"] == "pers" else "global model", str(x["seeds"]),
+                 str(x["rounds"])]
         cells += [_pm(x[f"{w}_mean"], x[f"{w}_std"], 2, 100) for w in (
             "acc_last_round", "acc_best_round", "acc_client_min_last_round", "acc_client_max_last_round",
             "acc_client_min_best_round", "acc_client_max_best_round")]
         lines.append("| " + " | ".join(cells) + " |")
-    write_atomic(os.path.join(out, "accuracy.md"), "Test accuracy %, mean ± std over seeds.\n\n" + "\n".join(lines) + "\n")
+    write_atomic(os.path.join(out, "accuracy.md"),
+                 "Test accuracy %, mean ± std over seeds.\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
 
@@ -394,9 +412,10 @@ def figure(out: str, res: dict, settings: dict, targets: list[float], targets_lo
                       ylabel="test accuracy (personalized; FedDyn/SCAFFOLD: global)", x="transmissions", styles=STYLES,
                       hlines={**{names["average"]: (t, f"target {t * 100:g}%") for t in targets[:1]},
                               **{names["lowest"]: (t, f"target {t * 100:g}%") for t in targets_lowest[:1]}},
-                      sharey=False, suptitle=f"Paper 004 Figure {number} (fedrun): {_dataset_name(settings['dataset'])} "
-                                             f"{settings['split'].upper()}, {settings['classes']} classes per device, "
-                                             f"{_rounds_and_seeds(settings)}, protocol={settings['protocol']}")
+                      sharey=False,
+                      suptitle=f"Paper 004 Figure {number} (fedrun): {_dataset_name(settings['dataset'])} "
+                               f"{settings['split'].upper()}, {settings['classes']} classes per device, "
+                               f"{_rounds_and_seeds(settings)}, protocol={settings['protocol']}")
     return png
 
 
@@ -425,8 +444,8 @@ def main(argv=None) -> int:
                     help="data.pad_fill= (default black, the authors' crop padding; mean: fedrun before 2026-11-22)")
     ap.add_argument("--sampling", choices=["replacement", "epochs", "steps", "authors"], default=None,
                     help="fedrun sampling= of the training minibatches (default replacement); authors: each method's "
-                         "as in the authors' code (epochs for FedDyn, SCAFFOLD and FedAvg, steps for the MAML and Proto "
-                         "methods; perfedavg_fo, which their code lacks: replacement)")
+                         "as in the authors' code (epochs for FedDyn, SCAFFOLD and FedAvg, steps for the MAML and "
+                         "Proto methods; perfedavg_fo, which their code lacks: replacement)")
     ap.add_argument("--baseline", default=None, help=f"method the gain is relative to (default {BASELINE})")
     args = ap.parse_args(argv)
     t0 = time.time()

@@ -59,29 +59,34 @@ ALGOS = {
     "fedrod": (["algo=fedrod", f"algo.lr={LR}"], "pers_acc", "serverrod", "FedROD", {}),
     "fedproto": (["algo=fedproto", f"algo.lr={LR}", "algo.lam=1.0", "algo.follow=pfllib"], "pers_acc", "serverproto",
                  "FedProto", {"lamda": 1.0}),
-    "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe", "FedDBE",
-               {"momentum": 0.1, "kl_weight": 1.0}),
-    "fedpac": (["algo=fedpac", f"algo.lr={LR}", "algo.lam=1.0", "algo.head_epochs=1", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
+    "feddbe": (["algo=feddbe", f"algo.lr={LR}", "algo.momentum=0.1", "algo.kappa=1.0"], "pers_acc", "serverdbe",
+               "FedDBE", {"momentum": 0.1, "kl_weight": 1.0}),
+    "fedpac": (["algo=fedpac", f"algo.lr={LR}", "algo.lam=1.0", "algo.head_epochs=1", "algo.local_epochs=1",
+                "algo.follow=pfllib"], "pers_acc",
                "serverpac", "FedPAC", {"lamda": 1.0}),  # (its passes over each client's rows: tau unused)
-    "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
-             "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
+    "gpfl": (["algo=gpfl", f"algo.lr={LR}", "algo.lam=1.0", "algo.mu=0.0", "algo.local_epochs=1",
+              "algo.follow=pfllib"], "pers_acc", "servergpfl", "GPFL", {"lamda": 1.0, "mu": 0.0}),
+    # FedCP: PFLlib's accuracy draws gate noise at test time, fedrun's does not
     "fedcp": (["algo=fedcp", f"algo.lr={LR}", "algo.lam=1.0", "algo.local_epochs=1", "algo.follow=pfllib"], "pers_acc",
-              "servercp", "FedCP", {"lamda": 1.0}),  # (PFLlib's accuracy draws gate noise at test time: fedrun's does not)
+              "servercp", "FedCP", {"lamda": 1.0}),
 }
 # issue 36, the model-mixing methods (fedrun follows PFLlib's code where it differs from the paper: FedAMP's
 # regularizer without gradient, follow=pfllib; FedPHP serves each client's last personalized model, serve=local;
 # FedALA's ALA differs in its rows and start phase, docs/baselines.md)
 ALGOS.update({
-    "fedamp": (["algo=fedamp", f"algo.lr={LR}", "algo.lam=1.0", "algo.alpha_k=1.0", "algo.sigma=1.0", "algo.follow=pfllib"],
+    "fedamp": (["algo=fedamp", f"algo.lr={LR}", "algo.lam=1.0", "algo.alpha_k=1.0", "algo.sigma=1.0",
+                "algo.follow=pfllib"],
                "pers_acc", "serveramp", "FedAMP", {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}),
     "fedphp": (["algo=fedphp", f"algo.lr={LR}", "algo.mu=0.9", "algo.lam=0.5", "algo.serve=local"], "pers_acc",
                "serverphp", "FedPHP", {"mu": 0.9, "lamda": 0.5}),
     # FedALA: PFLlib scores the models its ALA just mixed, fedrun the clients' trained ones (docs/baselines.md)
-    "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA", {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
+    "fedala": (["algo=fedala", f"algo.lr={LR}", "algo.ala_steps=null"], "pers_acc", "serverala", "FedALA",
+               {"eta": 1.0, "rand_percent": 80, "layer_idx": 2}),
 })
 # APPLE: every client trains every round in both; PFLlib's clients, trained one after another in one
 # process, mix the cores that the clients before them trained that round (fedrun: the round's start), docs/baselines.md
-ALGOS["apple"] = (["algo=apple", f"algo.lr={LR}", "algo.dr_lr=0.01", "algo.mu=0.01", "algo.decay=1.0", "algo.follow=pfllib"],
+ALGOS["apple"] = (["algo=apple", f"algo.lr={LR}", "algo.dr_lr=0.01", "algo.mu=0.01", "algo.decay=1.0",
+                   "algo.follow=pfllib"],
                   "pers_acc", "serverapple", "APPLE", {"dr_learning_rate": 0.01, "mu": 0.01, "L": 1.0})
 # FedFomo: PFLlib weighs on the last 20 % of a client's rows and trains on the rest; fedrun draws its
 # validation minibatches from all of them (2,625 rows: 525 in minibatches of the default --batch-size 50, 11 of
@@ -101,9 +106,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pfllib", default="/work/ref/PFLlib", help="PFLlib checkout (its system/ folder is imported)")
-    ap.add_argument("--pfllib-python", default="/work/ref-venv/bin/python", help="a Python with PFLlib's needs (h5py, scikit-learn)")
+    ap.add_argument("--pfllib-python", default="/work/ref-venv/bin/python",
+                    help="a Python with PFLlib's needs (h5py, scikit-learn)")
     ap.add_argument("--dataset.root", "--dataset.root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
-                    metavar="DIR", help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
+                    metavar="DIR",
+                    help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
     ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)
@@ -114,7 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs at once (each run: one seed of one side, one torch thread); above 1 the s/round "
                          "columns are taken under that contention and the table says so")
-    ap.add_argument("--out", default=None, help="output folder (default outputs/papers/pfllib_side_by_side/<date_time>)")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default outputs/papers/pfllib_side_by_side/<date_time>)")
     ap.add_argument("--replot", metavar="DIR", default=None,
                     help="run nothing: the table from DIR's results (comma-separated DIRs: runs of other algorithms "
                          "with the same settings merged in, written into the first)")
@@ -125,7 +133,8 @@ def main(argv=None) -> int:
     algos = [a for a in args.algos.split(",") if a]
     bad = [a for a in algos if a not in ALGOS]
     if bad or not algos:
-        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ALGOS)}", file=sys.stderr)
+        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ALGOS)}",
+              file=sys.stderr)
         return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -147,7 +156,8 @@ def main(argv=None) -> int:
             same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
             more["meta"].setdefault("jobs", 1)  # (results written before --jobs and --device existed)
             results["meta"].setdefault("jobs", 1)
-            where = lambda m: {**m, "data": [o for o in m["data"] if not o.startswith("dataset.root=")]}  # (the same files elsewhere)
+            # (the same files elsewhere)
+            where = lambda m: {**m, "data": [o for o in m["data"] if not o.startswith("dataset.root=")]}
             if any(where(more["meta"])[k] != where(results["meta"])[k] for k in same):
                 print(f"error: --replot {d} ran other settings than {dirs[0]}", file=sys.stderr)
                 return 2
@@ -198,12 +208,14 @@ def main(argv=None) -> int:
                         continue
                     runs = [f.result() for f in fr]
                     results[a] = {"fedrun": {"command": [r["command"] for r in runs], "metric": runs[0]["metric"],
-                                             "runs": [x for r in runs for x in r["runs"]], "wall": [r["wall"] for r in runs]},
+                                             "runs": [x for r in runs for x in r["runs"]],
+                                             "wall": [r["wall"] for r in runs]},
                                   "pfllib": [f.result() for f in pr]}
                     write_atomic_json(res_path, results)
         if failed:
             write_table(out, results)
-            print(f"error: {', '.join(failed)} failed (their output above); the table holds the others", file=sys.stderr)
+            print(f"error: {', '.join(failed)} failed (their output above); the table holds the others",
+                  file=sys.stderr)
             return 1
     write_table(out, results)
     return 0
@@ -252,7 +264,8 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
     sweep = os.path.join(out, "fedrun", algo) + ("" if args.jobs == 1 else f"_seed{seeds[0]}")
     cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
            "sampling=epochs", "aggregate=samples", "clients_per_round=20", f"rounds={args.rounds}",
-           f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}", "threads=1", "progress=false",
+           f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}",
+           "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
     print("run: fedrun " + " ".join(cmd[4:]), flush=True)
@@ -278,7 +291,8 @@ def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
     work = os.path.join(out, "pfllib")
     job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
            "device": args.device,
-           "eval_every": args.eval_every, "batch_size": args.batch_size, "log": os.path.join(work, f"{algo}_seed{seed}.log")}
+           "eval_every": args.eval_every, "batch_size": args.batch_size,
+           "log": os.path.join(work, f"{algo}_seed{seed}.log")}
     cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
     t0 = time.time()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -352,7 +366,8 @@ def pfllib_worker(job: dict) -> int:
     budget = list(server.Budget)
     plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
     print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,
-                      "setup": setup, "per_round": sum(budget) / len(budget) if budget else None, "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
+                      "setup": setup, "per_round": sum(budget) / len(budget) if budget else None,
+                      "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
     return 0
 
 
@@ -370,9 +385,10 @@ def _ms(v: list[float]) -> str:
 def write_table(out: str, results: dict) -> None:
     meta = results["meta"]
     lines = [f"fedrun vs PFLlib (commit {meta['pfllib_commit']}), {meta['setting']}: personalized test accuracy % "
-             f"(pooled over clients' test rows) at round {meta['rounds']} (last) and at the best of the rounds evaluated "
-             f"every {meta['eval_every']}; mean ± std over runs (seeds in brackets). "
-             f"Seconds per round: wall time with that evaluation schedule, same machine (device {meta.get('device', 'cpu')}), "
+             f"(pooled over clients' test rows) at round {meta['rounds']} (last) and at the best of the rounds "
+             f"evaluated every {meta['eval_every']}; mean ± std over runs (seeds in brackets). "
+             f"Seconds per round: wall time with that evaluation schedule, same machine "
+             f"(device {meta.get('device', 'cpu')}), "
              + ("one after the other." if meta.get("jobs", 1) == 1 else
                 f"{meta['jobs']} runs at once (the s/round columns were taken under that contention)."), "",
              "| algo | scored | fedrun last | fedrun best | PFLlib last | PFLlib best | last gap (fedrun - PFLlib) "
@@ -392,7 +408,8 @@ def write_table(out: str, results: dict) -> None:
         pn = [r["per_round_no_eval"] for r in p if r["per_round_no_eval"] is not None]
         pn = f"{sum(pn) / len(pn):.2f}" if pn else "n/a"
         gap = sum(fl) / len(fl) - sum(pl) / len(pl)
-        lines.append(f"| {a} | {f['metric'].split('_')[0]} | {_ms(fl)} ({len(fl)}) | {_ms(fb)} | {_ms(pl)} ({len(pl)}) | "
+        lines.append(f"| {a} | {f['metric'].split('_')[0]} | {_ms(fl)} ({len(fl)}) | {_ms(fb)} | "
+                     f"{_ms(pl)} ({len(pl)}) | "
                      f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {'n/a' if ps is None else f'{ps:.2f}'} | {pn} | "
                      f"{'n/a' if ps is None else f'{ps / fs:.1f}x'} |")
     text = "\n".join(lines) + "\n"
@@ -409,7 +426,8 @@ def write_atomic_json(path: str, obj) -> None:
 
 
 def git_commit(repo: str) -> str:
-    r = subprocess.run(["git", "-C", repo, "rev-parse", "--show-toplevel", "--short", "HEAD"], capture_output=True, text=True)
+    r = subprocess.run(["git", "-C", repo, "rev-parse", "--show-toplevel", "--short", "HEAD"],
+                       capture_output=True, text=True)
     top, _, commit = r.stdout.strip().partition("\n")
     if r.returncode == 0 and os.path.realpath(top) == os.path.realpath(repo):  # its own repository, not one around it
         return commit

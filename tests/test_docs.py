@@ -37,7 +37,8 @@ def test_extending_guide_dataset_and_partition_run_as_printed(tmp_path, monkeypa
     for module in ("my_dataset", "my_partition"):
         sys.modules.pop(module, None)
     r = fedrun(["dataset=blobs", "partition=by_label", "partition.holdout=2", "model=mlr", "rounds=2",
-                "clients_per_round=4", "progress=false", "plot=false", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+                "clients_per_round=4", "progress=false", "plot=false",
+                f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
                 f"hydra.run.dir={tmp_path / 'run'}", "cache_dir=null"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3  # header + 2 rounds
@@ -58,7 +59,8 @@ def _anchors(text: str) -> set[str]:
 
 
 def test_relative_links_and_anchors_in_the_docs_resolve():
-    pages = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(REPO, "docs"))) if f.endswith(".md")]
+    pages = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(REPO, "docs")))
+                             if f.endswith(".md")]
     broken = []
     for page in pages:
         text = re.sub(r"```.*?```", "", _read(page), flags=re.S)
@@ -101,7 +103,8 @@ def test_extending_guide_every_hook_example_runs_and_its_server_step_is_the_work
     doc = _read("docs", "extending.md")
     section = doc.split("### Every hook", 1)[1].split("\n## ", 1)[0]
     module, conf = _write_example(tmp_path, monkeypatch, section)
-    r = fedrun(["algo=fedavgm", "data.num_clients=5", "data.seed=35", "clients_per_round=3", "rounds=2", "progress=false",
+    r = fedrun(["algo=fedavgm", "data.num_clients=5", "data.seed=35", "clients_per_round=3", "rounds=2",
+                "progress=false",
                 "plot=false", f"hydra.searchpath=[file://{conf}]", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
@@ -112,5 +115,6 @@ def test_extending_guide_every_hook_example_runs_and_its_server_step_is_the_work
     state.extra["velocity"]["w"] = torch.tensor([0.5])
     local = {"params": {"w": torch.tensor([[9.0], [0.0], [1.0]])}}  # the first trained but is not aggregated
     new = algo.server_update(state, local, torch.tensor([0, 2, 3]), torch.tensor([1, 2]), torch.tensor([3.0, 1.0]))
-    assert torch.allclose(new.extra["velocity"]["w"], torch.tensor([1.2])) and torch.allclose(new.params["w"], torch.tensor([0.4]))
+    assert (torch.allclose(new.extra["velocity"]["w"], torch.tensor([1.2]))
+            and torch.allclose(new.params["w"], torch.tensor([0.4])))
     assert algo.personalize(None, new, None) == (None, None)

@@ -14,7 +14,8 @@ import pytest
 
 from helpers import FIXTURES, REPO
 
-_spec = importlib.util.spec_from_file_location("record_draws", os.path.join(REPO, "scripts", "golden", "record_draws.py"))
+_spec = importlib.util.spec_from_file_location("record_draws",
+                                               os.path.join(REPO, "scripts", "golden", "record_draws.py"))
 record = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record)
 

@@ -60,7 +60,8 @@ CASES = [  # (arguments, the option the error line names)
     (["data.num_clients=1000000"], "data.num_clients"),  # the generator would draw more than memory holds
     (["data.alpha=-1"], "data.alpha"),
     (["data.train_frac=2"], "data.train_frac"),
-    (["data=mnist_pfedme", "data.root={tmp}/none", "data.download=false"], "dataset.root"),  # the one name, in the message
+    # the one name, in the message
+    (["data=mnist_pfedme", "data.root={tmp}/none", "data.download=false"], "dataset.root"),
     (["data=mnist_pfedme", "dataset.root={tmp}/none", "data.download=false"], "dataset.root"),
     (["data=cifar10_alid", "+model.num_classes=3"], "model.num_classes"),  # would be recorded, never used
     (["model=nope"], "model"),

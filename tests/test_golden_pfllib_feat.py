@@ -28,7 +28,9 @@ G.OPTIONS.update({
     "fedproto": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}"],  # (follow=pfllib: protocol=official's)
     "feddbe": lambda a: ["algo.lr=0.1", f"algo.momentum={a['momentum']}", f"algo.kappa={a['kl_weight']}"],
 })
-PER_CLIENT = {"moon": ("prev", "prev"), "fedrod": ("heads", "head"), "fedproto": ("clients", "params"), "feddbe": ("bias", "dbe")}  # trace key -> fedrun's clients[...] entry
+# trace key -> fedrun's clients[...] entry
+PER_CLIENT = {"moon": ("prev", "prev"), "fedrod": ("heads", "head"), "fedproto": ("clients", "params"),
+              "feddbe": ("bias", "dbe")}
 
 
 def compare(trace: dict, states: list) -> dict[str, float]:

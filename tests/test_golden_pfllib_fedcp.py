@@ -16,7 +16,8 @@ import torch
 import fedrun.simulate
 from fedrun.engine import ENGINES
 from test_golden_pfedme import golden_data
-from test_golden_pfllib import NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds, replay_setup
+from test_golden_pfllib import (NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds,
+                                replay_setup)
 
 CPN = {"fc.0.weight": "fc.weight", "fc.0.bias": "fc.bias", "fc.1.weight": "ln.weight", "fc.1.bias": "ln.bias"}
 
@@ -52,7 +53,8 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
 
     def modules(p, num_clients):
         mods = init_modules(p, num_clients)
-        return {**mods, "cpn": {CPN[k]: torch.tensor(v) for k, v in m["cs"].items()}, "ctx": torch.tensor(m["contexts"])}
+        return {**mods, "cpn": {CPN[k]: torch.tensor(v) for k, v in m["cs"].items()},
+                "ctx": torch.tensor(m["contexts"])}
 
     algorithm.init_modules = modules
     algorithm.gumbel = lambda local, rnd, shape: tables[rnd - 1][local["cid"], local["step"].clamp(max=S - 1)]

@@ -18,13 +18,15 @@ import torch
 import fedrun.simulate
 from fedrun.engine import ENGINES
 from test_golden_pfedme import golden_data
-from test_golden_pfllib import NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds, replay_setup
+from test_golden_pfllib import (NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds,
+                                replay_setup)
 
 # algo -> (fedrun options for the trace's args, which recorded passes feed each of fedrun's phases)
 OPTIONS = {
     "fedpac": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", "algo.head_epochs=1",
                          f"algo.local_epochs={a['local_epochs']}"],
-    "gpfl": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.mu={a['mu']}", f"algo.local_epochs={a['local_epochs']}"],
+    "gpfl": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.mu={a['mu']}",
+                       f"algo.local_epochs={a['local_epochs']}"],
 }
 
 
@@ -64,8 +66,9 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
             parts = [padded_passes(p[j], ph.epochs, longest, int(data.train.offsets[c]))
                      for p, c in zip(per_client, it["selected"])]
             assert all(len(p[j]) == ph.epochs for p in per_client)
-            out.append(fedrun.simulate.PhaseDraw(torch.tensor([p[0] for p in parts]).view(len(parts), -1, 1, sched.batch_size),
-                                                 torch.tensor([p[1] for p in parts])))
+            out.append(fedrun.simulate.PhaseDraw(
+                torch.tensor([p[0] for p in parts]).view(len(parts), -1, 1, sched.batch_size),
+                torch.tensor([p[1] for p in parts])))
         clients = torch.tensor(it["selected"])
         return clients, clients, tuple(out)
 

@@ -7,8 +7,8 @@ Python conditionals on a tensor, indexing with a 0-d tensor), `nonzero`, `masked
 indexing, `unique`, `equal`/`allclose`, and `repeat_interleave` without `output_size` (each must know
 a data-dependent size on the host); the linear algebra that checks its solver's `info` on the host on
 CUDA: `_linalg_check_errors` (torch.linalg's non-`_ex` wrappers) and `_linalg_eigh` (eigh, eigvalsh:
-the check is inside its kernel, so the op itself is counted); and the Python calls `Tensor.tolist()`, `.cpu()` and `.numpy()`
-made from fedrun's code (on the CPU these never reach the dispatcher, so they are counted at the call,
+the check is inside its kernel, so the op itself is counted); and the Python calls `Tensor.tolist()`, `.cpu()` and
+`.numpy()` made from fedrun's code (on the CPU these never reach the dispatcher, so they are counted at the call,
 whatever device the tensor is on: an upper bound). Host-to-device copies (the CPU generators' draws
 moved to the device) are not syncs of this kind and are not counted.
 
@@ -139,7 +139,8 @@ def _count(data, algo_name: str, clients: int, rounds: int, sampling: str = "rep
 def test_the_counter_sees_each_kind_of_read():
     t = torch.arange(4.0)
     with SyncCounter() as c:
-        t.sum().item(), bool(t[0] > 1), t.nonzero(), t[t > 1], torch.repeat_interleave(torch.arange(2), torch.tensor([1, 2]))
+        (t.sum().item(), bool(t[0] > 1), t.nonzero(), t[t > 1],
+         torch.repeat_interleave(torch.arange(2), torch.tensor([1, 2])))
     assert sorted(op for op, _ in c.counts.elements()) == ["_local_scalar_dense", "_local_scalar_dense", "index",
                                                            "nonzero", "repeat_interleave"]
 

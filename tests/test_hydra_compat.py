@@ -42,7 +42,8 @@ def test_the_private_functions_replaced_are_there_as_fedrun_calls_them():
     assert _params(ConfigLoaderImpl.load_sweep_config) == [
         ("self", P.POSITIONAL_OR_KEYWORD), ("master_config", P.POSITIONAL_OR_KEYWORD),
         ("sweep_overrides", P.POSITIONAL_OR_KEYWORD)]
-    assert _params(Plugins.instantiate_sweeper) == [("self", P.POSITIONAL_OR_KEYWORD), ("hydra_context", P.KEYWORD_ONLY),
+    assert _params(Plugins.instantiate_sweeper) == [("self", P.POSITIONAL_OR_KEYWORD),
+                                                    ("hydra_context", P.KEYWORD_ONLY),
                                                     ("task_function", P.KEYWORD_ONLY), ("config", P.KEYWORD_ONLY)]
 
 
@@ -80,7 +81,8 @@ def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
     assert not setting
 
 
-@pytest.mark.parametrize("argv", [[], ["algo=pfedme", "experiment=pfedme_synthetic_mlr_pfedme"], ["hydra.mode=MULTIRUN"],
+@pytest.mark.parametrize("argv", [[], ["algo=pfedme", "experiment=pfedme_synthetic_mlr_pfedme"],
+                                  ["hydra.mode=MULTIRUN"],
                                   ["hydra.mode=RUN", "seed=1"]])
 def test_mode_from_the_command_line_is_hydras(argv, hydra):
     assert mode_from_command_line(argv) == hydra.get_mode("config", list(argv))

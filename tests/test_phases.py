@@ -76,7 +76,8 @@ def test_phases_agree_across_engines_grouped_seeds_and_resume():
     resumed, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params, SCHED, seed=0,
                           start=Progress(saved[0].state, 1))
     for k in ref.params:
-        assert torch.equal(runs[0].at.state.params[k], ref.params[k]) and torch.equal(runs[1].at.state.params[k], other.params[k])
+        assert (torch.equal(runs[0].at.state.params[k], ref.params[k])
+                and torch.equal(runs[1].at.state.params[k], other.params[k]))
         assert torch.equal(resumed.params[k], ref.params[k])
 
 

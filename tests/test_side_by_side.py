@@ -14,7 +14,8 @@ def _results(root: str, algo: str, fed_acc: list[float], pfl_acc: list[float], b
     meta = {"setting": sbs.SETTING, "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10, "eval_every": 5,
             "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR, "pfllib_commit": "d832e76"}
     fed = {"command": "fedrun ...", "metric": sbs.ALGOS[algo][1], "wall": 1.0,
-           "runs": [{"seed": s, "rounds": [5, 10], "acc": [a - 0.01, a], "seconds": 20.0} for s, a in enumerate(fed_acc)]}
+           "runs": [{"seed": s, "rounds": [5, 10], "acc": [a - 0.01, a], "seconds": 20.0}
+                    for s, a in enumerate(fed_acc)]}
     per_round = sum(budget) / len(budget) if budget else None
     pfl = [{"seed": s, "rounds": [0, 5, 10], "acc": [0.1, a - 0.01, a], "budget": budget, "setup": 1.0,
             "per_round": per_round, "per_round_no_eval": None, "wall": 30.0} for s, a in enumerate(pfl_acc)]
@@ -30,7 +31,8 @@ def _write(folder, results):
 def test_replot_merges_runs_from_another_data_folder_and_a_server_without_budget(tmp_path, capsys):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     _write(a, _results("/data/here", "fedavg", [0.87, 0.88], [0.86], [2.0, 4.0]))
-    _write(b, _results("/elsewhere/MNIST", "fedphp", [0.97, 0.98], [0.975, 0.985], []))  # PFLlib's FedPHP keeps no Budget
+    # PFLlib's FedPHP keeps no Budget
+    _write(b, _results("/elsewhere/MNIST", "fedphp", [0.97, 0.98], [0.975, 0.985], []))
     assert sbs.main(["--replot", f"{a},{b}"]) == 0
     table = open(os.path.join(a, "side_by_side.md")).read()
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| fed")}

@@ -164,7 +164,8 @@ def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
     order = [u.id for u in server.users]
     rows = {}  # user id -> {split: {row bytes: index}}
     for c, u in enumerate(server.users):
-        rows[u.id] = {s: {np.asarray(r, dtype=np.float32).tobytes(): i for i, r in enumerate(data["clients"][c][s]["x"])}
+        rows[u.id] = {s: {np.asarray(r, dtype=np.float32).tobytes(): i
+                          for i, r in enumerate(data["clients"][c][s]["x"])}
                       for s in ("train", "test")}
 
     trace: list[dict] = []
@@ -262,7 +263,8 @@ def record(authors: str, algorithm: str, model_name: str, data: dict) -> dict:
         for k in [k for k in it if k.startswith("_")]:
             del it[k]
     return {
-        "authors": {"repo": "CharlieDinh/pFedMe", "commit": _commit(authors), "recorder": "scripts/golden/record_pfedme.py",
+        "authors": {"repo": "CharlieDinh/pFedMe", "commit": _commit(authors),
+                    "recorder": "scripts/golden/record_pfedme.py",
                     "torch": torch.__version__},
         "algorithm": algorithm, "model": model_name, "hidden": HIDDEN if model_name == "dnn" else None,
         "args": {**args, "batch_size": BATCH, "num_global_iters": ROUNDS, "local_epochs": LOCAL_EPOCHS,

@@ -173,7 +173,8 @@ class Recorder:
                 if shuffle:
                     n = len(dataset)
                     self.client = [c for c, x in enumerate(rec.clnt_x)
-                                   if len(x) == n and torch.equal(torch.tensor(x).to(dataset.X_data.dtype), dataset.X_data)]
+                                   if len(x) == n
+                                   and torch.equal(torch.tensor(x).to(dataset.X_data.dtype), dataset.X_data)]
                     assert len(self.client) == 1, "could not identify the training device"
                     self.client = self.client[0]
 
@@ -303,7 +304,8 @@ class Recorder:
         return {
             "method": method, "authors_function": fn_name, "arguments": {k: v for k, v in extra.items()},
             "rounds_total": ROUNDS, "K": K, "lr": LR, "lr_decay": LR_DECAY, "weight_decay": WEIGHT_DECAY,
-            "act_prob": ACT_PROB, "clip": float(self.G.max_norm), "dtype": "float64", "batch_size": P.BATCH, "paper_arguments": PAPER.get(method, {}),
+            "act_prob": ACT_PROB, "clip": float(self.G.max_norm), "dtype": "float64", "batch_size": P.BATCH,
+            "paper_arguments": PAPER.get(method, {}),
             "batches_per_step": batches, "entries": ENTRIES, "problem": P.checksums(), "rounds": rounds,
             "torch": torch.__version__,
         }

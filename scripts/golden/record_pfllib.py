@@ -116,7 +116,8 @@ def model(init: dict):
     from flcore.trainmodel.models import BaseHeadSplit
 
     m = BaseHeadSplit(nn.Sequential(nn.Linear(12, 8), nn.ReLU()), nn.Linear(8, 4))
-    names = {"base.0.weight": "fc1.weight", "base.0.bias": "fc1.bias", "head.weight": "fc2.weight", "head.bias": "fc2.bias"}
+    names = {"base.0.weight": "fc1.weight", "base.0.bias": "fc1.bias", "head.weight": "fc2.weight",
+             "head.bias": "fc2.bias"}
     with torch.no_grad():
         for n, p in m.named_parameters():
             p.copy_(torch.tensor(init[names[n]]))
@@ -157,7 +158,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
     dtype = torch.float64 if algo == "fedbn" else torch.float32
     if algo == "fedbn":
         init = state(bn_model(init).double())
-    args = types.SimpleNamespace(model=bn_model(init).double() if algo == "fedbn" else model(init), algorithm=algo, dataset="golden", device="cpu", save_folder_name="x",
+    args = types.SimpleNamespace(model=bn_model(init).double() if algo == "fedbn" else model(init), algorithm=algo,
+                                 dataset="golden", device="cpu", save_folder_name="x",
                                  num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
                                  learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
     xs = [torch.tensor(c["train"]["x"], dtype=torch.float32).to(dtype) for c in data["clients"]]
@@ -192,7 +194,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
             mine = {ph: [rng.randint(0, len(ys[i]), size=BATCH).tolist() for _ in range(n)] for ph, n in phases}
             batches[str(i)] = mine
             lists = [[(xs[i][b], ys[i][b]) for b in mine[ph]] for ph, _ in phases]
-            c.load_train_data = lambda batch_size=None, lists=lists: Passes([lists.pop(0)] if algo != "fedrep" else lists)
+            c.load_train_data = (lambda batch_size=None, lists=lists:
+                                 Passes([lists.pop(0)] if algo != "fedrep" else lists))
             if algo == "ditto":
                 c.ptrain()
             c.train()
@@ -200,7 +203,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
         server.aggregate_parameters()
         it = {"selected": selected, "batches": batches,
               "server": {n: p.detach().tolist() for n, p in server.global_model.named_parameters()},
-              "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()} for i, c in enumerate(clients)}}
+              "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()}
+                          for i, c in enumerate(clients)}}
         if algo == "fedbn":  # with the BatchNorm buffers
             it["server"] = state(server.global_model)
             it["clients"] = {str(i): state(c.model) for i, c in enumerate(clients)}
@@ -220,8 +224,10 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
             c.fine_tune()
             out["finetune"]["clients"][str(i)] = {n: p.detach().tolist() for n, p in c.model.named_parameters()}
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}", "server": f"{smod}.{scls}"},
-            "algorithm": algo, "dtype": str(dtype).removeprefix("torch."), "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
+    return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}",
+                          "server": f"{smod}.{scls}"},
+            "algorithm": algo, "dtype": str(dtype).removeprefix("torch."),
+            "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
             "phases": phases, **({"unit": "epochs"} if epochs else {}), "init": init, "iterations": trace, **out}
 
 
@@ -242,7 +248,8 @@ def main() -> None:
     ap.add_argument("--pfllib", required=True, help="a checkout of TsingZ0/PFLlib")
     ap.add_argument("--out", default=FIXTURES)
     ap.add_argument("--algorithms", default=None, help="default: all of RUNS (with --epochs: of EPOCH_RUNS)")
-    ap.add_argument("--epochs", action="store_true", help="local work in epochs (EPOCH_RUNS): pfllib_<algo>_epochs.json")
+    ap.add_argument("--epochs", action="store_true",
+                    help="local work in epochs (EPOCH_RUNS): pfllib_<algo>_epochs.json")
     a = ap.parse_args()
     data, init = load_problem(a.pfllib)
     for algo in (a.algorithms or ",".join(EPOCH_RUNS if a.epochs else RUNS)).split(","):

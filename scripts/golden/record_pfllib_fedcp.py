@@ -1,6 +1,7 @@
 """Golden trace of PFLlib's FedCP (clientcp.clientCP, servercp.FedCP).
 
-    /work/ref-venv/bin/python scripts/golden/record_pfllib_fedcp.py --pfllib /work/ref/PFLlib [--out tests/fixtures/golden]
+    /work/ref-venv/bin/python scripts/golden/record_pfllib_fedcp.py --pfllib /work/ref/PFLlib \
+[--out tests/fixtures/golden]
 
 The setting of scripts/golden/record_pfllib_module.py (the tiny problem, the DNN 12-8(ReLU)-4 as
 BaseHeadSplit with the pFedMe traces' initial weights, lr 0.1, batches of 4, 3 rounds of 2 of the 4

@@ -67,7 +67,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
         clientala.read_client_data = lambda dataset, idx, is_train=True, few_shot=0: list(zip(xs[idx], ys[idx]))
         real = ala.DataLoader
         ala.DataLoader = lambda data, *a, **k: CountingLoader(real(data, *a, **k), next(
-            i for i in range(len(xs)) if len(data) == len(ys[i]) and torch.equal(torch.stack([d[0] for d in data]), xs[i])))
+            i for i in range(len(xs))
+            if len(data) == len(ys[i]) and torch.equal(torch.stack([d[0] for d in data]), xs[i])))
     Client, _, Server = classes(cmod, ccls, smod, scls)
     args = pfllib_args(model(init), algo, **extra)
     clients = build_clients(Client, args, data, ys)
@@ -94,8 +95,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict) -> dict:
             it["cloud"] = per_client(clients, lambda c: params(c.client_u))
         if algo == "fedala":  # the ALA weights of the higher layers, and how many ALA passes each client made
             names = [n for n, _ in clients[0].model.named_parameters()][-extra["layer_idx"]:]
-            it["weights"] = {str(i): {n: w.tolist() for n, w in zip(names, c.ALA.weights)} for i, c in enumerate(clients)
-                             if c.ALA.weights is not None}
+            it["weights"] = {str(i): {n: w.tolist() for n, w in zip(names, c.ALA.weights)}
+                             for i, c in enumerate(clients) if c.ALA.weights is not None}
             it["ala_passes"] = {str(i): CountingLoader.passes.get(i, 0) for i in range(len(clients))}
         if algo in ("fedphp", "fedala"):
             it["server"] = params(server.global_model)

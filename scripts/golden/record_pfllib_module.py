@@ -1,7 +1,8 @@
 """Golden traces of PFLlib's methods with parts beside the model or feature alignment: FedPAC (so far).
 
     /work/ref-venv/bin/pip install cvxpy      # PFLlib's serverpac imports it (its QP solver)
-    /work/ref-venv/bin/python scripts/golden/record_pfllib_module.py --pfllib /work/ref/PFLlib [--out tests/fixtures/golden]
+    /work/ref-venv/bin/python scripts/golden/record_pfllib_module.py --pfllib /work/ref/PFLlib \
+[--out tests/fixtures/golden]
 
 The setting of scripts/golden/record_pfllib.py (whose helpers this imports): PFLlib's own client
 class and its server's methods (on a stand-in server object holding only the attributes they read),

@@ -112,8 +112,8 @@ def main() -> None:
     checkouts = {"pfedme": args.pfedme, "fedprox": args.fedprox}
     commits = dict(kv.split("=", 1) for kv in args.commits.split(",") if kv)
     out = {"about": "Facts of the official synthetic data, recorded by scripts/golden/record_synthetic_facts.py "
-                    "(per client, in order: official train/test sizes, label histogram and digest of its rows, train + test "
-                    "together; digest = fedrun.data.datasets.synthetic.rows_digest).",
+                    "(per client, in order: official train/test sizes, label histogram and digest of its rows, "
+                    "train + test together; digest = fedrun.data.datasets.synthetic.rows_digest).",
            "numpy": np.__version__, "sources": {k: commits.get(k) or _commit(v) for k, v in checkouts.items()},
            "variants": {}}
     for name, (repo, rel, seed, settings) in VARIANTS.items():

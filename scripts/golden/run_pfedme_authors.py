@@ -100,7 +100,8 @@ def main() -> None:
         ids = [f"f_{c:05d}" for c in range(d.num_clients)]
 
         def users(split):
-            return {i: {"x": split.x[split.client_rows(c)].flatten(1).numpy(), "y": split.y[split.client_rows(c)].numpy()}
+            return {i: {"x": split.x[split.client_rows(c)].flatten(1).numpy(),
+                        "y": split.y[split.client_rows(c)].numpy()}
                     for c, i in enumerate(ids)}
 
         blob = (ids, [], users(d.train), users(d.test))

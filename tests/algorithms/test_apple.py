@@ -14,7 +14,8 @@ from test_baselines import test_per_client_state_survives_a_checkpoint_and_resum
 
 def test_mixtures_and_p_gradients_by_hand():
     g = torch.Generator().manual_seed(0)
-    cores = {"w": torch.randn(3, 2, 4, generator=g, dtype=torch.float64), "b": torch.randn(3, 2, generator=g, dtype=torch.float64)}
+    cores = {"w": torch.randn(3, 2, 4, generator=g, dtype=torch.float64),
+             "b": torch.randn(3, 2, generator=g, dtype=torch.float64)}
     p = torch.rand(2, 3, generator=g, dtype=torch.float64)
     grads = {k: torch.randn(2, *v.shape[1:], generator=g, dtype=torch.float64) for k, v in cores.items()}
     shared = {k: v.unsqueeze(0).expand(2, *v.shape) for k, v in cores.items()}

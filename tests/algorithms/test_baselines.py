@@ -225,7 +225,8 @@ def test_finetune_steps_are_full_batch_gradient_steps(E):
         rows = data.train.client_rows(c)
         q = {k: v.clone().requires_grad_(True) for k, v in p.items()}
         for s in range(3):
-            out = torch.nn.functional.cross_entropy(torch.func.functional_call(model, q, (data.train.x[rows],)), data.train.y[rows])
+            out = torch.nn.functional.cross_entropy(torch.func.functional_call(model, q, (data.train.x[rows],)),
+                                                    data.train.y[rows])
             gr = torch.autograd.grad(out, list(q.values()))
             if s == 0:
                 torch.testing.assert_close(loss[c], out.detach())
@@ -243,8 +244,9 @@ def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     full, last_full, _, _, data = run(algo, rounds=3, clients=2)
     saved = []
     run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(
-        str(tmp_path), at.round, {"transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
-                                                                          "clients": at.state.clients}})))
+        str(tmp_path), at.round, {"transmitted": at.transmitted,
+                                  "state": {"params": at.state.params, "extra": at.state.extra,
+                                            "clients": at.state.clients}})))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2 and ck["state"]["clients"]
     start = Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"])
@@ -273,12 +275,13 @@ def test_finetune_epochs_are_shuffled_passes_with_drop_last_per_client(E):
         for e in range(epochs):
             for s in range(int(n[c]) // B):  # its own floor(n_c / B) steps per pass, the rest dropped
                 rows = idx[c, e, s * B:(s + 1) * B]
-                assert len(set(rows.tolist())) == B and all(data.train.client_rows(c).start <= r < data.train.client_rows(c).stop
-                                                            for r in rows.tolist())
+                assert len(set(rows.tolist())) == B and all(
+                    data.train.client_rows(c).start <= r < data.train.client_rows(c).stop for r in rows.tolist())
                 qq = {k: v.clone().requires_grad_(True) for k, v in q.items()}
                 out = torch.nn.functional.cross_entropy(torch.func.functional_call(model, qq, (data.train.x[rows],)),
                                                         data.train.y[rows])
-                q = {k: (v - lr * g).detach() for (k, v), g in zip(qq.items(), torch.autograd.grad(out, list(qq.values())))}
+                q = {k: (v - lr * g).detach()
+                     for (k, v), g in zip(qq.items(), torch.autograd.grad(out, list(qq.values())))}
         for k in p:
             torch.testing.assert_close(got[k][c], q[k], rtol=1e-10, atol=1e-12)
 
@@ -297,7 +300,8 @@ def test_every_algorithm_trains_an_mlr_or_refuses_it_in_one_line(name):
     except ConfigError as e:
         assert "\n" not in str(e) and f"algo={name}" in str(e) and "model=mlp" in str(e)
         return
-    state, _ = simulate(algo, VmapEngine(model), data, init, Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=5), 0)
+    state, _ = simulate(algo, VmapEngine(model), data, init,
+                        Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=5), 0)
     moved = [not torch.equal(state.params[k], init[k]) for k in init]
     moved += [not torch.equal(v, v[-1:].expand_as(v)) for part in state.clients.values() for v in _tensors(part)]
     assert any(moved), f"algo={name} ran on MLR and trained nothing"

@@ -53,7 +53,8 @@ def test_every_algorithm_takes_lr_and_finetune_steps(name):
     except InstantiationException as e:  # only where fine-tuning cannot apply, in one line naming the way out
         assert isinstance(e.__cause__, ConfigError)
         assert "\n" not in str(e.__cause__) and "algo.finetune_steps=0" in str(e.__cause__)
-        assert name in ("fedbn", "fedproto", "gpfl", "fedcp") or build(name).adaptation == "proto"  # (gpfl, fedcp: served through their modules)
+        # (gpfl, fedcp: served through their modules)
+        assert name in ("fedbn", "fedproto", "gpfl", "fedcp") or build(name).adaptation == "proto"
         return
     assert algo.finetune_steps == 5 and build(name, finetune_epochs=2).finetune_epochs == 2
     assert build(name, finetune_lr=0.013).finetune_lr == 0.013  # one name in a mixed sweep too

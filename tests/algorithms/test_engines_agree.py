@@ -71,7 +71,8 @@ BN64 = Setup(data=F64.data, model=lambda d: MLPBN(6, 4, hidden=[5]).double(), sc
 SETUPS = {"fedavg": F32, "perfedavg": F32, "pfedme": PFEDME, "fedbn": BN64}  # others: F64
 # float64 tiny MLP on fedrun.bench.agreement's 4 clients of 7-12 rows: the methods whose rounds walk every
 # client's rows (F64's clients hold up to 6,552: hundreds of steps a pass)
-ROWS64 = Setup(data=lambda: agreement.data_of("mlp", torch.float64, "cpu"), model=lambda d: MLP(d.in_features, d.num_classes, hidden=[5]).double(),
+ROWS64 = Setup(data=lambda: agreement.data_of("mlp", torch.float64, "cpu"),
+               model=lambda d: MLP(d.in_features, d.num_classes, hidden=[5]).double(),
                schedule=dict(rounds=2, tau=2, clients_per_round=2, batch_size=4), tol=F64.tol, row_tol=F64.row_tol)
 SETUPS.update({name: ROWS64 for name in ("fedpac", "gpfl", "fedcp")})
 
@@ -148,7 +149,8 @@ def test_vmap_and_loop_engines_agree(name, opts):
     schedule = {k: v for k, v in opts.items() if k in in_schedule}
     algo_opts = {k: v for k, v in opts.items() if k not in in_schedule}
     cfg = OmegaConf.merge(algo_config(name), algo_opts)
-    (sv, ev_v, rows_v), (sl, ev_l, rows_l) = [run(setup, instantiate(cfg), E, **schedule) for E in (VmapEngine, LoopEngine)]
+    (sv, ev_v, rows_v), (sl, ev_l, rows_l) = [run(setup, instantiate(cfg), E, **schedule)
+                                              for E in (VmapEngine, LoopEngine)]
     rtol, atol = setup.tol
     for k in sv.params:
         torch.testing.assert_close(sv.params[k], sl.params[k], rtol=rtol, atol=atol)

@@ -23,7 +23,8 @@ LR, M, B = 0.3, 3, 5  # lr, clients, rows per minibatch
 def setup(E, seed=0):
     torch.manual_seed(seed)
     model = MLPBN(4, 3, hidden=[6]).double()
-    x = torch.randn(2, M, B, 4, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5]).view(1, M, 1, 1) + 1  # feature shift
+    # feature shift
+    x = torch.randn(2, M, B, 4, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5]).view(1, M, 1, 1) + 1
     y = torch.randint(0, 3, (2, M, B))
     return model, E(model), params_of(model), x, y
 
@@ -78,12 +79,14 @@ def test_fedbn_keeps_every_clients_batchnorm_and_averages_the_rest(E):
     state = round_(algo, engine, state, x, y, torch.arange(M))
     # round 2: each client starts from the server's shared layers and ITS OWN BatchNorm layers
     x2, y2 = x.flip(0) * 0.5, y.flip(0)
-    own = [{**state.params, **state.extra["buffers"], **{k: v[c] for k, v in state.clients["bn"].items()}} for c in range(M)]
+    own = [{**state.params, **state.extra["buffers"], **{k: v[c] for k, v in state.clients["bn"].items()}}
+           for c in range(M)]
     state2 = round_(algo, engine, state, x2, y2, torch.arange(M))
     hand = [by_hand(model, own[c], x2[:, c], y2[:, c]) for c in range(M)]
     for k in split_buffers(init)[0]:
         if k not in bn:  # shared: the mean
-            torch.testing.assert_close(state2.params[k], torch.stack([h[0][k] for h in hand]).mean(0), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(state2.params[k], torch.stack([h[0][k] for h in hand]).mean(0),
+                                       rtol=1e-12, atol=1e-12)
     for c in range(M):
         for k in bn:  # local: the client's own, never averaged
             mine = {**hand[c][0], **hand[c][1]}[k]
@@ -110,7 +113,8 @@ def test_only_fedavg_and_fedbn_take_a_batchnorm_model_and_fedbn_needs_one():
         except ConfigError as e:
             assert "\n" not in str(e) and f"algo={name}" in str(e) and "BatchNorm" in str(e)
     assert sorted(takes) == ["fedavg", "fedbn"]
-    with pytest.raises(ConfigError, match="algo=fedbn keeps the model's BatchNorm layers local, but this model has none"):
+    with pytest.raises(ConfigError,
+                       match="algo=fedbn keeps the model's BatchNorm layers local, but this model has none"):
         build("fedbn").check_params(plain)
     with pytest.raises(ConfigError, match="algo.alpha=null"):  # FedAvg + fine-tuning: not for BatchNorm (yet)
         build("fedavg").check_params(bn)

@@ -46,7 +46,8 @@ def test_perfedavg_hf_approaches_exact_as_delta_shrinks(E):
     params = stack(params_of(model), m)
     params = {k: v + 0.1 * torch.randn_like(v) for k, v in params.items()}
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(m, B, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (m, B), generator=g)) for _ in range(3)]
+    batches = [(torch.randn(m, B, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (m, B), generator=g))
+               for _ in range(3)]
     engine = E(model)
     exact = step(PerFedAvg(alpha=0.5, beta=1.0, variant="exact"), engine, params, batches)
     errors = []
@@ -121,7 +122,8 @@ def _run(E, algo, data, personalize_batch=None, rounds=3, seed=0):
     model = MLP(data.in_features, data.num_classes, hidden=[20])
     rows = []
     sched = Schedule(rounds=rounds, tau=4, clients_per_round=4, batch_size=10, personalize_batch=personalize_batch)
-    state, last = simulate(algo, E(model), data, params_of(model), sched, seed, on_eval=lambda r, t, ev: rows.append(ev.row))
+    state, last = simulate(algo, E(model), data, params_of(model), sched, seed,
+                           on_eval=lambda r, t, ev: rows.append(ev.row))
     return state, last, rows
 
 
@@ -147,7 +149,8 @@ def test_evaluation_metrics_match_a_direct_computation(small_data):
     from fedrun.evaluate import evaluate
 
     sched = Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=1)
-    ev = evaluate(algo, VmapEngine(model), ServerState(params_of(model)), small_data, eval_context(small_data, sched, 0, 1))
+    ev = evaluate(algo, VmapEngine(model), ServerState(params_of(model)), small_data,
+                  eval_context(small_data, sched, 0, 1))
     te, tr = small_data.test, small_data.train
     accs, pers_accs, correct = [], [], 0
     for c in range(small_data.num_clients):
@@ -168,7 +171,8 @@ def test_evaluation_metrics_match_a_direct_computation(small_data):
     assert ev.row["global_acc_mean"] == pytest.approx(np.mean(accs), abs=1e-6)
     assert ev.row["global_acc_min"] == pytest.approx(min(accs), abs=1e-6)
     assert ev.row["pers_acc_mean"] == pytest.approx(np.mean(pers_accs), abs=1e-6)
-    torch.testing.assert_close(ev.per_client["pers_acc"].double(), torch.tensor(pers_accs, dtype=torch.float64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(ev.per_client["pers_acc"].double(), torch.tensor(pers_accs, dtype=torch.float64),
+                               atol=1e-6, rtol=0)
 
 
 def test_full_passes_in_small_groups_without_the_cached_view_give_the_same_numbers(small_data, monkeypatch):
@@ -188,7 +192,8 @@ def test_full_passes_in_small_groups_without_the_cached_view_give_the_same_numbe
         for k in ga:
             torch.testing.assert_close(ga[k], gb[k])
         with torch.no_grad():
-            torch.testing.assert_close(whole.evaluate(p, small_data.test, shared), grouped.evaluate(p, small_data.test, shared))
+            torch.testing.assert_close(whole.evaluate(p, small_data.test, shared),
+                                       grouped.evaluate(p, small_data.test, shared))
     assert grouped._chunk_x[id(small_data.train)][1] is None  # really took the uncached path
 
 

@@ -130,7 +130,8 @@ def test_deal_impossible_names_the_options():
         deal_classes(labels, class_lists(10, 20, 3, "consecutive", None), np.random.RandomState(0))
     # 15 devices over 10 classes: class 2 is owned by 6 devices that need 2 of its 10 images each
     with pytest.raises(ValueError, match="data.num_clients=15.*class 2 has 10 examples"):
-        deal_classes(np.repeat(np.arange(10), 10), class_lists(10, 15, 3, "consecutive", None), np.random.RandomState(0))
+        deal_classes(np.repeat(np.arange(10), 10), class_lists(10, 15, 3, "consecutive", None),
+                     np.random.RandomState(0))
 
 
 def test_extras_move_along_an_augmenting_path():
@@ -273,14 +274,17 @@ def test_crop_flip_hand_cases():
     assert torch.equal(same[0], x[0]) and torch.equal(same[1], torch.flip(x[1], [-1]))
     # shifted by one row down and two columns right of the padded origin: zeros enter at the bottom/right
     out = crop_flip_apply(x, torch.tensor([5, 4]), torch.tensor([6, 4]), torch.tensor([False, False]))
-    assert torch.equal(out[0, :, :5, :3], x[0, :, 1:, 2:]) and (out[0, :, 5] == 0).all() and (out[0, :, :, 3:] == 0).all()
+    assert (torch.equal(out[0, :, :5, :3], x[0, :, 1:, 2:]) and (out[0, :, 5] == 0).all()
+            and (out[0, :, :, 3:] == 0).all())
     # with a per-channel fill the border takes channel c's value, the image keeps its own
     fill = torch.tensor([-1.5, -2.0, -0.25])
     out = crop_flip_apply(x, torch.tensor([5, 0]), torch.tensor([6, 8]), torch.tensor([False, True]), fill=fill)
     assert torch.equal(out[0, :, :5, :3], x[0, :, 1:, 2:])
-    assert torch.equal(out[0, :, 5], fill[:, None].expand(3, 5)) and torch.equal(out[0, :, :, 3:], fill[:, None, None].expand(3, 6, 2))
+    assert (torch.equal(out[0, :, 5], fill[:, None].expand(3, 5))
+            and torch.equal(out[0, :, :, 3:], fill[:, None, None].expand(3, 6, 2)))
     # dy=0: 4 padded rows on top; dx=8 then flip: the right 4 columns padded, mirrored to the left
-    assert torch.equal(out[1, :, :4], fill[:, None, None].expand(3, 4, 5)) and torch.equal(out[1, :, 4:, :4], fill[:, None, None].expand(3, 2, 4))
+    assert (torch.equal(out[1, :, :4], fill[:, None, None].expand(3, 4, 5))
+            and torch.equal(out[1, :, 4:, :4], fill[:, None, None].expand(3, 2, 4)))
     assert torch.equal(out[1, :, 4:, 4], x[1, :, :2, 4])
 
 
@@ -294,7 +298,8 @@ def test_crop_flip_matches_per_image_reference_and_is_seeded():
     assert torch.equal(out.reshape(12, 3, 8, 8), ref)
     fill = torch.randn(3)
     filled = crop_flip(x, torch.Generator().manual_seed(5), fill=fill)
-    ref = torch.stack([_reference_crop_flip(flat[i], int(dy[i]), int(dx[i]), bool(flip[i]), fill=fill) for i in range(12)])
+    ref = torch.stack([_reference_crop_flip(flat[i], int(dy[i]), int(dx[i]), bool(flip[i]), fill=fill)
+                       for i in range(12)])
     assert torch.equal(filled.reshape(12, 3, 8, 8), ref) and not torch.equal(filled, out)
     assert torch.equal(augment("crop_flip", x, torch.Generator().manual_seed(5), fill=fill), filled)
     assert torch.equal(out, crop_flip(x, torch.Generator().manual_seed(5)))

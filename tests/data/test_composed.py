@@ -138,7 +138,8 @@ SMALL = ["rounds=2", "tau=2", "clients_per_round=3", "batch_size=5", "model=mlr"
 def test_holdout_run_reports_new_columns_and_never_trains_held_out_clients(root, tmp_path, algo):
     out = tmp_path / "o"
     r = fedrun(["dataset=mnist", "partition=shards", "partition.num_clients=10", "partition.holdout=0.2",
-                f"dataset.root={root}", "dataset.download=false", f"algo={algo}", *SMALL, f"hydra.run.dir={out}"], tmp_path)
+                f"dataset.root={root}", "dataset.download=false", f"algo={algo}", *SMALL, f"hydra.run.dir={out}"],
+               tmp_path)
     assert r.returncode == 0, r.stderr
     m = pd.read_csv(out / "metrics.csv")
     for col in ("new_global_acc", "new_global_acc_min", "new_pers_acc", "new_pers_loss"):
@@ -184,7 +185,8 @@ def test_bad_partition_options_one_line_exit_2(root, tmp_path, args, expected):
 
 
 def test_holdout_with_train_all_refused(root, tmp_path):
-    r = fedrun(["dataset=mnist", "partition=iid", "partition.num_clients=6", "partition.holdout=1", f"dataset.root={root}",
+    r = fedrun(["dataset=mnist", "partition=iid", "partition.num_clients=6", "partition.holdout=1",
+                f"dataset.root={root}",
                 "dataset.download=false", "algo=pfedme", "algo.train_all=true", *SMALL], tmp_path)
     assert r.returncode == 2 and "algo.train_all=true trains every client" in r.stderr
     assert not (tmp_path / "bad" / "metrics.csv").exists()
@@ -192,7 +194,8 @@ def test_holdout_with_train_all_refused(root, tmp_path):
 
 def test_partition_without_dataset_refused(tmp_path):
     r = fedrun(["partition=iid", *SMALL], tmp_path)
-    assert r.returncode == 2 and "data=composed needs dataset=<option>; choose one of: agnews, cifar10, cifar100, emnist" in r.stderr
+    assert r.returncode == 2 and ("data=composed needs dataset=<option>; choose one of: agnews, cifar10, cifar100, "
+                                  "emnist" in r.stderr)
 
 
 def test_fedrun_data_prints_stats_and_draws_without_training(root, tmp_path, capsys):

@@ -101,7 +101,8 @@ def test_garbage_gz_under_dataset_mnist_is_one_line_exit_2_and_no_run_folder(roo
                 "dataset.download=false", "rounds=1", "tau=1", "clients_per_round=2", "progress=false", "plot=false",
                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "t10k-labels-idx1-ubyte.gz is not readable as gzip" in lines[0], r.stderr
+    assert (r.returncode == 2 and len(lines) == 1
+            and "t10k-labels-idx1-ubyte.gz is not readable as gzip" in lines[0]), r.stderr
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
@@ -137,13 +138,15 @@ LEAF_BAD = [  # the red team's cases, each with what the one line must say
     (lambda b: _set(b, "users", b["users"][:1]), 'metadata contradicts its rows: "users" lists 1 users, "user_data" '
                                                   "holds 3 (2 not listed, e.g. 'f0001_1')"),
     (lambda b: _set(b, "users", b["users"] + ["f0999_0"]), "(1 without rows, e.g. 'f0999_0')"),
-    (lambda b: _set(b, "num_samples", [999, 9, 9]), "\"num_samples\" gives user 'f0000_0' 999 rows, its user_data holds 9"),
+    (lambda b: _set(b, "num_samples", [999, 9, 9]),
+     "\"num_samples\" gives user 'f0000_0' 999 rows, its user_data holds 9"),
     (lambda b: _set(b, "num_samples", [9]), '"num_samples" is not 3 counts, one per user'),
     (lambda b: _x(b, [[0.5] * 10] * 9), "not femnist rows: user 'f0000_0''s rows have 10 features, femnist has 784"),
     (lambda b: _x(b, [[0.5] * 784] * 8 + [[0.5] * 10]), "user 'f0000_0''s x or y is not numbers in rows of one width"),
     (lambda b: _y(b, 99), "not femnist rows: user 'f0002_2' has label 99, outside femnist's labels 0..61"),
     (lambda b: _y(b, -1), "has label -1, outside femnist's labels 0..61"),
-    (lambda b: (_set(b, "users", []), _set(b, "user_data", {}), _set(b, "num_samples", [])), "a LEAF user file with no users"),
+    (lambda b: (_set(b, "users", []), _set(b, "user_data", {}), _set(b, "num_samples", [])),
+     "a LEAF user file with no users"),
 ]
 
 
@@ -161,7 +164,8 @@ def test_leaf_file_that_contradicts_itself_or_femnist_is_one_line_naming_it(tmp_
     with pytest.raises(DataCorruptError) as e:
         load_leaf(str(tmp_path), "femnist")
     msg = _one_line(e)
-    assert msg.startswith(f"{path} is ") and says in msg and msg.endswith("preprocess.sh again (or copy a good copy there)")
+    assert (msg.startswith(f"{path} is ") and says in msg
+            and msg.endswith("preprocess.sh again (or copy a good copy there)"))
 
 
 def test_leaf_label_99_under_fedrun_is_one_line_exit_2(tmp_path):
@@ -169,7 +173,8 @@ def test_leaf_label_99_under_fedrun_is_one_line_exit_2(tmp_path):
     r = fedrun(["dataset=femnist", f"dataset.root={tmp_path / 'leaf'}", "partition=natural", "rounds=1",
                 "clients_per_round=2", "progress=false", "plot=false", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "has label 99, outside femnist's labels 0..61" in lines[0], r.stderr
+    assert (r.returncode == 2 and len(lines) == 1
+            and "has label 99, outside femnist's labels 0..61" in lines[0]), r.stderr
 
 
 # ---------------------------------------------------------------------------- the data cache
@@ -183,7 +188,8 @@ def test_cache_rereads_a_file_repaired_to_the_same_size(root, tmp_path, keep_mti
     wrong = TRAIN.copy()
     wrong[0] = (wrong[0] + 1) % 10  # one label wrong, same size
     _write_idx(str(labels), 0x801, wrong)
-    ds, part, cache = dict(name="mnist", root=str(root), download=False), dict(name="iid", num_clients=4), str(tmp_path / "c")
+    ds, part, cache = (dict(name="mnist", root=str(root), download=False), dict(name="iid", num_clients=4),
+                       str(tmp_path / "c"))
     bad = composed(ds, part, cache_dir=cache)
     stamp = os.stat(labels)
     labels.write_bytes(good)
@@ -223,7 +229,8 @@ def test_a_failed_mnist_download_leaves_no_folder(tmp_path, monkeypatch, how):
     import torchvision.datasets as tv
 
     folder = "FashionMNIST" if how == "dataset=fmnist" else "MNIST"
-    _offline(monkeypatch, tv.FashionMNIST if how == "dataset=fmnist" else tv.MNIST, f"{folder}/raw/train-images-idx3-ubyte.gz")
+    _offline(monkeypatch, tv.FashionMNIST if how == "dataset=fmnist" else tv.MNIST,
+             f"{folder}/raw/train-images-idx3-ubyte.gz")
     (tmp_path / "kept").mkdir()
     root = tmp_path / "kept" / "data"
     with pytest.raises(DataMissingError, match="download failed \\(RuntimeError: Error downloading"):

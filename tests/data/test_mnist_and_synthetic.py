@@ -78,7 +78,8 @@ def _openblas_thread_controls():
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")):
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                               ("openblas", "")):
             get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
             set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
             if get is not None and set_ is not None:

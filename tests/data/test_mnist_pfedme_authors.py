@@ -69,7 +69,8 @@ def test_full_mnist_sizes_labels_and_leak_equal_the_generators():
 
 def test_bad_values_name_the_option(tmp_path):
     labels = np.repeat(np.arange(10), 80)
-    with pytest.raises(ValueError, match=r"^data.num_clients=15: the authors' generator needs a positive multiple of 10"):
+    with pytest.raises(ValueError,
+                       match=r"^data.num_clients=15: the authors' generator needs a positive multiple of 10"):
         pfedme_mnist_authors(labels, num_clients=15)
     with pytest.raises(ValueError, match=r"^data.labels_per_client=11: allowed 1..10"):
         pfedme_mnist_authors(labels, labels_per_client=11)

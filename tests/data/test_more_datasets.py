@@ -214,7 +214,8 @@ def test_tinyimagenet_layout_labels_by_wnids_and_val_annotations(root):
 
 def test_cifar100_coarse_labels_are_the_pickles_superclasses(root):
     fine = composed(dict(name="cifar100", root=root), dict(name="iid", num_clients=1, test="dataset"))
-    coarse = composed(dict(name="cifar100", root=root, labels="coarse"), dict(name="iid", num_clients=1, test="dataset"))
+    coarse = composed(dict(name="cifar100", root=root, labels="coarse"),
+                      dict(name="iid", num_clients=1, test="dataset"))
     assert fine.num_classes == 100 and coarse.num_classes == 20
     assert (coarse.train.y == fine.train.y // 5).all() and (coarse.test.y == fine.test.y // 5).all()
     with pytest.raises(ValueError, match="dataset.labels='coarse': allowed one of fine"):
@@ -231,7 +232,8 @@ CASES = {"iid": dict(num_clients=3), "dirichlet": dict(num_clients=3, alpha=1.0,
          "acid": dict(num_clients=3, classes_per_client=2), "natural": {},
          "perfedavg_split": dict(num_clients=2, a=2), "pfedme_labels": dict(num_clients=2)}
 MNIST_RULES = ("perfedavg_split", "pfedme_labels")  # Per-FedAvg's and pFedMe's MNIST rules: 10 classes only
-TOO_FEW = {("shakespeare", "acid"), ("agnews", "acid"), ("cifar100", "acid")}  # acid's 50+ rows per device: not in tiny files
+# acid's 50+ rows per device: not in tiny files
+TOO_FEW = {("shakespeare", "acid"), ("agnews", "acid"), ("cifar100", "acid")}
 
 
 def test_every_partition_composes_with_every_new_dataset_or_says_why_not(root):
@@ -252,7 +254,8 @@ def test_every_partition_composes_with_every_new_dataset_or_says_why_not(root):
 
 
 @pytest.mark.parametrize("dataset, says", [
-    ("shakespeare", "LEAF's JSON user files (*.json) in {root}/shakespeare/data/train and {root}/shakespeare/data/test"),
+    ("shakespeare",
+     "LEAF's JSON user files (*.json) in {root}/shakespeare/data/train and {root}/shakespeare/data/test"),
     ("agnews", "AG News not found: expected train.csv, test.csv in {root}/ag_news_csv (download=false)"),
     ("tinyimagenet", "Tiny-ImageNet not found: expected wnids.txt, train, val/val_annotations.txt, val/images in "
                      "{root}/tiny-imagenet-200 (download=false)"),
@@ -287,7 +290,8 @@ def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare
 
     import torch
 
-    small = ["algo=fedavg", "algo.alpha=null", "rounds=2", "tau=1", "clients_per_round=2", "batch_size=4", "progress=false", "plot=false",
+    small = ["algo=fedavg", "algo.alpha=null", "rounds=2", "tau=1", "clients_per_round=2", "batch_size=4",
+             "progress=false", "plot=false",
              "checkpoint_every=0", f"dataset.root={root}"]
     runs = {"agnews": ["dataset=agnews", "dataset.vocab_size=37", "dataset.max_len=16", "model=textcnn", "model.dim=8",
                        "model.channels=4", "partition=dirichlet", "partition.num_clients=4", "partition.min_size=5"],
@@ -302,7 +306,8 @@ def test_fedrun_runs_agnews_textcnn_with_the_datasets_vocabulary_and_shakespeare
         capped = "fedrun: dataset.vocab_size=37 capped at 25: the training rows hold 23 distinct tokens"
         assert (capped in r.stderr) == (name == "agnews"), r.stderr
     r = fedrun([*runs["agnews"], "model.vocab_size=20", *small], tmp_path)  # the files hold 25 ids (0, 1, 23 tokens)
-    assert r.returncode == 2 and "model.vocab_size=20 is too small for data=composed, whose rows hold ids up to 24" in r.stderr
+    assert r.returncode == 2 and ("model.vocab_size=20 is too small for data=composed, whose rows hold ids up to 24"
+                                  in r.stderr)
     r = fedrun([*runs["agnews"], "model.vocab_size=40", *small, f"hydra.run.dir={tmp_path / 'own'}"], tmp_path)
     assert r.returncode == 0 and "capped" not in r.stderr, r.stderr  # a vocabulary the user gives the model: kept
     emb = torch.load(glob.glob(str(tmp_path / "own" / "checkpoints" / "*.pt"))[0], weights_only=True)["state"]["params"]

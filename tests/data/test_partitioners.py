@@ -329,7 +329,8 @@ def test_classes_owned_depend_on_the_seed():
 
 
 @pytest.mark.parametrize("name, advice", [("iid", "use fewer clients or use partition.test=split"),
-                                          ("dirichlet", "raise partition.min_size, use fewer clients or use partition.test=split")])
+                                          ("dirichlet",
+                                           "raise partition.min_size, use fewer clients or use partition.test=split")])
 def test_clients_without_rows_advice_names_only_the_partitions_options(name, advice):
     """partition=iid partition.num_clients=<rows> advised a min_size iid does not have."""
     part = built("partition", {"name": name, "num_clients": 2500, "test": "dataset", "seed": 0,
