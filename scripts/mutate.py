@@ -370,6 +370,17 @@ MUTANTS += [
            "resume: a checkpoint from before the yamls named the module is refused as another configuration"),
 ]
 
+MUTANTS += [
+    Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",
+           "torch.mul(dc * c_prev, f * (1 - f), out=df)", "torch.mul(dc * c_prev, f * (1 + f), out=df)",
+           ("tests/models/test_models.py", "-k", "lstm_hand_backward"),
+           "the LSTM's hand-written backward: a wrong forget-gate derivative"),
+    Mutant("lstm-hand-hh-shift", "fedrun/models/rnn.py",
+           "outs.new_zeros(m, b, 1, hid), outs[:, :, :-1]]", "outs[:, :, :1], outs[:, :, :-1]]",
+           ("tests/models/test_models.py", "-k", "lstm_hand_backward"),
+           "the LSTM's hand-written backward: W_hh's gradient pairs step 0 with h_0 instead of the zero state"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:
