@@ -11,8 +11,10 @@ so a state dict moves between the two and the test compares them on the same wei
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..branches import choose
 from .small import _outputs
 
 
@@ -53,6 +55,7 @@ class LSTM(nn.Module):
         self.head = nn.Linear(hidden, num_classes)
 
     features_and_logits = True
+    rnn: str | None = None  # branch "rnn" forced (fedrun.branches; None: the device's default)
 
     def forward(self, x: torch.Tensor, features: bool | str = False):
         h = lstm_layers(self.lstm, self.embedding(x))[:, -1]
@@ -60,8 +63,34 @@ class LSTM(nn.Module):
 
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
                         shared: bool = False) -> tuple[dict, torch.Tensor]:
-        """The vmap engine's minibatch and full-batch gradients (branch "backward"): `_stacked_lstm_ce_grad`."""
-        return _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
+        """The vmap engine's minibatch and full-batch gradients (branch "backward"), as `_stacked_ce_grad`
+        of fedrun.models.small gives them: client by client through torch's fused LSTM (branch "rnn"
+        fused, the CPU's default) or batched over clients (`_stacked_lstm_ce_grad`)."""
+        if choose("rnn", x.device, None if self.rnn is None else {"rnn": self.rnn}) == "batched":
+            return _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
+        return self._fused_ce_grad(params, x, y, weight, shared)
+
+    def _fused_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
+                       shared: bool) -> tuple[dict, torch.Tensor]:
+        """`stacked_ce_grad` client by client, the recurrence through torch's fused LSTM (torch._VF.lstm,
+        what nn.LSTM calls: oneDNN's kernel on the CPU for float32, cuDNN's on a GPU) and autograd. On
+        the CPU a client's 2 x 1 MB of recurrent weights stay in cache through its 80 steps; batched
+        over clients every step streams all clients' weights (`_stacked_lstm_ce_grad`)."""
+        lstm = self.lstm
+        names = [f"lstm.{n}" for n in lstm._flat_weights_names]
+        grads, losses = [], []
+        with torch.enable_grad():
+            for i in range(x.shape[0]):
+                p = {k: (v if shared else v[i]).detach().requires_grad_(True) for k, v in params.items()}
+                emb = F.embedding(x[i], p["embedding.weight"])
+                zeros = emb.new_zeros(lstm.num_layers, emb.shape[0], lstm.hidden_size)
+                out = torch._VF.lstm(emb, (zeros, zeros), [p[n] for n in names], lstm.bias, lstm.num_layers,
+                                     0.0, False, False, True)[0]
+                rows = F.cross_entropy(F.linear(out[:, -1], p["head.weight"], p["head.bias"]), y[i], reduction="none")
+                loss = rows.mean() if weight is None else (rows * weight[i]).sum()
+                grads.append(torch.autograd.grad(loss, list(p.values())))
+                losses.append(loss.detach())
+        return {k: torch.stack([g[j] for g in grads]) for j, k in enumerate(params)}, torch.stack(losses)
 
 
 def _stacked_lstm_ce_grad(model: "LSTM", params: dict, x: torch.Tensor, y: torch.Tensor,

@@ -145,14 +145,17 @@ def test_lstm_recurrence_equals_nn_lstm():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("rnn", ["fused", "batched"])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_lstm_hand_backward_equals_autograd_per_client(shared, weighted):
-    """The LSTM's hand-written backward through time (the vmap engine's gradients, branch "backward"):
-    every client's loss and gradients equal autograd's through lstm_layers, per-client or shared
-    weights, mean or weighted (full passes' row masks) losses. float64, ~300 ops per value: 1e-12."""
+def test_lstm_hand_backward_equals_autograd_per_client(rnn, shared, weighted):
+    """The LSTM's gradients on the vmap engine's hand path (branch "backward"), both ways of branch
+    "rnn" (torch's fused LSTM client by client; the batched recurrence with its backward through time
+    by hand): every client's loss and gradients equal autograd's through lstm_layers, per-client or
+    shared weights, mean or weighted (full passes' row masks) losses. float64, ~300 ops per value: 1e-12."""
     torch.manual_seed(0)
     model = LSTM(7, VOCAB, vocab_size=VOCAB, embed_dim=3, hidden=5).double()
+    model.rnn = rnn
     m, b, t = 3, 4, 7
     stacked = {k: v.detach() + 0.1 * torch.randn(m, *v.shape, dtype=v.dtype) for k, v in model.named_parameters()}
     params = {k: v[0] for k, v in stacked.items()} if shared else stacked
