@@ -1,7 +1,8 @@
 """The Shakespeare LSTM's training step over the clients of a round, three ways (s/step: forward and
 backward of every client's minibatch loss, the engine's `grad`):
 
-  vmap    fedrun's model (recurrence as matrix products) in the vmap engine: one computation
+  vmap    fedrun's model in the vmap engine: its gradients through LSTM.stacked_ce_grad (branch "rnn":
+          on the CPU client by client through the fused LSTM, elsewhere the recurrence batched)
   loop    the same model, client by client (the loop engine)
   nn.LSTM the same weights through torch's fused nn.LSTM (cuDNN on a GPU), client by client: the
           per-client loop a vmap-less simulator runs

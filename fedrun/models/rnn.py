@@ -7,6 +7,10 @@ nn.LSTM: cuDNN's and ATen's fused LSTM kernels have no vmap batching rule, so vm
 they fall back to a per-client loop; these plain ops batch (per-client weights give batched matrix
 products). nn.LSTM is kept as the holder of the weights, with its names, shapes and initialization,
 so a state dict moves between the two and the test compares them on the same weights.
+
+The vmap engine's minibatch and full-batch gradients (its hand path, branch "backward") skip vmap:
+`LSTM.stacked_ce_grad`, client by client through torch's fused LSTM on the CPU, or the recurrence
+batched over clients with a backward through time by hand (`_stacked_lstm_ce_grad`; branch "rnn").
 """
 from __future__ import annotations
 
