@@ -39,14 +39,14 @@ BRANCHES: dict[str, Branch] = {
     "groups": Branch(
         ("rows", "chunks"), "rows", "chunks", lambda m: True,
         "full passes: groups of at most VmapEngine.CPU_GROUP_ROWS rows, or of max_chunks chunks"),
+    "layout": Branch(
+        ("channels_last", "contiguous"), "channels_last", "contiguous", _convolutional,
+        "images' memory order outside torch.func transforms (oneDNN is faster channels-last)"),
     "rnn": Branch(
         ("fused", "batched"), "fused", "batched", lambda m: hasattr(m, "rnn"),
         "the LSTM's hand-path gradients (branch backward=hand): client by client through torch's fused LSTM "
         "(oneDNN on the CPU, its weights stay in cache), or the recurrence batched over clients and rows, one "
         "batched product per step and a backward through time by hand"),
-    "layout": Branch(
-        ("channels_last", "contiguous"), "channels_last", "contiguous", _convolutional,
-        "images' memory order outside torch.func transforms (oneDNN is faster channels-last)"),
 }
 
 
