@@ -379,6 +379,10 @@ MUTANTS += [
            "outs.new_zeros(m, b, 1, hid), outs[:, :, :-1]]", "outs[:, :, :1], outs[:, :, :-1]]",
            ("tests/models/test_models.py", "-k", "lstm_hand_backward"),
            "the LSTM's hand-written backward: W_hh's gradient pairs step 0 with h_0 instead of the zero state"),
+    Mutant("lstm-fused-unweighted", "fedrun/models/rnn.py",
+           "loss = rows.mean() if weight is None else (rows * weight[i]).sum()", "loss = rows.mean()",
+           ("tests/models/test_models.py", "-k", "lstm"),
+           "the LSTM's fused per-client gradients: full passes' row weights (padding masks) ignored"),
 ]
 
 
