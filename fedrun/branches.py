@@ -42,6 +42,11 @@ BRANCHES: dict[str, Branch] = {
     "layout": Branch(
         ("channels_last", "contiguous"), "channels_last", "contiguous", _convolutional,
         "images' memory order outside torch.func transforms (oneDNN is faster channels-last)"),
+    "rnn": Branch(
+        ("fused", "batched"), "fused", "batched", lambda m: hasattr(m, "rnn"),
+        "the LSTM's hand-path gradients (branch backward=hand): client by client through torch's fused LSTM "
+        "(oneDNN on the CPU, its weights stay in cache), or the recurrence batched over clients and rows, one "
+        "batched product per step and a backward through time by hand"),
 }
 
 

@@ -695,6 +695,21 @@ MUTANTS += [
            ("tests/test_scripts.py", "-k", "another_model"),
            "baselines.py passes the setting's model/partition options to a model or partition that has none such"),
 ]
+MUTANTS += [
+    Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",
+           "torch.mul(dc * c_prev, f * (1 - f), out=df)", "torch.mul(dc * c_prev, f * (1 + f), out=df)",
+           ("tests/models/test_models.py", "-k", "lstm_hand_backward"),
+           "the LSTM's hand-written backward: a wrong forget-gate derivative"),
+    Mutant("lstm-hand-hh-shift", "fedrun/models/rnn.py",
+           "outs.new_zeros(m, b, 1, hid), outs[:, :, :-1]]", "outs[:, :, :1], outs[:, :, :-1]]",
+           ("tests/models/test_models.py", "-k", "lstm_hand_backward"),
+           "the LSTM's hand-written backward: W_hh's gradient pairs step 0 with h_0 instead of the zero state"),
+    Mutant("lstm-fused-unweighted", "fedrun/models/rnn.py",
+           "loss = rows.mean() if weight is None else (rows * weight[i]).sum()", "loss = rows.mean()",
+           ("tests/models/test_models.py", "-k", "lstm"),
+           "the LSTM's fused per-client gradients: full passes' row weights (padding masks) ignored"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

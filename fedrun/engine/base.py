@@ -50,8 +50,9 @@ class Engine:
         self.criterion = criterion  # criterion(outputs, targets, reduction=...) like F.cross_entropy
         # device branches forced (fedrun.branches.BRANCHES; unset: each device's default)
         self.paths = check_paths(paths)
-        if "layout" in self.paths and hasattr(model, "layout"):
-            model.layout = self.paths["layout"]
+        for name in ("layout", "rnn"):  # branches the model's own passes choose
+            if name in self.paths and hasattr(model, name):
+                setattr(model, name, self.paths[name])
         self.batchnorm = _has_batchnorm(model)
         if self.batchnorm:  # every pass but `train_grad` scores with the running statistics
             model.eval()

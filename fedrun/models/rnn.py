@@ -7,12 +7,18 @@ nn.LSTM: cuDNN's and ATen's fused LSTM kernels have no vmap batching rule, so vm
 they fall back to a per-client loop; these plain ops batch (per-client weights give batched matrix
 products). nn.LSTM is kept as the holder of the weights, with its names, shapes and initialization,
 so a state dict moves between the two and the test compares them on the same weights.
+
+The vmap engine's minibatch and full-batch gradients (its hand path, branch "backward") skip vmap:
+`LSTM.stacked_ce_grad`, client by client through torch's fused LSTM on the CPU, or the recurrence
+batched over clients with a backward through time by hand (`_stacked_lstm_ce_grad`; branch "rnn").
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..branches import choose
 from .small import _outputs
 
 
@@ -53,7 +59,136 @@ class LSTM(nn.Module):
         self.head = nn.Linear(hidden, num_classes)
 
     features_and_logits = True
+    rnn: str | None = None  # branch "rnn" forced (fedrun.branches; None: the device's default)
 
     def forward(self, x: torch.Tensor, features: bool | str = False):
         h = lstm_layers(self.lstm, self.embedding(x))[:, -1]
         return _outputs(h, self.head, features)
+
+    def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
+                        shared: bool = False) -> tuple[dict, torch.Tensor]:
+        """The vmap engine's minibatch and full-batch gradients (branch "backward"), as `_stacked_ce_grad`
+        of fedrun.models.small gives them: client by client through torch's fused LSTM (branch "rnn"
+        fused, the CPU's default) or batched over clients (`_stacked_lstm_ce_grad`)."""
+        if choose("rnn", x.device, None if self.rnn is None else {"rnn": self.rnn}) == "batched":
+            return _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
+        return self._fused_ce_grad(params, x, y, weight, shared)
+
+    def _fused_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
+                       shared: bool) -> tuple[dict, torch.Tensor]:
+        """`stacked_ce_grad` client by client, the recurrence through torch's fused LSTM (torch._VF.lstm,
+        what nn.LSTM calls: oneDNN's kernel on the CPU for float32, cuDNN's on a GPU) and autograd. On
+        the CPU a client's 2 x 1 MB of recurrent weights stay in cache through its 80 steps; batched
+        over clients every step streams all clients' weights (`_stacked_lstm_ce_grad`)."""
+        lstm = self.lstm
+        names = [f"lstm.{n}" for n in lstm._flat_weights_names]
+        grads, losses = [], []
+        with torch.enable_grad():
+            for i in range(x.shape[0]):
+                p = {k: (v if shared else v[i]).detach().requires_grad_(True) for k, v in params.items()}
+                emb = F.embedding(x[i], p["embedding.weight"])
+                zeros = emb.new_zeros(lstm.num_layers, emb.shape[0], lstm.hidden_size)
+                out = torch._VF.lstm(emb, (zeros, zeros), [p[n] for n in names], lstm.bias, lstm.num_layers,
+                                     0.0, False, False, True)[0]
+                rows = F.cross_entropy(F.linear(out[:, -1], p["head.weight"], p["head.bias"]), y[i], reduction="none")
+                loss = rows.mean() if weight is None else (rows * weight[i]).sum()
+                grads.append(torch.autograd.grad(loss, list(p.values())))
+                losses.append(loss.detach())
+        return {k: torch.stack([g[j] for g in grads]) for j, k in enumerate(params)}, torch.stack(losses)
+
+
+def _stacked_lstm_ce_grad(model: "LSTM", params: dict, x: torch.Tensor, y: torch.Tensor,
+                          weight: torch.Tensor | None = None, shared: bool = False) -> tuple[dict, torch.Tensor]:
+    """Per-client gradients of the LSTM's cross-entropy on ids x [m, B, T], y [m, B], and the losses
+    [m] (the mean over the B rows, or with `weight` [m, B] the weighted sum), as `_stacked_ce_grad`
+    of fedrun.models.small gives them for the fully connected models; `shared`: one unstacked model
+    for all m (the gradients are still per client).
+
+    The forward is `lstm_layers`'s (gates i, f, g, o; the input projection of all steps in one
+    product per layer), batched over the m clients: one [m, B, H] x [m, H, 4H] product per step. The
+    backward goes through time by hand, as fused LSTM kernels do: per step only dh @ W_hh; the
+    weights' gradients are ONE product per matrix over all steps and rows (autograd's graph of the
+    unrolled recurrence adds T products of K = B into each weight's gradient)."""
+    m, b, steps = x.shape
+    lstm = model.lstm
+
+    def w(name):  # a weight as [m or 1, ...], so that matmul broadcasts over the clients
+        v = params[name]
+        return v.unsqueeze(0) if shared else v
+
+    emb = params["embedding.weight"]
+    h_seq = emb[x] if shared else emb[torch.arange(m, device=x.device).view(m, 1, 1), x]  # [m, B, T, E]
+    saved = []  # per layer: its input [m, B, T, in], gate activations [m, B, T, 4H], cells, outputs
+    for layer in range(lstm.num_layers):
+        w_ih, w_hh = w(f"lstm.weight_ih_l{layer}"), w(f"lstm.weight_hh_l{layer}")
+        xs = torch.matmul(h_seq.flatten(1, 2), w_ih.transpose(-1, -2))  # [m, B * T, 4H]
+        if lstm.bias:
+            xs = xs + (w(f"lstm.bias_ih_l{layer}") + w(f"lstm.bias_hh_l{layer}")).unsqueeze(1)
+        xs = xs.view(m, b, steps, -1)
+        hid = w_hh.shape[-1]
+        acts, cells, outs = torch.empty_like(xs), xs.new_empty(m, b, steps, hid), xs.new_empty(m, b, steps, hid)
+        h = c = xs.new_zeros(m, b, hid)
+        w_hh_t = w_hh.transpose(-1, -2)
+        for t in range(steps):
+            a = acts[:, :, t]
+            torch.add(xs[:, :, t], torch.matmul(h, w_hh_t), out=a)  # the gates, then their activations
+            i, f, g, o = a.chunk(4, -1)
+            i.sigmoid_(), f.sigmoid_(), g.tanh_(), o.sigmoid_()
+            c = f * c + i * g
+            h = o * torch.tanh(c)
+            cells[:, :, t], outs[:, :, t] = c, h
+        saved.append((h_seq, acts, cells, outs))
+        h_seq = outs
+
+    top = h_seq[:, :, -1]  # [m, B, H]
+    wh, bh = w("head.weight"), w("head.bias")
+    z = torch.matmul(top, wh.transpose(-1, -2)) + bh.unsqueeze(1)  # [m, B, classes]
+    logp = torch.log_softmax(z, -1)
+    target = y.unsqueeze(-1)
+    nll = -logp.gather(-1, target).squeeze(-1)
+    dz = logp.exp_().scatter_add_(-1, target, torch.full(target.shape, -1.0, dtype=logp.dtype, device=z.device))
+    if weight is None:  # d(mean loss)/d logits = (softmax - onehot) / B
+        losses = nll.mean(1)
+        dz = dz.mul_(1.0 / b)
+    else:
+        losses = (nll * weight).sum(1)
+        dz = dz.mul_(weight.unsqueeze(-1))
+    grads = {"head.weight": torch.matmul(dz.transpose(1, 2), top), "head.bias": dz.sum(1)}
+    dh_out = None  # the gradient of the layer's outputs at every step (the top layer: the last step's only)
+    dh_last = torch.matmul(dz, wh)
+    for layer in range(lstm.num_layers - 1, -1, -1):
+        inp, acts, cells, outs = saved[layer]
+        w_ih, w_hh = w(f"lstm.weight_ih_l{layer}"), w(f"lstm.weight_hh_l{layer}")
+        hid = w_hh.shape[-1]
+        dgates = torch.empty_like(acts)
+        dh = dh_last if dh_out is None else None
+        dc = torch.zeros_like(cells[:, :, 0])
+        for t in range(steps - 1, -1, -1):
+            if dh_out is not None:
+                dh = dh_out[:, :, t] if t == steps - 1 else dh + dh_out[:, :, t]
+            i, f, g, o = acts[:, :, t].chunk(4, -1)
+            tc = torch.tanh(cells[:, :, t])
+            dc = dc + dh * o * (1 - tc * tc)
+            c_prev = cells[:, :, t - 1] if t else torch.zeros_like(dc)
+            d = dgates[:, :, t]
+            di, df, dg, do = d.chunk(4, -1)
+            torch.mul(dc * g, i * (1 - i), out=di)
+            torch.mul(dc * c_prev, f * (1 - f), out=df)
+            torch.mul(dc * i, 1 - g * g, out=dg)
+            torch.mul(dh * tc, o * (1 - o), out=do)
+            dc = dc * f
+            if t:
+                dh = torch.matmul(d, w_hh)
+        flat_d = dgates.flatten(1, 2)  # [m, B*T, 4H]
+        h_prev = torch.cat([outs.new_zeros(m, b, 1, hid), outs[:, :, :-1]], 2).flatten(1, 2)
+        grads[f"lstm.weight_hh_l{layer}"] = torch.bmm(flat_d.transpose(1, 2), h_prev)
+        grads[f"lstm.weight_ih_l{layer}"] = torch.bmm(flat_d.transpose(1, 2), inp.flatten(1, 2))
+        if lstm.bias:
+            grads[f"lstm.bias_ih_l{layer}"] = flat_d.sum(1)
+            grads[f"lstm.bias_hh_l{layer}"] = grads[f"lstm.bias_ih_l{layer}"].clone()
+        dh_out = torch.matmul(flat_d, w_ih).view(m, b, steps, -1)  # the layer below's outputs' gradient
+    ids = x.flatten(1)
+    g_emb = dh_out.new_zeros(m, *params["embedding.weight"].shape[-2:])
+    grads["embedding.weight"] = g_emb.scatter_add_(1, ids.unsqueeze(-1).expand(-1, -1, g_emb.shape[-1]),
+                                                   dh_out.flatten(1, 2))
+    return {k: grads[k] for k in params}, losses

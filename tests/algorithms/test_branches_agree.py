@@ -39,7 +39,7 @@ def test_the_cases_run_every_value_of_every_branch_on_every_model_it_applies_to(
 
 
 def test_an_unknown_path_is_refused_with_the_allowed_values():
-    with pytest.raises(ValueError, match="choose from: conv, backward, groups, layout"):
+    with pytest.raises(ValueError, match="choose from: conv, backward, groups, layout, rnn"):
         check_paths({"convs": "vmap"})
     with pytest.raises(ValueError, match="conv='gpu' is not allowed; choose one of: per_client, vmap"):
         VmapEngine(torch.nn.Linear(2, 2), paths={"conv": "gpu"})
