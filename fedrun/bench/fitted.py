@@ -80,7 +80,8 @@ def _resnet(device: str, sizes: dict, tmp: str):
         write_cifar100(root, *sizes["c100_per_class"])
     overrides = ["dataset=cifar100", f"dataset.root={root}", "dataset.download=false", "partition=dirichlet",
                  "partition.alpha=0.1", f"partition.num_clients={sizes['c100_clients']}", "model=resnet18",
-                 "algo=fedavg", "algo.alpha=null", f"clients_per_round={min(10, sizes['c100_clients'])}", f"batch_size={sizes['cifar_batch']}",
+                 "algo=fedavg", "algo.alpha=null", f"clients_per_round={min(10, sizes['c100_clients'])}",
+                 f"batch_size={sizes['cifar_batch']}",
                  f"tau={sizes['resnet_tau']}", f"device={device}", f"cache_dir={os.path.join(tmp, 'cache')}"]
     if sizes["tiny"]:
         overrides += ["model.width=2", "partition.min_size=2"]
@@ -108,7 +109,8 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     cap = None if option in (None, "auto") else int(option * GB)
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / torch.cuda.get_device_properties(device).total_memory), memory.cuda_index(device))
+        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0,
+                                                                               cap / torch.cuda.get_device_properties(device).total_memory), memory.cuda_index(device))
     # (the CPU: the cap enforced by counting the tensors the rounds allocate; CUDA: by the allocator)
     meter = contextlib.nullcontext() if cuda else memory.AllocationMeter(
         None if cap is None else cap - memory.tensor_bytes(data.train, data.test))

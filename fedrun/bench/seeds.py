@@ -98,7 +98,8 @@ def main(seeds: list[int], rounds: int, settings: list[str], device: str) -> Non
         if 1 in walls and max(walls) > 1:
             shares.append((name, *split_fixed(walls)))
     for name, fixed, per_seed, one in shares:
-        shared = (f"the part all seeds share {fixed:.3f} s ({fixed / one:.0%}): the most batching can save per added seed"
+        shared = (f"the part all seeds share {fixed:.3f} s ({fixed / one:.0%}): the most batching can save per added "
+                  "seed"
                   if fixed > 0 else "nothing shared: batched, an added seed costs at least as much as a seed alone")
         print(f"{name}: a line through 1 and {max(seeds)} seeds: each added seed {per_seed:.3f} s/round "
               f"({per_seed / one:.0%} of one seed alone); {shared}")

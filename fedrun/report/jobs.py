@@ -17,7 +17,8 @@ from ..resume import ADDED_OPTIONS
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
 MODEL_NAMES = {"global": "global model", "pers": "personalized",
                "new_global": "new clients, global model", "new_pers": "new clients, personalized"}
-GROUPS = ("experiment", "algo", "data", "dataset", "partition", "model")  # config groups (experiment: a preset, when one was used)
+# config groups (experiment: a preset, when one was used)
+GROUPS = ("experiment", "algo", "data", "dataset", "partition", "model")
 # Never part of a configuration's identity: the seed (seeds are averaged) and the options that do
 # not change the numbers (fedrun.config.NEUTRAL_OPTIONS).
 NEUTRAL_KEYS = frozenset(neutral_options("seed"))
@@ -215,7 +216,8 @@ def torn_row(path: str) -> str | None:
     if text and not text.endswith("\n"):
         return f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end); rerun the job's command to redo it"
     rows = list(csv.reader(text.splitlines()))
-    accuracies = [i for i, name in enumerate(rows[0] if rows else []) if name.endswith(("_acc", "_acc_min", "_acc_max"))]
+    accuracies = [i for i, name in enumerate(rows[0] if rows else []) if name.endswith(("_acc", "_acc_min",
+                                                                                        "_acc_max"))]
     for i, row in enumerate(rows[1:], start=2):
         if len(row) != len(rows[0]) or any(v == "" for v in row[:1]):
             return f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields); rerun the job's command to redo it"
