@@ -137,7 +137,8 @@ def train(args, out: str, figures: list[int], models: list[str], seeds: list[int
     for s in settings:
         extra = [f"rounds={args.rounds or (2 if args.quick else ROUNDS[s.data])}"]
         if s.data == "mnist":
-            extra += [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra += [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}",
+                      "data.download=false"]
         elif args.quick:
             extra += QUICK_SYNTHETIC
         ov = s.overrides() + extra + [f"protocol={args.protocol}", f"seed={','.join(map(str, seeds))}",
@@ -208,9 +209,12 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                              "protocol": "/".join(sorted({str(p) for p, _ in runs})),
                              "fedrun_data": "/".join(sorted({str(d) for _, d in runs})),
                              "seeds": len(jobs), "rounds": int(jobs[0].metrics["round"].iloc[-1]),
-                             "acc_last_round_mean": 100 * _mean(last), "acc_last_round_std": 100 * _paper.sample_std(last),
-                             "acc_best_round_mean": 100 * _mean(best), "acc_best_round_std": 100 * _paper.sample_std(best),
-                             "acc_last_evals_mean": 100 * _mean(tail), "acc_last_evals_std": 100 * _paper.sample_std(tail)})
+                             "acc_last_round_mean": 100 * _mean(last),
+                             "acc_last_round_std": 100 * _paper.sample_std(last),
+                             "acc_best_round_mean": 100 * _mean(best),
+                             "acc_best_round_std": 100 * _paper.sample_std(best),
+                             "acc_last_evals_mean": 100 * _mean(tail),
+                             "acc_last_evals_std": 100 * _paper.sample_std(tail)})
             acc_ax.set(title=model_title, xlabel="global round", ylabel="test accuracy (pooled)")
             loss_ax.set(title=f"{model_title}: global models", xlabel="global round",
                         ylabel="training loss (global model)")
@@ -235,7 +239,8 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         lines.append(f"| {r['figure']} | {r['model'].upper()} | {r['curve']} | "
                      f"{_paper.mean_pm_std(r['acc_last_round_mean'], r['acc_last_round_std'])} | "
                      f"{_paper.mean_pm_std(r['acc_best_round_mean'], r['acc_best_round_std'])} | "
-                     f"{_paper.mean_pm_std(r['acc_last_evals_mean'], r['acc_last_evals_std'])} | {r['seeds']} | {r['rounds']} |")
+                     f"{_paper.mean_pm_std(r['acc_last_evals_mean'], r['acc_last_evals_std'])} | {r['seeds']} | "
+                     f"{r['rounds']} |")
     gaps = _gaps(rows)
     if gaps:
         lines += ["", "pFedMe PM minus pFedMe GM / Per-FedAvg / FedAvg, percentage points (best round, as the paper's "

@@ -26,8 +26,10 @@ import test_golden_pfllib as base
 from test_golden_pfllib import ATOL, RTOL, load
 
 OPTIONS = {
-    "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}", f"algo.sigma={a['sigma']}"],
-    "fedphp": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.lam={a['lamda']}", f"algo.mu_rounds={a['global_rounds']}"],
+    "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}",
+                         f"algo.sigma={a['sigma']}"],
+    "fedphp": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.lam={a['lamda']}",
+                         f"algo.mu_rounds={a['global_rounds']}"],
     "fedala": None,  # replay_fedala
 }
 # trace field -> where fedrun keeps it ("server": state.params, else state.clients[name])
@@ -55,9 +57,12 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
     a, its = trace["args"], trace["iterations"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
-            "protocol=official", "algo=fedala", "algo.lr=0.1", f"algo.eta={a['eta']}", f"algo.layer_idx={a['layer_idx']}",
-            "algo.start_epochs=11", "algo.ala_steps=null", "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}",
-            f"tau={trace['phases'][0][1]}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}", "frac=null",
+            "protocol=official", "algo=fedala", "algo.lr=0.1", f"algo.eta={a['eta']}",
+            f"algo.layer_idx={a['layer_idx']}",
+            "algo.start_epochs=11", "algo.ala_steps=null", "model=dnn", "model.hidden=[8]", "model.activation=relu",
+            f"rounds={a['rounds']}",
+            f"tau={trace['phases'][0][1]}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
+            "frac=null",
             "device=cpu", f"engine={engine}", *extra])
     apply_protocol(cfg)
     assert not validate(cfg)
