@@ -289,8 +289,8 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
                 raise
             raise ConfigError(f"{what} with {batch} ran out of device memory training one client; {budget_txt()}; "
                               f"allowed: a larger memory= or a smaller batch_size") from None
-        out.train_fixed, out.train_per_client = _linear(p1, _or_full(lambda: train(2), p1, room())) if m >= 2 else (0,
-                                                                                                                    p1)
+        out.train_fixed, out.train_per_client = (_linear(p1, _or_full(lambda: train(2), p1, room())) if m >= 2
+                                                 else (0, p1))
         fit = _fit(room(), out.train_fixed, out.train_per_client, m)
         if fit < 1:
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "

@@ -17,7 +17,8 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   mnist_pfedme     pFedMe's MNIST split (20 clients, 2 labels each), 5 per round, the MLP 784-100-10
   cifar10_acid     paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN
   synthetic        pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (--quick's)
-  cifar100_dir01_resnet18   real CIFAR-100, Dirichlet alpha=0.1, 100 clients, 10 per round, ResNet-18 (GroupNorm), batch 50 (GPU)
+  cifar100_dir01_resnet18   real CIFAR-100, Dirichlet alpha=0.1, 100 clients, 10 per round, ResNet-18 (GroupNorm),
+                            batch 50 (GPU)
   shakespeare_natural_lstm  LEAF's Shakespeare, one client per role, 10 per round, LEAF's LSTM, batch 10 (GPU)
   agnews_dir_textcnn        AG News, Dirichlet alpha=0.1, 20 clients, all per round, TextCNN, batch 50 (GPU)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
@@ -284,7 +285,8 @@ def table(out: str, plot_format: str = "png") -> list[dict]:
              + ("new: last round | new: lowest decile | " if new else "") + "seeds | rounds |",
              "|---|---|---|---|---|---|" + ("---|---|" if new else "") + "---|---|"]
     for r in rows:
-        cells = (f"{_paper.mean_pm_std(r['new_last'], r['new_last_std'])} | {r['new_lowest_decile']:.2f} | " if new else "")
+        cells = (f"{_paper.mean_pm_std(r['new_last'], r['new_last_std'])} | {r['new_lowest_decile']:.2f} | "
+                 if new else "")
         lines.append(f"| {r['entry']} | {r['algo']} | {r['scored']} | {_paper.mean_pm_std(r['last'], r['last_std'])} | "
                      f"{_paper.mean_pm_std(r['best'], r['best_std'])} | {r['lowest_decile']:.2f} | {cells}"
                      f"{r['seeds']} | {r['rounds']} |")

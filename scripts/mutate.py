@@ -39,7 +39,8 @@ class Mutant:
 AGREE = "tests/algorithms/test_branches_agree.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
 FEAT_TRACES = "tests/test_golden_pfllib_feat.py"
-PARTS, PAPER, SHARED = "fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py", "fedrun/data/partitioners/base.py"
+PARTS, PAPER, SHARED = ("fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py",
+                        "fedrun/data/partitioners/base.py")
 PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
@@ -574,7 +575,8 @@ MUTANTS += [
 
 # issue 45 item 1: every model against a reference with copied weights (tests/models/test_models_reference.py)
 MODEL_REF = "tests/models/test_models_reference.py"
-RESNET, RNN, TEXT, SMALL = "fedrun/models/resnet.py", "fedrun/models/rnn.py", "fedrun/models/text.py", "fedrun/models/small.py"
+RESNET, RNN, TEXT, SMALL = ("fedrun/models/resnet.py", "fedrun/models/rnn.py", "fedrun/models/text.py",
+                            "fedrun/models/small.py")
 MUTANTS += [
     Mutant("resnet-shortcut-dropped", RESNET, "return self.relu(self.norm2(self.conv2(out)) + self.shortcut(x))",
            "return self.relu(self.norm2(self.conv2(out)))", (MODEL_REF, "-k", "resnet"),

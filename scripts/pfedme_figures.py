@@ -67,7 +67,8 @@ class Setting:
         return "_".join([self.data, self.model, self.algo] + [f"{k}{v:g}" for k, v in self.options])
 
     def overrides(self) -> list[str]:
-        return [f"experiment=pfedme_{self.data}_{self.model}_{self.algo}"] + [f"algo.{k}={v:g}" for k, v in self.options]
+        return ([f"experiment=pfedme_{self.data}_{self.model}_{self.algo}"]
+                + [f"algo.{k}={v:g}" for k, v in self.options])
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def train(args, out: str, figures: list[int], models: list[str], seeds: list[int
         print(f"data: MNIST from {os.path.abspath(args.data_root)}: {len(tr)} + {len(te)} images pooled"
               f"{'' if full else ' (NOT the full 70,000)'}; fedrun data={args.mnist_data}")
     print(f"settings: {len(settings)} runs x {len(seeds)} seeds, protocol={args.protocol}, rounds "
-          + ", ".join(f"{d} {args.rounds or (2 if args.quick else ROUNDS[d])}" for d in sorted({s.data for s in settings})))
+          + ", ".join(f"{d} {args.rounds or (2 if args.quick else ROUNDS[d])}"
+                      for d in sorted({s.data for s in settings})))
     total = 0.0
     for s in settings:
         extra = [f"rounds={args.rounds or (2 if args.quick else ROUNDS[s.data])}"]

@@ -20,7 +20,8 @@ again; see fedrun.protocol). Accuracy is pooled over all clients' test rows, mea
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
     python scripts/pfedme_table1.py --datasets mnist --dataset.root /path/to/data
     python scripts/pfedme_table1.py --datasets mnist --mnist-data mnist_pfedme_authors --protocols official ...
-    python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0 (smoke test)
+    python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0
+                                                   # (smoke test)
     python scripts/pfedme_table1.py --replot outputs/papers/pfedme_table1/<run>   # table only
 
 Writes table1.csv / table1.md (and the sweep report) into the output folder it prints.

@@ -181,7 +181,8 @@ def test_a_sweep_with_a_refused_job_stops_before_any_job_trains(tmp_path, launch
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("fedrun: error: algo=fedavg with a BatchNorm model") and "set algo.alpha=null" in line
-    assert "(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1] and "refused before its batch" in line
+    assert ("(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1]
+            and "refused before its batch" in line)
     assert "algo=fedavg" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
     assert not sweep.exists() and "outputs in" not in r.stdout
 

@@ -78,7 +78,8 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
         out = []
         for ph in phases:
             if ph.epochs is None:  # the training steps: the recorded minibatches
-                idx = [[[r + int(data.train.offsets[c]) for r in b]] for c in it["selected"] for b in it["batches"][str(c)]["train"]]
+                idx = [[[r + int(data.train.offsets[c]) for r in b]]
+                       for c in it["selected"] for b in it["batches"][str(c)]["train"]]
                 out.append(fedrun.simulate.PhaseDraw(torch.tensor(idx).view(len(clients), ph.steps, 1, B), None))
                 continue
             idx, live = [], []
@@ -96,7 +97,8 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
                                  cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
     for it, state in zip(its, states):  # PFLlib's ALA passes: 0 on the first round, its start phase, then 1
         ran = state.clients["ala"]["started"]
-        assert {int(c): p for c, p in it["ala_passes"].items()} == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)}
+        assert ({int(c): p for c, p in it["ala_passes"].items()}
+                == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)})
     return states
 
 

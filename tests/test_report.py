@@ -329,7 +329,8 @@ def test_transmissions_to_target_gain_and_best_round_clients(hand_sweep, tmp_pat
     # one seed never got there: no mean, the count says so, and at_least counts all it sent
     dyn = table.loc["algo=pfldyn"]
     assert dyn["pers_transmitted_to_60pct_reached"] == "1/2" and pd.isna(dyn["pers_transmitted_to_60pct_mean"])
-    assert dyn["pers_transmitted_to_60pct_at_least"] == pytest.approx(d["pfldyn"]["sent"].fillna(d["pfldyn"]["last"]).mean())
+    assert dyn["pers_transmitted_to_60pct_at_least"] == pytest.approx(
+        d["pfldyn"]["sent"].fillna(d["pfldyn"]["last"]).mean())
     assert dyn["pers_transmitted_to_60pct_at_least"] == 30                          # (20 + 40) / 2
     # gain = baseline's transmissions / the configuration's; an upper bound when only the baseline got there
     base = d["perfedavg"]["sent"].mean()

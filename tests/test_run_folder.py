@@ -135,7 +135,8 @@ def _job(folder, seed, accs, beta=0.1, status="finished"):
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
         {"seed": seed, "rounds": len(accs), "eval_every": 1, "algo": {"_target_": "x.PerFedAvg", "beta": beta}}))
     rows = "".join(f"{r},{3 * r},1.0,{a},{a - 0.1},{a + 0.1}\n" for r, a in enumerate(accs, start=1))
-    (folder / "metrics.csv").write_text("round,models_transmitted,train_loss,pers_acc,pers_acc_min,pers_acc_max\n" + rows)
+    (folder / "metrics.csv").write_text("round,models_transmitted,train_loss,pers_acc,pers_acc_min,pers_acc_max\n"
+                                        + rows)
     (folder / "summary.json").write_text(json.dumps({"status": status, "seconds": 1.0}))
 
 
@@ -258,8 +259,8 @@ def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     code, out, err = _report([sweep, "--no-figure"])
     assert code == 0, err
     assert "2 jobs, 1 finished" in out
-    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and ": diverged: round "
-                                                                                            "1" in line
+    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line
+               and ": diverged: round 1" in line
                for line in out.splitlines()), out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
     assert len(missing) == 1 and "job 2 (algo.beta=0.002" in missing[0], out
@@ -535,7 +536,8 @@ def _read_only(monkeypatch, folder):
     import errno
 
     folder = os.path.abspath(folder)
-    inside = lambda p: os.path.abspath(os.fspath(p)) == folder or os.path.abspath(os.fspath(p)).startswith(folder + os.sep)
+    inside = lambda p: (os.path.abspath(os.fspath(p)) == folder
+                        or os.path.abspath(os.fspath(p)).startswith(folder + os.sep))
     refuse = lambda p: OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(p))
     real_open, real_os_open, real_mkdir, real_access = builtins.open, os.open, os.mkdir, os.access
 

@@ -204,7 +204,8 @@ def test_pfedme_table1_quick(d, paper_pm_dnn, data_root, tmp_path, monkeypatch):
             assert row[f"{proto}_best"] == pytest.approx(100 * m[f"{prefix}_acc"].max(), abs=1e-6)
             assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
     md = (out / "table1.md").read_text()
-    assert f"| {d} | DNN | pFedMe PM | {paper_pm_dnn} |" in md and f"- {d} DNN, official: FedAvg < Per-FedAvg < pFedMe PM" in md
+    assert (f"| {d} | DNN | pFedMe PM | {paper_pm_dnn} |" in md
+            and f"- {d} DNN, official: FedAvg < Per-FedAvg < pFedMe PM" in md)
 
 
 # ----------------------------------------------------------------------------------------------
