@@ -150,7 +150,8 @@ class LocalSteps:
         # (augmentation params are drawn on the CPU: a host-to-device copy cannot be captured)
         for i in tensors:
             leaves[i] = leaves[i].to(device, non_blocking=True)
-        key = (id(algo), id(engine), id(data), str(spec), tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensors))
+        key = (id(algo), id(engine), id(data), str(spec),
+               tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensors))
         entry = self._graphs.get(key)
         if entry is None:
             static = list(leaves)

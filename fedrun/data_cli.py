@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="partition", help="folder for partition.csv and partition.png (default ./partition)")
-    ap.add_argument("--clients", type=int, default=50, help="print at most this many clients' lines (default 50; 0: none)")
+    ap.add_argument("--out", default="partition",
+                    help="folder for partition.csv and partition.png (default ./partition)")
+    ap.add_argument("--clients", type=int, default=50,
+                    help="print at most this many clients' lines (default 50; 0: none)")
     ap.add_argument("overrides", nargs="*", help="fedrun's overrides, e.g. dataset=mnist partition=shards")
     args = ap.parse_args(argv)
     if args.clients < 0:

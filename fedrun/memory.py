@@ -185,7 +185,8 @@ class Plan:
             return "memory: no cap (all clients at once, full passes of max_chunks chunks)"
         clients = "all" if self.clients is None else self.clients
         chunks = "all" if self.chunks is None else self.chunks
-        return (f"memory: budget {size(self.budget)}, resident {size(self.resident)}; training {size(self.train_fixed)} + "
+        return (f"memory: budget {size(self.budget)}, resident {size(self.resident)}; training "
+                f"{size(self.train_fixed)} + "
                 f"{size(self.train_per_client)}/client -> {clients} clients at once; full passes "
                 f"{size(self.eval_fixed)} + {size(self.eval_per_chunk)}/chunk -> {chunks} chunks per call")
 
@@ -288,7 +289,8 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
                 raise
             raise ConfigError(f"{what} with {batch} ran out of device memory training one client; {budget_txt()}; "
                               f"allowed: a larger memory= or a smaller batch_size") from None
-        out.train_fixed, out.train_per_client = _linear(p1, _or_full(lambda: train(2), p1, room())) if m >= 2 else (0, p1)
+        out.train_fixed, out.train_per_client = (_linear(p1, _or_full(lambda: train(2), p1, room())) if m >= 2
+                                                 else (0, p1))
         fit = _fit(room(), out.train_fixed, out.train_per_client, m)
         if fit < 1:
             raise ConfigError(f"{what} with {batch} needs {size(p1)} to train one client; {budget_txt()}; "

@@ -221,7 +221,9 @@ def load_checkpoint(folder: str, warn=print) -> dict | None:
         try:
             return read_checkpoint(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file falls back to the previous one
-            warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); trying the previous one")
+            warn(f"fedrun: warning: checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); trying the "
+                 "previous one")
     if paths:
-        raise CheckpointError(f"no readable checkpoint in {folder} (tried {len(paths)}); run with resume=false to start over")
+        raise CheckpointError(f"no readable checkpoint in {folder} (tried {len(paths)}); run with resume=false to "
+                              "start over")
     return None

@@ -122,7 +122,8 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
     explicit = mode not in (True, "auto", "true", "True")
     folder = _checkpoint_folder(str(mode)) if explicit else os.path.join(out_dir, "checkpoints")
     if explicit and not os.path.exists(str(mode)):
-        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / checkpoint path")
+        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / "
+                          "checkpoint path")
     warn = lambda msg: print(msg, file=sys.stderr)
     try:
         if explicit and os.path.isfile(str(mode)):  # that file, whatever its name; no fallback to another
@@ -130,14 +131,16 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
                 ck = outputs.read_checkpoint(str(mode))
             except Exception as e:  # noqa: BLE001 - unreadable: say why, in one line
                 raise outputs.CheckpointError(f"resume={mode!r} is not a readable fedrun checkpoint "
-                                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                                              f"({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
         else:
             ck = outputs.load_checkpoint(folder, warn=warn)
     except outputs.CheckpointError as e:
         raise ConfigError(str(e)) from None
     if ck is None:
         if explicit or mode in (True, "true", "True"):
-            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
+            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or "
+                              "resume=false")
         return None
     return _matching(ck, cfg)
 

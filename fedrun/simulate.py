@@ -72,7 +72,8 @@ def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: i
 
 
 def _round_clients(data: FederatedData, sched: Schedule, g: torch.Generator) -> torch.Tensor:
-    return torch.randperm(data.num_train_clients, generator=g)[: sched.clients_per_round].sort().values  # held-out clients never
+    # held-out clients never
+    return torch.randperm(data.num_train_clients, generator=g)[: sched.clients_per_round].sort().values
 
 
 def _draw_rows(split, sampling: str, cs: torch.Tensor, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:

@@ -261,7 +261,8 @@ class Trackers:
     """A run's trackers, opened together: `log` each evaluated round's row, `close` once."""
 
     def __init__(self, cfg: DictConfig, out_dir: str, name: str, start: int):
-        self.items: list[tuple[str, Tracker]] = [(k, instantiate_checked(v)) for k, v in (cfg.get("logger") or {}).items()]
+        self.items: list[tuple[str, Tracker]] = [(k, instantiate_checked(v))
+                                                 for k, v in (cfg.get("logger") or {}).items()]
         self.out_dir = out_dir
         path = os.path.join(out_dir, STATE_FILE)
         saved = {}

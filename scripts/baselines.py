@@ -17,7 +17,8 @@ Settings (`--setting NAME`; a name not listed stops with one line, exit 2):
   mnist_pfedme     pFedMe's MNIST split (20 clients, 2 labels each), 5 per round, the MLP 784-100-10
   cifar10_acid     paper 004's CIFAR-10 ACID (100 devices, 5 classes each), 10 per round, the CNN
   synthetic        pFedMe's Synthetic(0.5, 0.5), 100 clients, 10 per round, the DNN 60-20-10 (--quick's)
-  cifar100_dir01_resnet18   real CIFAR-100, Dirichlet alpha=0.1, 100 clients, 10 per round, ResNet-18 (GroupNorm), batch 50 (GPU)
+  cifar100_dir01_resnet18   real CIFAR-100, Dirichlet alpha=0.1, 100 clients, 10 per round, ResNet-18 (GroupNorm),
+                            batch 50 (GPU)
   shakespeare_natural_lstm  LEAF's Shakespeare, one client per role, 10 per round, LEAF's LSTM, batch 10 (GPU)
   agnews_dir_textcnn        AG News, Dirichlet alpha=0.1, 20 clients, all per round, TextCNN, batch 50 (GPU)
 The real-data settings are fedrun's `dataset=` x `partition=` groups (docs/data.md; every
@@ -78,7 +79,8 @@ ENTRIES = {
 # issue 36, the model-mixing methods (their defaults otherwise: conf/algo/<name>.yaml)
 ENTRIES["FedAMP"] = ("fedamp", [f"algo.lr={LR}"], "pers")
 ENTRIES["FedPHP"] = ("fedphp", [f"algo.lr={LR}"], "pers")
-ENTRIES["FedALA"] = ("fedala", [f"algo.lr={LR}", "algo.ala_steps=null"], "pers")  # its ALA a pass over the rows, as PFLlib
+# its ALA a pass over the rows, as PFLlib
+ENTRIES["FedALA"] = ("fedala", [f"algo.lr={LR}", "algo.ala_steps=null"], "pers")
 ENTRIES["APPLE"] = ("apple", [f"algo.lr={LR}"], "pers")  # dr_lr, mu: the yaml's (PFLlib's 0 turns p_i's learning off)
 ENTRIES["FedFomo"] = ("fedfomo", [f"algo.lr={LR}"], "pers")
 # FedBN (algo=fedbn: BatchNorm kept local) has no entry: it needs a model with BatchNorm (model=mlp_bn or
@@ -96,13 +98,15 @@ SETTINGS = {
                           root="dataset"),
     "cifar10_dir01": dict(data=CIFAR_CNN + DIR01, rounds=500, run=["tau=10", "batch_size=50", "clients_per_round=20"],
                           root="dataset"),
-    "cifar10_shards2": dict(data=CIFAR_CNN + SHARDS2, rounds=500, run=["tau=10", "batch_size=50", "clients_per_round=20"],
+    "cifar10_shards2": dict(data=CIFAR_CNN + SHARDS2, rounds=500,
+                            run=["tau=10", "batch_size=50", "clients_per_round=20"],
                             root="dataset"),
     "mnist_pfedme": dict(data=["data=mnist_pfedme", "model=dnn", "model.hidden=[100]"], rounds=200,
                          run=["tau=10", "batch_size=20", "clients_per_round=5"], root="data"),
     "cifar10_acid": dict(data=["data=cifar10_acid", "model=cnn"], rounds=500,
                          run=["tau=10", "batch_size=50", "clients_per_round=10"], root="data"),
-    "synthetic": dict(data=["data=synthetic", "model=dnn"], rounds=200, run=["tau=10", "batch_size=20", "clients_per_round=10"],
+    "synthetic": dict(data=["data=synthetic", "model=dnn"], rounds=200,
+                      run=["tau=10", "batch_size=20", "clients_per_round=10"],
                       root=None),
 }
 # Today's PFL settings (issue 35): ResNet-18 on CIFAR-100, LEAF's character LSTM on Shakespeare's roles, TextCNN
@@ -281,7 +285,8 @@ def table(out: str, plot_format: str = "png") -> list[dict]:
              + ("new: last round | new: lowest decile | " if new else "") + "seeds | rounds |",
              "|---|---|---|---|---|---|" + ("---|---|" if new else "") + "---|---|"]
     for r in rows:
-        cells = (f"{_paper.mean_pm_std(r['new_last'], r['new_last_std'])} | {r['new_lowest_decile']:.2f} | " if new else "")
+        cells = (f"{_paper.mean_pm_std(r['new_last'], r['new_last_std'])} | {r['new_lowest_decile']:.2f} | "
+                 if new else "")
         lines.append(f"| {r['entry']} | {r['algo']} | {r['scored']} | {_paper.mean_pm_std(r['last'], r['last_std'])} | "
                      f"{_paper.mean_pm_std(r['best'], r['best_std'])} | {r['lowest_decile']:.2f} | {cells}"
                      f"{r['seeds']} | {r['rounds']} |")
@@ -291,7 +296,8 @@ def table(out: str, plot_format: str = "png") -> list[dict]:
     if curves:  # fedrun's palette (no two methods share colour and marker), the y-axis fitted to the curves
         from fedrun.plots import plot_curve_panels
 
-        panel = {e: pd.DataFrame({"round": c.index, "mean": 100 * c.values, "std": math.nan}) for e, c in curves.items()}
+        panel = {e: pd.DataFrame({"round": c.index, "mean": 100 * c.values,
+                                  "std": math.nan}) for e, c in curves.items()}
         plot_curve_panels([("personalized test accuracy", panel)], os.path.join(out, f"baselines.{plot_format}"),
                           ylabel="personalized test accuracy % (mean over seeds)", fit_y=True, legend_title="method")
     return rows
@@ -302,18 +308,22 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     _paper.common_options(ap, NAME, holds="the setting's files (MNIST/raw, cifar-10-batches-py)",
                           data="the setting's dataset")
-    ap.add_argument("--setting", default="synthetic", metavar="NAME", help=f"one of {', '.join(SETTINGS)} (default: synthetic)")
+    ap.add_argument("--setting", default="synthetic", metavar="NAME",
+                    help=f"one of {', '.join(SETTINGS)} (default: synthetic)")
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, from {', '.join(ENTRIES)}")
     ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")
-    ap.add_argument("--plot-format", default="png", choices=FIGURE_FORMATS, help="the figure's file type (default: png)")
+    ap.add_argument("--plot-format", default="png", choices=FIGURE_FORMATS,
+                    help="the figure's file type (default: png)")
     args = ap.parse_args(argv)
     if args.setting not in SETTINGS:
-        print(f"error: --setting {args.setting!r} is not a setting; choose one of {', '.join(SETTINGS)}", file=sys.stderr)
+        print(f"error: --setting {args.setting!r} is not a setting; choose one of {', '.join(SETTINGS)}",
+              file=sys.stderr)
         return 2
     entries = [e for e in args.entries.split(",") if e]
     bad = [e for e in entries if e not in ENTRIES]
     if bad or not entries:
-        print(f"error: --entries {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ENTRIES)}", file=sys.stderr)
+        print(f"error: --entries {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ENTRIES)}",
+              file=sys.stderr)
         return 2
     t0 = time.time()
     out = _paper.out_dir(args, NAME)

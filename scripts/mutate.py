@@ -39,7 +39,8 @@ class Mutant:
 AGREE = "tests/algorithms/test_branches_agree.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
 FEAT_TRACES = "tests/test_golden_pfllib_feat.py"
-PARTS, PAPER, SHARED = "fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py", "fedrun/data/partitioners/base.py"
+PARTS, PAPER, SHARED = ("fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py",
+                        "fedrun/data/partitioners/base.py")
 PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
@@ -58,11 +59,13 @@ MUTANTS = [
     Mutant("onestep-lr", "fedrun/algorithms/personalize.py",
            "return one_step_adapt(engine, params, ctx.data.train, lr, batch)",
            "return one_step_adapt(engine, params, ctx.data.train, 2 * lr, batch)",
-           ("tests/algorithms/test_personalize_by_value.py",), "honest test-time step (FedAvg + update, Per-FedAvg): lr 2 alpha"),
+           ("tests/algorithms/test_personalize_by_value.py",),
+           "honest test-time step (FedAvg + update, Per-FedAvg): lr 2 alpha"),
     Mutant("pfedme-pm-extra-round", "fedrun/algorithms/pfedme.py",
            "        for r in range(ctx.tau):\n            local = self.client_step(",
            "        for r in range(ctx.tau + 1):\n            local = self.client_step(",
-           ("tests/algorithms/test_personalize_by_value.py",), "pFedMe's honest PM: one extra local round (IndexError expected: "
+           ("tests/algorithms/test_personalize_by_value.py",),
+           "pFedMe's honest PM: one extra local round (IndexError expected: "
                                                  "the batches hold tau rounds)"),
     Mutant("pfedme-pm-one-round-less", "fedrun/algorithms/pfedme.py",
            "        for r in range(ctx.tau):\n            local = self.client_step(",
@@ -75,7 +78,8 @@ MUTANTS = [
            "for s in range(self.test_steps):", "for s in range(self.inner_steps):",
            ("tests/algorithms/test_debias.py", "-k", "quadratic"), "MAML's test_steps ignored (inner_steps used)"),
     Mutant("exact-hvp-sign", "fedrun/algorithms/perfedavg.py",
-           "g2 = {k: g2[k] - self.alpha * hv[k] for k in params}", "g2 = {k: g2[k] + self.alpha * hv[k] for k in params}",
+           "g2 = {k: g2[k] - self.alpha * hv[k] for k in params}",
+           "g2 = {k: g2[k] + self.alpha * hv[k] for k in params}",
            ("tests/algorithms/test_perfedavg.py", "-k", "quadratic or delta"), "Per-FedAvg exact: HVP sign flipped"),
     Mutant("synthetic-cut-seed", "fedrun/data/datasets/synthetic.py",
            "perm = np.random.default_rng([seed, k, SHUFFLE_STREAM]).permutation(len(y))",
@@ -90,18 +94,22 @@ MUTANTS = [
     Mutant("hf-delta-sign", "fedrun/algorithms/perfedavg.py",
            "g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
            "g2 = {k: g2[k] + self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}",
-           ("tests/algorithms/test_perfedavg.py", "-k", "quadratic or delta"), "Per-FedAvg hf: finite-difference HVP sign flipped"),
+           ("tests/algorithms/test_perfedavg.py", "-k", "quadratic or delta"),
+           "Per-FedAvg hf: finite-difference HVP sign flipped"),
     Mutant("group-drops-a-chunk", "fedrun/engine/vmap.py",
            "            sl = slice(s, s + group)\n", "            sl = slice(s, s + group - 1)\n",
            (AGREE, "-k", "mlp and pfedme and chunks"), "full passes: each group of chunks loses its last chunk"),
     Mutant("vmap-conv-per-client-forward", "fedrun/models/small.py",
            "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x)",
-           "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, x.flip(0))",
-           (AGREE, "-k", "cnn and fedavg and vmap"), "CNN.stacked_forward's vmapped (GPU) convolutions: clients' images swapped"),
+           "            h = torch.func.vmap(lambda p, xi: torch.func.functional_call(self.conv, p, (xi,)))(conv, "
+           "x.flip(0))",
+           (AGREE, "-k", "cnn and fedavg and vmap"),
+           "CNN.stacked_forward's vmapped (GPU) convolutions: clients' images swapped"),
     Mutant("per-client-sync", "fedrun/simulate.py",
            "    return torch.nonzero(~ok).flatten().tolist() if not bool(ok.all()) else []",
            "    return [i for i in range(len(ok)) if not bool(ok[i])]",
-           ("tests/test_host_syncs.py", "-k", "grow"), "the divergence guard reads every client's flag from the device"),
+           ("tests/test_host_syncs.py", "-k", "grow"),
+           "the divergence guard reads every client's flag from the device"),
     Mutant("cpu-index-in-round", "fedrun/simulate.py",
            "    xb, yb = data.train.rows(idx)\n", "    xb, yb = data.train.rows(idx.cpu())\n",
            ("tests/test_host_syncs.py", "-k", "fake"), "a CPU index tensor mixed into the device's minibatch gather"),
@@ -128,7 +136,8 @@ MUTANTS = [
     Mutant("dirichlet-min-size-ignored", PARTS, "if sizes.min() >= min_size:", "if True:", (PTESTS,),
            "partition=dirichlet keeps the first draw whatever min_size says"),
     Mutant("shards-in-order", PARTS, "client_of_shard = rng.permutation(total) // s",
-           "client_of_shard = np.arange(total) // s", (PTESTS,), "partition=shards gives each client consecutive shards"),
+           "client_of_shard = np.arange(total) // s", (PTESTS,),
+           "partition=shards gives each client consecutive shards"),
     Mutant("classes-unseeded", PARTS, "perm = rng.permutation(len(present))", "perm = np.arange(len(present))",
            (PTESTS,), "partition=classes: client c owns classes c*k.. whatever the seed"),
     Mutant("quantity-in-order", PARTS, "return _groups(owner, num_clients, rng.permutation(n))",
@@ -138,18 +147,21 @@ MUTANTS = [
            "w = np.exp(np.random.default_rng(0).normal(0.0, _positive(\"sigma\", sigma), num_clients))", (PTESTS,),
            "partition=quantity sizes=lognormal: the sizes drawn with seed 0 whatever the seed"),
     Mutant("mixture-drops-small-iid-share", PARTS, "owner = rng.permutation(num_clients)[:k]", "owner = np.full(k, -1)",
-           (PTESTS,), "partition=mixture: an iid share smaller than the clients goes to nobody (the red team's 70 rows)"),
+           (PTESTS,),
+           "partition=mixture: an iid share smaller than the clients goes to nobody (the red team's 70 rows)"),
     Mutant("mixture-iid-frac-ignored", PARTS, "k = int(round(iid_frac * n))", "k = int(round(0.5 * n))", (PTESTS,),
            "partition=mixture deals half the rows iid whatever iid_frac says"),
     Mutant("perfedavg-split-unseeded", PAPER, "return perfedavg_mnist(labels, self.num_clients, self.a, _rs(rng))",
            "return perfedavg_mnist(labels, self.num_clients, self.a, np.random.RandomState(0))", (PTESTS,),
            "partition=perfedavg_split drawn with seed 0 whatever the seed"),
-    Mutant("pfedme-labels-unseeded", PAPER, "return pfedme_mnist(labels, self.num_clients, self.labels_per_client, _rs(rng))",
+    Mutant("pfedme-labels-unseeded", PAPER,
+           "return pfedme_mnist(labels, self.num_clients, self.labels_per_client, _rs(rng))",
            "return pfedme_mnist(labels, self.num_clients, self.labels_per_client, np.random.RandomState(0))", (PTESTS,),
            "partition=pfedme_labels drawn with seed 0 whatever the seed"),
     Mutant("acid-unseeded", PAPER, "        rs = _rs(rng)\n", "        rs = np.random.RandomState(0)\n", (PTESTS,),
            "partition=acid drawn with seed 0 whatever the seed"),
-    Mutant("natural-rows-to-wrong-writers", PARTS, "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))",
+    Mutant("natural-rows-to-wrong-writers", PARTS,
+           "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels)))",
            "return _groups(owner.astype(np.int64), len(ids), np.arange(len(labels))[::-1])", (PTESTS,),
            "partition=natural gives a writer's rows to another writer"),
     Mutant("composed-partition-seed-ignored", SHARED, "rng = np.random.default_rng([self.seed, 23])",
@@ -171,7 +183,8 @@ MUTANTS = [
            ("tests/test_acceleration.py", "-k", "graph"), "compile=graphs replays without refilling its static inputs"),
     Mutant("step-uses-round-false", "fedrun/algorithms/debiased.py",
            "        return self.lr_decay != 1", "        return False",
-           ("tests/test_acceleration.py", "-k", "round"), "FedDyn/SCAFFOLD/PFL's decaying lr not declared round-dependent"),
+           ("tests/test_acceleration.py", "-k", "round"),
+           "FedDyn/SCAFFOLD/PFL's decaying lr not declared round-dependent"),
     Mutant("compiled-step-round-fixed", "fedrun/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
@@ -202,18 +215,22 @@ MUTANTS = [
            "balanced = engine.criterion(logits + counts.log(), y)", "balanced = engine.criterion(logits, y)",
            (FEAT_TRACES, "-k", "fedrod"), "FedRoD: plain cross-entropy instead of the balanced softmax"),
     Mutant("fedrod-personal-alone", "fedrun/algorithms/fedrod.py",
-           "return balanced + engine.criterion(logits.detach() + mine, y)", "return balanced + engine.criterion(mine, y)",
-           (FEAT_TRACES, "-k", "fedrod"), "FedRoD: the personal head trained on its own logits, not added to the generic ones"),
+           "return balanced + engine.criterion(logits.detach() + mine, y)",
+           "return balanced + engine.criterion(mine, y)",
+           (FEAT_TRACES, "-k", "fedrod"),
+           "FedRoD: the personal head trained on its own logits, not added to the generic ones"),
     Mutant("fedproto-distance-summed", "fedrun/algorithms/fedproto.py",
            "out = out + lam * ((target - z) ** 2).mean()", "out = out + lam * ((target - z) ** 2).sum(-1).mean()",
-           (FEAT_TRACES, "-k", "fedproto"), "FedProto: the squared distance summed over the representation, not averaged"),
+           (FEAT_TRACES, "-k", "fedproto"),
+           "FedProto: the squared distance summed over the representation, not averaged"),
     Mutant("fedproto-always-weighted", "fedrun/algorithms/fedproto.py",
            "w = counts if self.follow == \"paper\" else has.to(counts.dtype)", "w = counts",
            (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
     Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
            "z = client_features(engine, local[\"params\"], x)",
            "z = client_features(engine, sgd(local[\"params\"], engine.grad(local[\"params\"], x, y)[0], self.lr), x)",
-           (FEAT_TRACES, "-k", "fedproto"), "FedProto: local prototypes from the model after the step (a plain CE step)"),
+           (FEAT_TRACES, "-k", "fedproto"),
+           "FedProto: local prototypes from the model after the step (a plain CE step)"),
     Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
            "r = (1 - mom) * running + mom * z.mean(0)", "r = mom * running + (1 - mom) * z.mean(0)",
            (FEAT_TRACES, "-k", "feddbe"), "FedDBE: the running mean's momentum on the wrong term (in the loss)"),
@@ -226,7 +243,8 @@ MUTANTS = [
     Mutant("prepare-skipped", "fedrun/simulate.py",
            "Progress(algo.prepare(engine, algo.init(r.params, data.num_clients),",
            "Progress((lambda engine, state, ctx: state)(engine, algo.init(r.params, data.num_clients),",
-           (FEAT_TRACES, "-k", "fedrod or feddbe"), "the round loop never calls Algorithm.prepare (FedRoD's counts, FedDBE's global mean)"),
+           (FEAT_TRACES, "-k", "fedrod or feddbe"),
+           "the round loop never calls Algorithm.prepare (FedRoD's counts, FedDBE's global mean)"),
 ]
 
 # issue 36, model-mixing methods: each one's key line against its PFLlib trace
@@ -243,7 +261,8 @@ MUTANTS += [
            "w[k] * per_client(mu, w[k]) + v[k] * per_client(1 - mu, w[k])",
            (MIX_TRACES, "-k", "fedphp"), "FedPHP: v_i <- mu_t w_i + (1 - mu_t) v_i (the weights swapped)"),
     Mutant("fedala-weight-step-sign", "fedrun/algorithms/fedala.py",
-           "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))", "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
+           "local[\"weights\"][k] - self.eta * (g[k] * (G[k] - L[k]))",
+           "local[\"weights\"][k] + self.eta * (g[k] * (G[k] - L[k]))",
            (MIX_TRACES, "-k", "fedala"), "FedALA: the ALA weights climb the loss (the step's sign flipped)"),
     # issue 36's methods with modules beside the model (tests/test_golden_pfllib_module.py)
     Mutant("fedpac-alignment-sum", "fedrun/algorithms/fedpac.py",
@@ -252,7 +271,8 @@ MUTANTS += [
            "FedPAC's alignment term summed over the features instead of averaged"),
     Mutant("fedpac-qp-no-bias", "fedrun/algorithms/fedpac.py",
            "+ E @ E.transpose(1, 2)).double()", "+ 0 * E @ E.transpose(1, 2)).double()",
-           ("tests/test_golden_pfllib_module.py", "-k", "fedpac_replays"), "FedPAC's head QP without its bias term D_i"),
+           ("tests/test_golden_pfllib_module.py", "-k", "fedpac_replays"),
+           "FedPAC's head QP without its bias term D_i"),
     Mutant("gpfl-alignment-squared", "fedrun/algorithms/gpfl.py",
            "lam * torch.linalg.norm(feat_g - frozen[y])", "lam * torch.linalg.norm(feat_g - frozen[y]) ** 2",
            ("tests/test_golden_pfllib_module.py", "-k", "gpfl_replays"), "GPFL's alignment: the squared norm"),
@@ -267,8 +287,10 @@ MUTANTS += [
            "return F.linear(feat * gate[..., 1, :], *head_p) + F.linear(feat * gate[..., 0, :], *head_g)",
            ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"), "FedCP's gate halves swapped between the heads"),
     Mutant("fedcp-upload-unmixed", "fedrun/algorithms/fedcp.py",
-           "upload = {k: 0.5 * mine[k] + 0.5 * local[\"head_g\"][k] for k in mine}", "upload = {k: mine[k] for k in mine}",
-           ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"), "FedCP uploads its personalized head as the global one (no mixing)"),
+           "upload = {k: 0.5 * mine[k] + 0.5 * local[\"head_g\"][k] for k in mine}",
+           "upload = {k: mine[k] for k in mine}",
+           ("tests/test_golden_pfllib_fedcp.py", "-k", "replays"),
+           "FedCP uploads its personalized head as the global one (no mixing)"),
 ]
 
 # issue 36, APPLE: its key lines against its PFLlib trace
@@ -345,7 +367,8 @@ MUTANTS += [
            "Shakespeare: a character past latin-1 (the ’, an emoji) read as id 0 (newline), not the space"),
     Mutant("shakespeare-latin1-unknown-as-newline", DS + "shakespeare.py",
            "_TABLE = np.full(256, LETTERS.index(\" \"), dtype=np.int64)", "_TABLE = np.full(256, 0, dtype=np.int64)",
-           (RQ, "-k", "shakespeare"), "Shakespeare: a latin-1 character outside LEAF's alphabet (ù, tab, ~) read as id 0"),
+           (RQ, "-k", "shakespeare"),
+           "Shakespeare: a latin-1 character outside LEAF's alphabet (ù, tab, ~) read as id 0"),
     Mutant("femnist-stats-with-test-rows", DS + "leaf.py", "mean, std = float(trx.mean()), float(trx.std()) or 1.0",
            "mean, std = float(np.concatenate([trx, tex]).mean()), float(trx.std()) or 1.0", (RQ, "-k", "femnist_rows"),
            "FEMNIST: the normalization's mean over the test rows too"),
@@ -445,7 +468,8 @@ MUTANTS += [
     Mutant("apple-paper-served-stale-theta", "fedrun/algorithms/apple.py",
            'return mix(state.clients["p"]["p"], state.clients["params"]), None',
            'return state.clients["theta"], None',
-           (BY_HAND, "-k", "apple"), "APPLE paper: served theta_i of the client's last step, not p_i times the new cores"),
+           (BY_HAND, "-k", "apple"),
+           "APPLE paper: served theta_i of the client's last step, not p_i times the new cores"),
     Mutant("apple-decay-off-by-one", "fedrun/algorithms/apple.py",
            "        t = rnd - 2", "        t = rnd - 1",
            (BY_HAND, "-k", "apple"), "APPLE: the cosine decay of lam_t one round early"),
@@ -551,7 +575,8 @@ MUTANTS += [
 
 # issue 45 item 1: every model against a reference with copied weights (tests/models/test_models_reference.py)
 MODEL_REF = "tests/models/test_models_reference.py"
-RESNET, RNN, TEXT, SMALL = "fedrun/models/resnet.py", "fedrun/models/rnn.py", "fedrun/models/text.py", "fedrun/models/small.py"
+RESNET, RNN, TEXT, SMALL = ("fedrun/models/resnet.py", "fedrun/models/rnn.py", "fedrun/models/text.py",
+                            "fedrun/models/small.py")
 MUTANTS += [
     Mutant("resnet-shortcut-dropped", RESNET, "return self.relu(self.norm2(self.conv2(out)) + self.shortcut(x))",
            "return self.relu(self.norm2(self.conv2(out)))", (MODEL_REF, "-k", "resnet"),
@@ -561,7 +586,8 @@ MUTANTS += [
            "ResNet's BasicBlock: the ReLU before the residual sum, not after"),
     Mutant("resnet-max-pool", RESNET, ".mean((2, 3))", ".amax((2, 3))", (MODEL_REF, "-k", "resnet"),
            "ResNet: global max pooling instead of average pooling"),
-    Mutant("resnet-bn-momentum", RESNET, "return nn.BatchNorm2d(channels)", "return nn.BatchNorm2d(channels, momentum=0.01)",
+    Mutant("resnet-bn-momentum", RESNET, "return nn.BatchNorm2d(channels)",
+           "return nn.BatchNorm2d(channels, momentum=0.01)",
            (MODEL_REF, "-k", "resnet"), "ResNet's BatchNorm with momentum 0.01 (torch's and the paper's: 0.1)"),
     Mutant("resnet-gn-one-group", RESNET, "return nn.GroupNorm(groups, channels)", "return nn.GroupNorm(1, channels)",
            (MODEL_REF, "-k", "resnet"), "ResNet norm=gn: one group per layer whatever model.groups says"),
@@ -753,7 +779,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated mutant names (default: all)")
-    ap.add_argument("--tests", nargs="*", default=None, help="tests to run for every mutant (default: each mutant's own)")
+    ap.add_argument("--tests", nargs="*", default=None,
+                    help="tests to run for every mutant (default: each mutant's own)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per mutant")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = ap.parse_args(argv)

@@ -67,7 +67,8 @@ class Setting:
         return "_".join([self.data, self.model, self.algo] + [f"{k}{v:g}" for k, v in self.options])
 
     def overrides(self) -> list[str]:
-        return [f"experiment=pfedme_{self.data}_{self.model}_{self.algo}"] + [f"algo.{k}={v:g}" for k, v in self.options]
+        return ([f"experiment=pfedme_{self.data}_{self.model}_{self.algo}"]
+                + [f"algo.{k}={v:g}" for k, v in self.options])
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,14 @@ def train(args, out: str, figures: list[int], models: list[str], seeds: list[int
         print(f"data: MNIST from {os.path.abspath(args.data_root)}: {len(tr)} + {len(te)} images pooled"
               f"{'' if full else ' (NOT the full 70,000)'}; fedrun data={args.mnist_data}")
     print(f"settings: {len(settings)} runs x {len(seeds)} seeds, protocol={args.protocol}, rounds "
-          + ", ".join(f"{d} {args.rounds or (2 if args.quick else ROUNDS[d])}" for d in sorted({s.data for s in settings})))
+          + ", ".join(f"{d} {args.rounds or (2 if args.quick else ROUNDS[d])}"
+                      for d in sorted({s.data for s in settings})))
     total = 0.0
     for s in settings:
         extra = [f"rounds={args.rounds or (2 if args.quick else ROUNDS[s.data])}"]
         if s.data == "mnist":
-            extra += [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra += [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}",
+                      "data.download=false"]
         elif args.quick:
             extra += QUICK_SYNTHETIC
         ov = s.overrides() + extra + [f"protocol={args.protocol}", f"seed={','.join(map(str, seeds))}",
@@ -208,9 +211,12 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
                              "protocol": "/".join(sorted({str(p) for p, _ in runs})),
                              "fedrun_data": "/".join(sorted({str(d) for _, d in runs})),
                              "seeds": len(jobs), "rounds": int(jobs[0].metrics["round"].iloc[-1]),
-                             "acc_last_round_mean": 100 * _mean(last), "acc_last_round_std": 100 * _paper.sample_std(last),
-                             "acc_best_round_mean": 100 * _mean(best), "acc_best_round_std": 100 * _paper.sample_std(best),
-                             "acc_last_evals_mean": 100 * _mean(tail), "acc_last_evals_std": 100 * _paper.sample_std(tail)})
+                             "acc_last_round_mean": 100 * _mean(last),
+                             "acc_last_round_std": 100 * _paper.sample_std(last),
+                             "acc_best_round_mean": 100 * _mean(best),
+                             "acc_best_round_std": 100 * _paper.sample_std(best),
+                             "acc_last_evals_mean": 100 * _mean(tail),
+                             "acc_last_evals_std": 100 * _paper.sample_std(tail)})
             acc_ax.set(title=model_title, xlabel="global round", ylabel="test accuracy (pooled)")
             loss_ax.set(title=f"{model_title}: global models", xlabel="global round",
                         ylabel="training loss (global model)")
@@ -235,7 +241,8 @@ def draw(out: str, figures: list[int], models: list[str], found: dict) -> list[d
         lines.append(f"| {r['figure']} | {r['model'].upper()} | {r['curve']} | "
                      f"{_paper.mean_pm_std(r['acc_last_round_mean'], r['acc_last_round_std'])} | "
                      f"{_paper.mean_pm_std(r['acc_best_round_mean'], r['acc_best_round_std'])} | "
-                     f"{_paper.mean_pm_std(r['acc_last_evals_mean'], r['acc_last_evals_std'])} | {r['seeds']} | {r['rounds']} |")
+                     f"{_paper.mean_pm_std(r['acc_last_evals_mean'], r['acc_last_evals_std'])} | {r['seeds']} | "
+                     f"{r['rounds']} |")
     gaps = _gaps(rows)
     if gaps:
         lines += ["", "pFedMe PM minus pFedMe GM / Per-FedAvg / FedAvg, percentage points (best round, as the paper's "

@@ -20,7 +20,8 @@ again; see fedrun.protocol). Accuracy is pooled over all clients' test rows, mea
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
     python scripts/pfedme_table1.py --datasets mnist --dataset.root /path/to/data
     python scripts/pfedme_table1.py --datasets mnist --mnist-data mnist_pfedme_authors --protocols official ...
-    python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0 (smoke test)
+    python scripts/pfedme_table1.py --quick        # 3 rounds of 2 local rounds, 10 small synthetic clients, seed 0
+                                                   # (smoke test)
     python scripts/pfedme_table1.py --replot outputs/papers/pfedme_table1/<run>   # table only
 
 Writes table1.csv / table1.md (and the sweep report) into the output folder it prints.
@@ -70,11 +71,13 @@ def train(args, out: str, datasets, protocols, seeds, rounds: int | None, models
                 print("data: the authors' split shares images between clients: most test rows are also "
                       "training rows of another client (fedrun.data.mnist_pfedme_authors)")
             # data= as well: Hydra composes the non-swept overrides onto the base config first
-            extra = [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}", "data.download=false"]
+            extra = [f"data={args.mnist_data}", f"dataset.root={os.path.abspath(args.data_root)}",
+                     "data.download=false"]
         # official_2020 differs from official only for Per-FedAvg: its other rows are official's runs
         sweeps = [(os.path.join(out, "runs", d), presets, [p for p in protocols if p != "official_2020"])]
         if "official_2020" in protocols and "perfedavg" in algos:
-            sweeps.append((os.path.join(out, "runs", d, "official_2020"), [p for p in presets if p.endswith("_perfedavg")],
+            sweeps.append((os.path.join(out, "runs", d, "official_2020"),
+                           [p for p in presets if p.endswith("_perfedavg")],
                            ["official_2020"]))
         for sweep_dir, names, protos in sweeps:
             if not protos:
@@ -137,7 +140,8 @@ def table(out: str) -> list[dict]:
                                     _gap(r["honest_last"], r["paper"])])
         else:
             head += [f"{p} (best round)", f"{p} - paper"]
-            cells.append(lambda r, p=p: [_paper.mean_pm_std(r[f"{p}_best"], r[f"{p}_best_std"]), _gap(r[f"{p}_best"], r["paper"])])
+            cells.append(lambda r, p=p: [_paper.mean_pm_std(r[f"{p}_best"], r[f"{p}_best_std"]),
+                                         _gap(r[f"{p}_best"], r["paper"])])
     lines = ["pFedMe paper Table 1 vs fedrun (test accuracy %, pooled over all clients; mean ± std over seeds).",
              "official: the authors' code's protocol, MAX over rounds as the paper reports"
              + ("; official_2020: the same with Per-FedAvg as their code was in June 2020 (its other rows are "

@@ -117,7 +117,8 @@ def meta_losses(engine, data, grid):
             return engine.loss({k: p[k] - INNER_LR * g[k] for k in p}, x, y)
 
         with torch.no_grad():
-            out.append(torch.cat([vmap(meta)(chunk) for chunk in torch.as_tensor(grid, dtype=torch.float32).split(4096)]))
+            out.append(torch.cat([vmap(meta)(chunk) for chunk in torch.as_tensor(grid,
+                                                                                 dtype=torch.float32).split(4096)]))
     return torch.stack(out).numpy()
 
 
@@ -212,7 +213,8 @@ def main(argv=None) -> int:
     lo, hi = pts.min(0), pts.max(0)
     pad = 0.15 * (hi - lo) + 0.5
     res = 40 if args.quick else 100
-    gx, gy = np.meshgrid(np.linspace(lo[0] - pad[0], hi[0] + pad[0], res), np.linspace(lo[1] - pad[1], hi[1] + pad[1], res))
+    gx, gy = np.meshgrid(np.linspace(lo[0] - pad[0], hi[0] + pad[0], res),
+                         np.linspace(lo[1] - pad[1], hi[1] + pad[1], res))
     z = meta_losses(engine, data, np.stack([gx.ravel(), gy.ravel()], 1))
     F = lambda v: float(meta_losses(engine, data, np.asarray(v, dtype=np.float32)[None]).mean())  # noqa: E731
 
@@ -223,7 +225,8 @@ def main(argv=None) -> int:
                          "distance_to_F_min": float(np.linalg.norm(v - star))})
     write_csv(os.path.join(out, "paths.csv"), rows)
     draw(os.path.join(out, "toy.png"), gx, gy, z, minima, star, paths, rounds, args)
-    lines = [f"Paper 004 Figure 1 toy (fedrun): {rounds} rounds x {args.tau} local steps of lr {args.lr}, seed {args.seed}.",
+    lines = [f"Paper 004 Figure 1 toy (fedrun): {rounds} rounds x {args.tau} local steps of lr {args.lr}, seed "
+             f"{args.seed}.",
              "", "| point | slope | intercept | F |", "|---|---|---|---|"]
     for i, m in enumerate(minima):
         lines.append(f"| device {i + 1} minimum of f_{i + 1} o T_{i + 1} | {m[0]:.3f} | {m[1]:.3f} | {F(m):.4f} |")
@@ -251,14 +254,16 @@ def draw(png, gx, gy, z, minima, star, paths, rounds, args) -> None:
     fig = plt.figure(figsize=(12.5, 8))
     grid = fig.add_gridspec(2, 3)
     axes = [fig.add_subplot(grid[0, i]) for i in range(3)] + [fig.add_subplot(grid[1, :2]), fig.add_subplot(grid[1, 2])]
-    panels = [(f"device {i + 1}: f{i + 1} ∘ T{i + 1}", z[i]) for i in range(3)] + [("global F = mean of the three", z.mean(0))]
+    panels = [(f"device {i + 1}: f{i + 1} ∘ T{i + 1}", z[i]) for i in range(3)] + [("global F = mean of the three",
+                                                                                    z.mean(0))]
     for i, (ax, (title, zz)) in enumerate(zip(axes, panels)):
         zz = zz.reshape(gx.shape)
         levels = np.quantile(zz, np.linspace(0.0, 0.9, 14) ** 2)
         ax.contour(gx, gy, zz, levels=np.unique(levels), cmap="viridis", linewidths=0.8)
         ax.plot(*START, "kx", markersize=10, mew=2, label="start")
         if i < 3:
-            ax.plot(*minima[i], "o", color="tab:orange", markersize=9, mfc="none", mew=2, label=f"device {i + 1} minimum")
+            ax.plot(*minima[i], "o", color="tab:orange", markersize=9, mfc="none", mew=2,
+                    label=f"device {i + 1} minimum")
         else:
             for j, m in enumerate(minima):
                 ax.plot(*m, "o", color="tab:orange", markersize=7, mfc="none", mew=1.5)

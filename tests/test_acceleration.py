@@ -75,7 +75,8 @@ INNER_STEPS = 2
 def test_compiled_local_steps_give_eagers_numbers(data, algo_name):
     # one round of 2 steps: the second step runs the compiled code that the first one made (a
     # second round added ~30% to these tests' 70 s of CPU here)
-    opts = {"inner_steps": INNER_STEPS} if load_conf(group_file("algo", algo_name)).get("inner_steps", 0) > INNER_STEPS else {}
+    opts = {"inner_steps": INNER_STEPS} if load_conf(group_file("algo", algo_name)).get("inner_steps",
+                                                                                        0) > INNER_STEPS else {}
     eager, _ = _run(data, algo_name, None, rounds=1, **opts)
     compiled, _ = _run(data, algo_name, LocalSteps("default", backend="aot_eager"), rounds=1, **opts)
     _same(eager.params, compiled.params, exact=False)

@@ -45,7 +45,8 @@ def _cases() -> list[list[str]]:
                      + (["algo.head_steps=1"] if "head_steps" in algo else []))  # a body step in tau=2 (else refused)
         if "adaptation" in algo:
             # "none" is what conf/algo's feddyn and scaffold run already
-            cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a not in (algo.adaptation, "none")]
+            cases += [[f"algo={name}", f"algo.adaptation={a}"] for a in ADAPTATIONS if a not in (algo.adaptation,
+                                                                                                 "none")]
         if any(algo[k] is None for k in ("mu", "personalized", "train_all", "test_time") if k in algo):
             cases.append([f"algo={name}", "protocol=official"])
     # rows drawn without replacement (pfedme official: every client trains, the sampled ones first)
@@ -99,7 +100,8 @@ def test_seeds_batched_equal_the_seeds_run_alone(overrides, tmp_path, cache):
     if len(seeds) == 3:  # max_group=2: seeds 0 and 1 together, then seed 2 alone
         run_jobs([(c, str(tmp_path / f"split{c.seed}")) for c in cfgs], max_group=2)
         for c in cfgs:
-            assert_same_tables(str(tmp_path / f"split{c.seed}" / "metrics.csv"), str(tmp_path / f"alone{c.seed}" / "metrics.csv"))
+            assert_same_tables(str(tmp_path / f"split{c.seed}" / "metrics.csv"),
+                               str(tmp_path / f"alone{c.seed}" / "metrics.csv"))
     # the seeds really differ (a mix-up of replicas could not go unnoticed)
     assert table(str(tmp_path / "batched0" / "metrics.csv")) != table(str(tmp_path / "batched1" / "metrics.csv"))
 
@@ -179,7 +181,8 @@ def test_a_sweep_with_a_refused_job_stops_before_any_job_trains(tmp_path, launch
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("fedrun: error: algo=fedavg with a BatchNorm model") and "set algo.alpha=null" in line
-    assert "(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1] and "refused before its batch" in line
+    assert ("(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1]
+            and "refused before its batch" in line)
     assert "algo=fedavg" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
     assert not sweep.exists() and "outputs in" not in r.stdout
 
@@ -204,7 +207,8 @@ def test_what_the_sweep_cannot_check_before_its_jobs_is_left_to_them(tmp_path):
     assert sorted(json.loads(p.read_text())["seed"] for p in sweep.glob("*/summary.json")) == [0, 1]
     afile, folder = tmp_path / "afile", tmp_path / "cache_here"
     afile.write_text("not a folder")
-    r = fedrun(["-m", *TINY, "seed=0", f"+hydra.job.env_set.FEDRUN_CACHE={folder}", f"hydra.sweep.dir={tmp_path / 's2'}"],
+    r = fedrun(["-m", *TINY, "seed=0", f"+hydra.job.env_set.FEDRUN_CACHE={folder}",
+                f"hydra.sweep.dir={tmp_path / 's2'}"],
                tmp_path, {"FEDRUN_CACHE": str(afile)})
     assert r.returncode == 0, r.stderr
     assert folder.is_dir()

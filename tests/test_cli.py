@@ -21,7 +21,8 @@ SMALL = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_
 # Each algo and each model composed once: their groups are independent (no algo yaml names a model
 # or interpolates into one), so the algo x model product would compose the same nodes again. Which
 # algorithm runs on which model is the engine-agreement tests' matter (fedrun.bench.agreement).
-@pytest.mark.parametrize("group, option", [("algo", a) for a in options("algo")] + [("model", m) for m in options("model")])
+@pytest.mark.parametrize("group, option",
+                         [("algo", a) for a in options("algo")] + [("model", m) for m in options("model")])
 def test_every_config_composes_and_instantiates(group, option):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[f"{group}={option}"])
@@ -51,7 +52,8 @@ def test_two_round_run_writes_its_files_and_repeats_exactly(tmp_path):
     a = outs[0]
     metrics = pd.read_csv(a / "metrics.csv")
     assert list(metrics["round"]) == [1, 2]
-    for col in ("models_transmitted", "train_loss", "global_acc", "global_acc_min", "pers_acc", "pers_acc_max", "pers_loss"):
+    for col in ("models_transmitted", "train_loss", "global_acc", "global_acc_min", "pers_acc", "pers_acc_max",
+                "pers_loss"):
         assert col in metrics
     assert list(metrics["models_transmitted"]) == [3, 6]
     clients = pd.read_csv(a / "clients.csv")
@@ -109,7 +111,8 @@ def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, expected):
 
 @pytest.mark.parametrize("args, expected", [  # Hydra's own errors: 16 and 5 lines
     (["hydra/launcher=bogus"], "hydra/launcher=bogus is not a launcher; allowed: basic, batched"),
-    (["hydra/launcher=batched", "hydra.launcher.max_group=0"], "hydra.launcher.max_group=0 must be an integer >= 1 or null"),
+    (["hydra/launcher=batched", "hydra.launcher.max_group=0"],
+     "hydra.launcher.max_group=0 must be an integer >= 1 or null"),
 ])
 def test_a_bad_launcher_is_one_line(tmp_path, args, expected):
     check_one_line_error(fedrun(["-m", *SMALL, "seed=0,1", *args, f"hydra.sweep.dir={tmp_path / 'bad'}"], tmp_path),
@@ -337,7 +340,8 @@ def test_a_sweep_job_folder_name_fits_the_file_system(tmp_path):
 
 @pytest.mark.parametrize("source, expected", [
     (None, "no module 'user_algo_{i}' in Python's search path (besides installed packages: "),
-    ("import not_installed_anywhere\n", "module 'user_algo_{i}' imports 'not_installed_anywhere', which is not installed"),
+    ("import not_installed_anywhere\n",
+     "module 'user_algo_{i}' imports 'not_installed_anywhere', which is not installed"),
     ("raise RuntimeError('broken at import')\n", "importing module 'user_algo_{i}' ({path}/user_algo_{i}.py) raised "
                                                  "RuntimeError: broken at import"),
     ("x = 1\n", "module 'user_algo_{i}' ({path}/user_algo_{i}.py) has no 'Mine'"),
@@ -358,7 +362,8 @@ def test_a_user_target_that_does_not_import_is_one_line_and_leaves_no_folder(sou
     (tmp_path / "my_conf" / "algo").mkdir(parents=True)
     (tmp_path / "my_conf" / "algo" / "mine.yaml").write_text(f"_target_: user_algo_{i}.Mine\nlr: 0.1\n")
     sys.modules.pop(f"user_algo_{i}", None)
-    r = fedrun([*SMALL, "algo=mine", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", f"hydra.run.dir={tmp_path / 'run'}"],
+    r = fedrun([*SMALL, "algo=mine", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+                f"hydra.run.dir={tmp_path / 'run'}"],
                tmp_path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
@@ -411,5 +416,6 @@ def test_dataset_root_of_a_data_preset_is_its_data_root_in_job_folder_names_too(
     hide = "hydra.job.config.override_dirname.exclude_keys"
     assert with_dataset_root(["-m", "data=cifar10_acid", "dataset.root=/x", f"{hide}=[seed,dataset.root]"]) == \
         ["-m", "data=cifar10_acid", "data.root=/x", f"{hide}=[seed,dataset.root,data.root]"]
-    for argv in (["dataset=mnist", "dataset.root=/x"], ["data=synthetic", "dataset.root=/x"], ["data=mnist_pfedme", "x=1"]):
+    for argv in (["dataset=mnist", "dataset.root=/x"], ["data=synthetic", "dataset.root=/x"],
+                 ["data=mnist_pfedme", "x=1"]):
         assert with_dataset_root(argv) == argv

@@ -167,7 +167,8 @@ def replay(trace: dict, extra: list[str] = ()) -> dict:
         stack.enter_context(mock.patch.object(fedrun.simulate, "sample_round", sample_round))
         stack.enter_context(mock.patch.object(fedrun.simulate, "eval_context", eval_context))
         state0 = algo.init(params, data.num_clients)
-        evals.append(evaluate(algo, engine, state0, data, eval_context(data, sched, cfg.seed, 0)))  # the authors' round 0
+        # the authors' round 0
+        evals.append(evaluate(algo, engine, state0, data, eval_context(data, sched, cfg.seed, 0)))
         fedrun.simulate.simulate(algo, engine, data, params, sched, cfg.seed,
                                  on_eval=lambda rnd, _, ev: evals.append(ev),
                                  on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)

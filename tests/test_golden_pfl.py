@@ -298,5 +298,6 @@ if __name__ == "__main__":  # per method and round: the largest |fedrun - author
             rel = max(x[1] / b for x, b in zip(params, ref) if b > 1e-6)
             w = max(mine, key=lambda x: x[1] / x[2])
             print(f"{m} round {r}: {len(params)} model/state numbers, max abs diff {max(x[1] for x in params):.1e}, "
-                  f"max rel {rel:.1e} (|authors| > 1e-6); accuracy/loss max abs {max((x[1] for x in metrics), default=float('nan')):.1e}; "
+                  f"max rel {rel:.1e} (|authors| > 1e-6); accuracy/loss max abs "
+                  f"{max((x[1] for x in metrics), default=float('nan')):.1e}; "
                   f"closest to tolerance {w[0]} {w[1]:.1e} <= {w[2]:.1e}")

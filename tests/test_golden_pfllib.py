@@ -70,12 +70,15 @@ FINETUNE_TOL = model_tol(15 + 10 * 5)  # 1.8e-5, 4.5e-5
 # FedBN's float64 trace: its BatchNorm over 4 rows adds 2 x 14 operations to a step's chain (mean, variance,
 # sqrt, division, affine; and back), its running statistics change by up to 0.9 in a round
 TOL64 = model_tol(dtype=torch.float64, step=0.9, grad_ops=GRAD_OPS + 2 * 14)  # 1.3e-14, 2.7e-13 (was 1e-10, 1e-12)
-NAMES = {"base.0.weight": "net.0.weight", "base.0.bias": "net.0.bias", "head.weight": "net.2.weight", "head.bias": "net.2.bias",
+NAMES = {"base.0.weight": "net.0.weight", "base.0.bias": "net.0.bias", "head.weight": "net.2.weight",
+         "head.bias": "net.2.bias",
          "weight": "net.2.weight", "bias": "net.2.bias", "fc1.weight": "net.0.weight", "fc1.bias": "net.0.bias",
          "fc2.weight": "net.2.weight", "fc2.bias": "net.2.bias", "0.weight": "net.0.weight", "0.bias": "net.0.bias"}
 # FedBN's model (fedrun's model=mlp_bn, hidden=[8]: net.0 Linear, net.1 BatchNorm1d, net.2 ReLU, net.3 Linear)
-BN_NAMES = {"fc1.weight": "net.0.weight", "fc1.bias": "net.0.bias", "fc2.weight": "net.3.weight", "fc2.bias": "net.3.bias",
-            **{f"bn1.{k}": f"net.1.{k}" for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}}
+BN_NAMES = {"fc1.weight": "net.0.weight", "fc1.bias": "net.0.bias", "fc2.weight": "net.3.weight",
+            "fc2.bias": "net.3.bias",
+            **{f"bn1.{k}": f"net.1.{k}" for k in ("weight", "bias", "running_mean", "running_var",
+                                                  "num_batches_tracked")}}
 # algo -> fedrun options saying what the recorder's PFLlib arguments said
 OPTIONS = {
     "fedprox": lambda a: ["algo.beta=0.1", f"algo.mu={a['mu']}", "algo.alpha=null"],
@@ -123,7 +126,8 @@ def official_cfg(algo: str, options: list[str], a: dict, tau: int, engine: str =
     recorder's arguments `a` (rounds, batch_size, join), `tau`, model=<model> with 8 ReLU hidden units."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
-            "protocol=official", f"algo={algo}", *options, f"model={model}", "model.hidden=[8]", "model.activation=relu",
+            "protocol=official", f"algo={algo}", *options, f"model={model}", "model.hidden=[8]",
+            "model.activation=relu",
             f"rounds={a['rounds']}", f"tau={tau}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
             "frac=null", "device=cpu", f"engine={engine}", *extra])
     apply_protocol(cfg)
@@ -296,7 +300,8 @@ def compare(trace: dict, states: list) -> dict[str, float]:
                     if NAMES[name] in state.clients[mine]:
                         close(mine, v, state.clients[mine][NAMES[name]][int(c)])
         if algo == "apfl":
-            close("alpha", [it["alpha"][str(c)] for c in range(len(it["alpha"]))], state.clients["mix"]["alpha"].view(-1))
+            close("alpha", [it["alpha"][str(c)] for c in range(len(it["alpha"]))],
+                  state.clients["mix"]["alpha"].view(-1))
     assert len(states) == len(trace["iterations"])
     return worst
 

@@ -44,7 +44,8 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
         clients = torch.tensor(it["selected"])
         off = data.train.offsets[clients].view(-1, 1, 1, 1)
         val = torch.tensor([[it["batches"][str(c)]["val"]] for c in it["selected"]]) + off  # [m, 1, V, B]
-        train = torch.tensor([[[b] for b in it["batches"][str(c)]["train"]] for c in it["selected"]]) + off  # [m, tau, 1, B]
+        # [m, tau, 1, B]
+        train = torch.tensor([[[b] for b in it["batches"][str(c)]["train"]] for c in it["selected"]]) + off
         assert val.shape[1:3] == (phases[0].steps, phases[0].batches) and train.shape[1] == phases[1].steps
         return clients, clients, (fedrun.simulate.PhaseDraw(val, None), fedrun.simulate.PhaseDraw(train, None))
 

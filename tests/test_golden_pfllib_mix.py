@@ -26,8 +26,10 @@ import test_golden_pfllib as base
 from test_golden_pfllib import ATOL, RTOL, load
 
 OPTIONS = {
-    "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}", f"algo.sigma={a['sigma']}"],
-    "fedphp": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.lam={a['lamda']}", f"algo.mu_rounds={a['global_rounds']}"],
+    "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}",
+                         f"algo.sigma={a['sigma']}"],
+    "fedphp": lambda a: ["algo.lr=0.1", f"algo.mu={a['mu']}", f"algo.lam={a['lamda']}",
+                         f"algo.mu_rounds={a['global_rounds']}"],
     "fedala": None,  # replay_fedala
 }
 # trace field -> where fedrun keeps it ("server": state.params, else state.clients[name])
@@ -55,9 +57,12 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
     a, its = trace["args"], trace["iterations"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
-            "protocol=official", "algo=fedala", "algo.lr=0.1", f"algo.eta={a['eta']}", f"algo.layer_idx={a['layer_idx']}",
-            "algo.start_epochs=11", "algo.ala_steps=null", "model=dnn", "model.hidden=[8]", "model.activation=relu", f"rounds={a['rounds']}",
-            f"tau={trace['phases'][0][1]}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}", "frac=null",
+            "protocol=official", "algo=fedala", "algo.lr=0.1", f"algo.eta={a['eta']}",
+            f"algo.layer_idx={a['layer_idx']}",
+            "algo.start_epochs=11", "algo.ala_steps=null", "model=dnn", "model.hidden=[8]", "model.activation=relu",
+            f"rounds={a['rounds']}",
+            f"tau={trace['phases'][0][1]}", f"batch_size={a['batch_size']}", f"clients_per_round={a['join']}",
+            "frac=null",
             "device=cpu", f"engine={engine}", *extra])
     apply_protocol(cfg)
     assert not validate(cfg)
@@ -73,7 +78,8 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
         out = []
         for ph in phases:
             if ph.epochs is None:  # the training steps: the recorded minibatches
-                idx = [[[r + int(data.train.offsets[c]) for r in b]] for c in it["selected"] for b in it["batches"][str(c)]["train"]]
+                idx = [[[r + int(data.train.offsets[c]) for r in b]]
+                       for c in it["selected"] for b in it["batches"][str(c)]["train"]]
                 out.append(fedrun.simulate.PhaseDraw(torch.tensor(idx).view(len(clients), ph.steps, 1, B), None))
                 continue
             idx, live = [], []
@@ -91,7 +97,8 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
                                  cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
     for it, state in zip(its, states):  # PFLlib's ALA passes: 0 on the first round, its start phase, then 1
         ran = state.clients["ala"]["started"]
-        assert {int(c): p for c, p in it["ala_passes"].items()} == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)}
+        assert ({int(c): p for c, p in it["ala_passes"].items()}
+                == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)})
     return states
 
 

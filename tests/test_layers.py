@@ -148,7 +148,8 @@ def test_imports_run_down():
 
 
 @pytest.mark.parametrize("edge, expected", [
-    ({"fedrun.a": {"fedrun.b"}, "fedrun.b": {"fedrun.c"}, "fedrun.c": {"fedrun.a"}}, [["fedrun.a", "fedrun.b", "fedrun.c"]]),
+    ({"fedrun.a": {"fedrun.b"}, "fedrun.b": {"fedrun.c"}, "fedrun.c": {"fedrun.a"}},
+     [["fedrun.a", "fedrun.b", "fedrun.c"]]),
     ({"fedrun.a": {"fedrun.b"}, "fedrun.b": set()}, []),
 ])
 def test_cycles_are_found(edge, expected):

@@ -129,7 +129,8 @@ def test_gpu_check_memory_part_runs_on_the_cpu(capsys):
     assert e.value.code == 0, out
     table = out[out.index("part "):].splitlines()[1:-1]
     assert [" ".join(line.split()[:4]) for line in table] == [
-        "memory cifar_acid all at", "memory cifar_acid 0.15 GB", "memory resnet18 c100 all", "memory resnet18 c100 0.15"]
+        "memory cifar_acid all at", "memory cifar_acid 0.15 GB", "memory resnet18 c100 all",
+        "memory resnet18 c100 0.15"]
     assert "ERROR" not in out and "generated CIFAR-100 files" in out and "x all-at-once" in out
 
 

@@ -34,7 +34,8 @@ def _checkpoint(tmp_path, cfg, config=None):
 
 def test_resume_after_adding_data_download_false_is_accepted(tmp_path):
     _checkpoint(tmp_path, composed("data=cifar10_acid", "rounds=10"))
-    ck = find_resume_point(composed("data=cifar10_acid", "rounds=10", "data.download=false", "device=cpu"), str(tmp_path))
+    ck = find_resume_point(composed("data=cifar10_acid", "rounds=10", "data.download=false", "device=cpu"),
+                           str(tmp_path))
     assert ck is not None and ck["round"] == 5
     with pytest.raises(ConfigError, match=r"different configuration \(tau: 10 -> 5\)"):
         find_resume_point(composed("data=cifar10_acid", "rounds=10", "tau=5"), str(tmp_path))
@@ -187,7 +188,8 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     (["algo=pfedme", "algo.train_all=yes"], "fedrun: error: algo.train_all='yes' must be true or false or null"),
     (["algo=pavg", "algo.test_steps=2.5"], "fedrun: error: algo.test_steps=2.5 must be an integer >= 1"),
     (["algo=pfldyn", "algo.first_order=1"], "fedrun: error: algo.first_order=1 must be true or false"),
-    (["sampling=shuffle"], "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
+    (["sampling=shuffle"],
+     "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
                         "finetune_epochs, finetune_lr, finetune_steps, lr, outer_step_from, test_time, variant"),
 ])
@@ -222,7 +224,8 @@ def test_checkpoints_load_tensors_only_and_refuse_pickled_objects(tmp_path):
     good = {"config": {"a": [1, 2]}, "state": {"params": {"w": torch.ones(2)}}, "history": [{"round": 1, "x": 0.5}]}
     outputs.save_checkpoint(folder, 1, good)
     ck = outputs.load_checkpoint(folder)
-    assert ck["round"] == 1 and torch.equal(ck["state"]["params"]["w"], torch.ones(2)) and ck["history"] == good["history"]
+    assert ck["round"] == 1 and torch.equal(ck["state"]["params"]["w"],
+                                            torch.ones(2)) and ck["history"] == good["history"]
     outputs.save_checkpoint(folder, 2, {**good, "extra": _NotPlain()})  # newest: holds a pickled object
     warnings = []
     assert outputs.load_checkpoint(folder, warn=warnings.append)["round"] == 1  # refused, falls back to round 1

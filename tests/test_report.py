@@ -223,7 +223,8 @@ def test_local_parallel_launcher_config_composes():
 
 def test_parallel_sweep_gives_the_numbers_of_the_sequential_one(sweep, tmp_path):
     args = [a for a in SWEEP if not a.startswith("seed=")] + ["seed=0", "hydra/launcher=parallel",
-                                                              "hydra.launcher.n_jobs=2", "~hydra.callbacks.sweep_report"]
+                                                              "hydra.launcher.n_jobs=2",
+                                                              "~hydra.callbacks.sweep_report"]
     r = fedrun([*args, f"hydra.sweep.dir={tmp_path / 'par'}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
@@ -310,7 +311,8 @@ def _direct(root, algo, col, target):
 
 def test_transmissions_to_target_gain_and_best_round_clients(hand_sweep, tmp_path):
     out = tmp_path / "rep"
-    r = report([str(hand_sweep), "--target", "60", "--baseline", "perfedavg", "--out", str(out), "--no-figure"], tmp_path)
+    r = report([str(hand_sweep), "--target", "60", "--baseline", "perfedavg", "--out", str(out), "--no-figure"],
+               tmp_path)
     assert r.returncode == 0, r.stderr
     table = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""]).set_index("config")
     assert sorted(table.index) == ["algo=perfedavg", "algo=pfldyn", "algo=pflscaf"]
@@ -327,7 +329,8 @@ def test_transmissions_to_target_gain_and_best_round_clients(hand_sweep, tmp_pat
     # one seed never got there: no mean, the count says so, and at_least counts all it sent
     dyn = table.loc["algo=pfldyn"]
     assert dyn["pers_transmitted_to_60pct_reached"] == "1/2" and pd.isna(dyn["pers_transmitted_to_60pct_mean"])
-    assert dyn["pers_transmitted_to_60pct_at_least"] == pytest.approx(d["pfldyn"]["sent"].fillna(d["pfldyn"]["last"]).mean())
+    assert dyn["pers_transmitted_to_60pct_at_least"] == pytest.approx(
+        d["pfldyn"]["sent"].fillna(d["pfldyn"]["last"]).mean())
     assert dyn["pers_transmitted_to_60pct_at_least"] == 30                          # (20 + 40) / 2
     # gain = baseline's transmissions / the configuration's; an upper bound when only the baseline got there
     base = d["perfedavg"]["sent"].mean()
@@ -381,7 +384,8 @@ def test_find_baseline_by_label_preset_or_algo():
     def grp(label, **settings):
         return Group(label=label, settings={}, jobs=[Job(path=label, settings=settings)])
 
-    groups = [grp("experiment=cifar10_acid5_perfedavg_maml", experiment="cifar10_acid5_perfedavg_maml", algo="perfedavg"),
+    groups = [grp("experiment=cifar10_acid5_perfedavg_maml", experiment="cifar10_acid5_perfedavg_maml",
+                  algo="perfedavg"),
               grp("experiment=cifar10_acid5_pfldyn_proto", experiment="cifar10_acid5_pfldyn_proto", algo="pfldyn"),
               grp("experiment=cifar10_acid5_pfldyn_maml", experiment="cifar10_acid5_pfldyn_maml", algo="pfldyn")]
     assert find_baseline(groups, "cifar10_acid5_perfedavg_maml") is groups[0]
@@ -479,7 +483,8 @@ def _captured_figure(monkeypatch, root):
 
     seen = []
     real = fedrun.plots.save_figure
-    monkeypatch.setattr(fedrun.plots, "save_figure", lambda fig, path, title="": (seen.append(fig), real(fig, path, title)))
+    monkeypatch.setattr(fedrun.plots, "save_figure", lambda fig, path,
+                        title="": (seen.append(fig), real(fig, path, title)))
     from fedrun.report import write_report
 
     write_report([str(root)])

@@ -168,7 +168,8 @@ def test_nan_in_a_client_update_is_caught_with_round_and_client(data):
     sched = Schedule(rounds=5, tau=2, clients_per_round=4, batch_size=5)
     seen = []
     with pytest.raises(Diverged, match=r"round 3: perfedavg produced NaN/inf parameters on clients \[\d+\]") as e:
-        simulate(NaNOnRound3(), VmapEngine(model), data, params_of(model), sched, 0, on_eval=lambda r, t, ev: seen.append(r))
+        simulate(NaNOnRound3(), VmapEngine(model), data, params_of(model), sched, 0, on_eval=lambda r, t,
+                 ev: seen.append(r))
     assert seen == [1, 2]
     clients, _, _ = sim.sample_round(data, sched, 2, 0, 3)
     assert f"[{int(clients[2])}]" in str(e.value)
@@ -368,7 +369,8 @@ def test_resume_with_momentum_is_byte_identical(tmp_path):
         assert code == 0, err
     assert "resuming from" in err
     assert (tmp_path / "halves" / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
-    code, _, err = finish([*RUN, *opt, "rounds=6", "optim.schedule=cosine", f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
+    code, _, err = finish([*RUN, *opt, "rounds=6", "optim.schedule=cosine", f"hydra.run.dir={tmp_path / 'whole'}"],
+                          tmp_path)
     assert code == 2 and "different configuration" in err and "optim" in err
 
 
@@ -388,6 +390,8 @@ def test_schedules_over_the_runs_rounds_are_part_of_the_fingerprint():
 
     assert _diff(fp("algo=fedphp", "rounds=4"), fp("algo=fedphp", "rounds=8"))
     assert _diff(fp("algo=apple", "rounds=10"), fp("algo=apple", "rounds=20"))  # decay 0.1: L = 1, then 2 rounds
-    assert not _diff(fp("algo=fedphp", "algo.mu_rounds=4", "rounds=4"), fp("algo=fedphp", "algo.mu_rounds=4", "rounds=8"))
-    assert not _diff(fp("algo=apple", "algo.decay_rounds=3", "rounds=4"), fp("algo=apple", "algo.decay_rounds=3", "rounds=8"))
+    assert not _diff(fp("algo=fedphp", "algo.mu_rounds=4", "rounds=4"),
+                     fp("algo=fedphp", "algo.mu_rounds=4", "rounds=8"))
+    assert not _diff(fp("algo=apple", "algo.decay_rounds=3", "rounds=4"),
+                     fp("algo=apple", "algo.decay_rounds=3", "rounds=8"))
     assert not _diff(fp("algo=fedavg", "rounds=4"), fp("algo=fedavg", "rounds=8"))

@@ -135,7 +135,8 @@ def _job(folder, seed, accs, beta=0.1, status="finished"):
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
         {"seed": seed, "rounds": len(accs), "eval_every": 1, "algo": {"_target_": "x.PerFedAvg", "beta": beta}}))
     rows = "".join(f"{r},{3 * r},1.0,{a},{a - 0.1},{a + 0.1}\n" for r, a in enumerate(accs, start=1))
-    (folder / "metrics.csv").write_text("round,models_transmitted,train_loss,pers_acc,pers_acc_min,pers_acc_max\n" + rows)
+    (folder / "metrics.csv").write_text("round,models_transmitted,train_loss,pers_acc,pers_acc_min,pers_acc_max\n"
+                                        + rows)
     (folder / "summary.json").write_text(json.dumps({"status": status, "seconds": 1.0}))
 
 
@@ -258,7 +259,8 @@ def test_report_lists_the_jobs_of_a_sweep_that_never_started(tmp_path):
     code, out, err = _report([sweep, "--no-figure"])
     assert code == 0, err
     assert "2 jobs, 1 finished" in out
-    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line and ": diverged: round 1" in line
+    assert any(line.startswith("fedrun-report: left out") and "algo.beta=1e+30" in line
+               and ": diverged: round 1" in line
                for line in out.splitlines()), out
     missing = [line for line in out.splitlines() if line.startswith("fedrun-report: missing:")]
     assert len(missing) == 1 and "job 2 (algo.beta=0.002" in missing[0], out
@@ -329,7 +331,8 @@ def test_ctrl_c_or_sigterm_before_the_first_checkpoint_keeps_the_last_round(sig,
     assert p.returncode == status, err
     # the cost estimate printed after the first rounds (fedrun.clock) is the only other line
     # (and, on a loaded machine, its hint that the run takes hours)
-    lines = [line for line in err.strip().splitlines() if not line.startswith(("fedrun: estimated time", "fedrun: hint:"))]
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("fedrun: estimated time",
+                                                                               "fedrun: hint:"))]
     assert len(lines) == 1 and "interrupted after round" in lines[0], err
     (saved,) = os.listdir(run_dir / "checkpoints")
     rnd = int(saved[len("round_"):-len(".pt")])
@@ -452,7 +455,8 @@ def test_metrics_quantiles_are_the_clients_and_summary_png_legend_is_clear(tmp_p
             <= last[f"{m}_acc_max"]
     drawn = []
     real_save = plots.save_figure
-    monkeypatch.setattr(plots, "save_figure", lambda fig, out, title="": (drawn.append(fig), real_save(fig, out, title)))
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out,
+                        title="": (drawn.append(fig), real_save(fig, out, title)))
     code, out, err = _report([run_dir, "--out", tmp_path / "rep"])
     assert code == 0, err
     (fig,) = drawn
@@ -532,7 +536,8 @@ def _read_only(monkeypatch, folder):
     import errno
 
     folder = os.path.abspath(folder)
-    inside = lambda p: os.path.abspath(os.fspath(p)) == folder or os.path.abspath(os.fspath(p)).startswith(folder + os.sep)
+    inside = lambda p: (os.path.abspath(os.fspath(p)) == folder
+                        or os.path.abspath(os.fspath(p)).startswith(folder + os.sep))
     refuse = lambda p: OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(p))
     real_open, real_os_open, real_mkdir, real_access = builtins.open, os.open, os.mkdir, os.access
 

@@ -144,7 +144,8 @@ def test_table003_quick_and_replot_without_training(data_root, tmp_path, monkeyp
 def test_missing_data_is_one_clear_error(tmp_path):
     """A real process, as a user runs a script (the smoke test of the scripts' command line)."""
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "perfedavg_table003.py"), "--quick", "--no-download", "--data-root",
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "perfedavg_table003.py"), "--quick", "--no-download",
+                        "--data-root",
                         str(tmp_path / "none"), "--out", str(tmp_path / "o")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "MNIST not found" in r.stderr and "Traceback" not in r.stderr
@@ -155,7 +156,8 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
     root, _ = data_root
     out = tmp_path / "t1a"
     text = script("pfedme_table1.py", ["--quick", "--rounds", "1", "--datasets", "mnist", "--mnist-data",
-                                       "mnist_pfedme_authors", "--protocols", "official,official_2020", "--models", "mlr",
+                                       "mnist_pfedme_authors", "--protocols", "official,official_2020", "--models",
+                                       "mlr",
                                        "--algos", "fedavg,perfedavg", "--data-root", root, "--out", str(out)], tmp_path,
                   monkeypatch)
     assert "fedrun data=mnist_pfedme_authors" in text and "most test rows are also training rows" in text
@@ -202,7 +204,8 @@ def test_pfedme_table1_quick(d, paper_pm_dnn, data_root, tmp_path, monkeypatch):
             assert row[f"{proto}_best"] == pytest.approx(100 * m[f"{prefix}_acc"].max(), abs=1e-6)
             assert row[f"{proto}_last"] == pytest.approx(100 * m[f"{prefix}_acc"].iloc[-1], abs=1e-6)
     md = (out / "table1.md").read_text()
-    assert f"| {d} | DNN | pFedMe PM | {paper_pm_dnn} |" in md and f"- {d} DNN, official: FedAvg < Per-FedAvg < pFedMe PM" in md
+    assert (f"| {d} | DNN | pFedMe PM | {paper_pm_dnn} |" in md
+            and f"- {d} DNN, official: FedAvg < Per-FedAvg < pFedMe PM" in md)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,7 +345,8 @@ def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_p
     for launcher in ("batched", "basic"):
         out = tmp_path / launcher
         text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--models", "mlr", "--seeds", "0,1",
-                                           "--protocols", "official", "--launcher", launcher, "--out", str(out)], tmp_path, monkeypatch)
+                                           "--protocols", "official", "--launcher", launcher, "--out", str(out)],
+                                           tmp_path, monkeypatch)
         assert f"hydra/launcher={launcher}" in text
         runs = out / "runs" / "synthetic"
         assert len([p for p in runs.iterdir() if (p / "metrics.csv").exists()]) == 6  # 3 presets x 2 seeds
@@ -356,7 +360,8 @@ def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_p
 def test_pfl_cifar_eval_every_and_protocol(tmp_path, monkeypatch):
     out = tmp_path / "every"
     script("pfl_cifar.py", ["--quick", "--methods", "pfldyn_proto", "--eval-every", "2", "--target", "15",
-                            "--protocol", "official", "--sampling", "authors", "--out", str(out)], tmp_path, monkeypatch)
+                            "--protocol", "official", "--sampling", "authors", "--out", str(out)], tmp_path,
+                            monkeypatch)
     (ov, m), = job_metrics(out / "runs" / "pfldyn_proto").items()
     assert dict(ov)["eval_every"] == "2" and m["round"].tolist() == [2, 3]  # every 2nd round and the last
     (summary,) = (out / "runs" / "pfldyn_proto").glob("*/summary.json")
@@ -429,7 +434,8 @@ def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
     run.mkdir(parents=True)
     pd.DataFrame({"round": [1, 2], "pers_acc": [0.5, 0.9], "new_pers_acc": [0.3, 0.7]}).to_csv(run / "metrics.csv")
     train, new = [0.80 + 0.01 * i for i in range(10)], [0.10, 0.60, 0.70]
-    pd.DataFrame({"client": range(13), "heldout": [0] * 10 + [1] * 3, "pers_acc": train + new}).to_csv(run / "clients.csv")
+    pd.DataFrame({"client": range(13), "heldout": [0] * 10 + [1] * 3,
+                  "pers_acc": train + new}).to_csv(run / "clients.csv")
     row, = baselines.table(str(tmp_path))
     assert row["lowest_decile"] == pytest.approx(100 * pd.Series(train).quantile(0.1))
     assert row["new_lowest_decile"] == pytest.approx(100 * pd.Series(new).quantile(0.1))
@@ -500,7 +506,8 @@ def test_pfedme_figures_quick_settings_curves_and_replot(data_root, tmp_path, mo
         assert (out / png).stat().st_size > 10000
     assert not (out / "figure1.png").exists()
     expect = {  # setting folder -> options its jobs must have run with
-        "mnist_mlr_pfedme_K5_beta1_eta0.005_personal_lr0.1_lam15": dict(K=5, beta=1.0, eta=0.005, personal_lr=0.1, lam=15),
+        "mnist_mlr_pfedme_K5_beta1_eta0.005_personal_lr0.1_lam15": dict(K=5, beta=1.0, eta=0.005, personal_lr=0.1,
+                                                                        lam=15),
         "synthetic_mlr_pfedme_K5_beta1_eta0.005_personal_lr0.01_lam20": dict(lam=20, personal_lr=0.01, eta=0.005),
         "mnist_mlr_perfedavg_alpha0.005_beta0.001": dict(alpha=0.005, beta=0.001, variant="fo"),
         "synthetic_mlr_fedavg_beta0.005": dict(beta=0.005),
@@ -524,7 +531,8 @@ def test_pfedme_figures_quick_settings_curves_and_replot(data_root, tmp_path, mo
         assert r["acc_last_round_mean"] == pytest.approx(100 * m[col].iloc[-1], abs=1e-6)
         assert r["acc_best_round_mean"] == pytest.approx(100 * m[col].max(), abs=1e-6)
         assert r["acc_last_evals_mean"] == pytest.approx(100 * m[col].mean(), abs=1e-6)  # 2 of the last 10
-        assert (r["protocol"], r["fedrun_data"]) == ("honest", {"mnist": "mnist_pfedme", "synthetic": "synthetic"}[r["data"]])
+        assert (r["protocol"], r["fedrun_data"]) == ("honest",
+                                                     {"mnist": "mnist_pfedme", "synthetic": "synthetic"}[r["data"]])
     fig4 = table[(table.figure == 4) & (table.model == "mlr")].set_index("curve")["acc_best_round_mean"]
     gap = " / ".join(f"{fig4['pFedMe (PM)'] - fig4[o]:+.1f}" for o in ("pFedMe (GM)", "Per-FedAvg", "FedAvg"))
     assert f"| 4 | MLR | +6.1 / +3.8 / +5.2 | {gap} |" in (out / "figures.md").read_text()
@@ -562,7 +570,8 @@ def test_pfedme_figures_settings_follow_the_paper():
     ("pfedme_figures.py", ["--figures", "5"], "error: --figures '5' is not allowed; comma-separated, from 1, 2, 3, 4"),
     ("pfedme_figures.py", ["--rounds", "0"], "error: --rounds 0 is not allowed; a positive integer"),
     ("pfedme_figures.py", ["--models", "cnn"], "error: --models 'cnn' is not allowed; comma-separated, from mlr, dnn"),
-    ("pfl_toy.py", ["--methods", "fedprox"], "error: --methods fedprox is not allowed; choose from perfedavg, pfldyn, pflscaf"),
+    ("pfl_toy.py", ["--methods", "fedprox"],
+     "error: --methods fedprox is not allowed; choose from perfedavg, pfldyn, pflscaf"),
     ("pfl_toy.py", ["--lr", "-1"], "error: --lr -1.0 is not allowed; a positive number"),
     ("pfl_cifar.py", ["--methods", "nope"], "error: --methods 'nope': unknown; choose from " + ", ".join(
         ["perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_proto", "pflscaf_maml", "pavg_proto", "feddyn",

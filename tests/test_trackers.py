@@ -92,7 +92,8 @@ def test_the_batched_launchers_jobs_log_to_runs_of_their_own(tmp_path):
         seed = json.loads((job / "summary.json").read_text())
         assert [m.value for m in sorted(client.get_metric_history(run_id, "pers_acc"), key=lambda m: m.step)] \
             == pytest.approx(list(csv["pers_acc"]))
-        assert [v for _, v in tensorboard_scalars(job / "tensorboard")["pers_acc"]] == pytest.approx(list(csv["pers_acc"]))
+        assert ([v for _, v in tensorboard_scalars(job / "tensorboard")["pers_acc"]]
+                == pytest.approx(list(csv["pers_acc"])))
         assert seed["status"] == "finished"
     runs = {json.loads((d / "trackers.json").read_text())["mlflow"]["run_id"] for d in sweep.iterdir() if d.is_dir()}
     assert len(runs) == 2

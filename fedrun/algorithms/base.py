@@ -160,7 +160,8 @@ class Algorithm(metaclass=AlgorithmMeta):
         gradient descent it would change."""
         if not optim.plain and not self.optim_ok:
             raise ConfigError(f"algo={self.name}'s local step is not plain gradient descent on the client's model, so "
-                              f"optim.* must keep its defaults (name=sgd, momentum=0, weight_decay=0, schedule=constant); "
+                              "optim.* must keep its defaults (name=sgd, momentum=0, weight_decay=0, "
+                              "schedule=constant); "
                               f"algorithms that take them: fedavg, local, fedper, lgfedavg")
         self.optim = optim
 

@@ -61,7 +61,8 @@ class LocalOptim:
                               f"(given name={self.name}, momentum={self.momentum})")
         b = tuple(self.betas) if hasattr(self.betas, "__iter__") and not isinstance(self.betas, str) else None
         if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and 0 <= v < 1 for v in b):
-            raise ConfigError(f"optim.betas={list(self.betas) if b else self.betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+            raise ConfigError(f"optim.betas={list(self.betas) if b else self.betas!r} must be two numbers in [0, 1), "
+                              "e.g. [0.9, 0.999]")
         object.__setattr__(self, "betas", (float(b[0]), float(b[1])))
         check_positive("optim.eps", self.eps)
         check_int("optim.step_size", self.step_size, 1)

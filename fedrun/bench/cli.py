@@ -96,7 +96,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed-settings", default="pfedme,perfedavg", help="--seeds: settings (pfedme, perfedavg)")
     ap.add_argument("--gpu-check", action="store_true",
                     help="on a CUDA machine: engine agreement (every device branch), the default run, the CIFAR ACID "
-                         "preset, the CIFAR bench and batched seeds, in one table (fedrun.bench.gpu_check); refused on a CPU")
+                         "preset, the CIFAR bench and batched seeds, in one table (fedrun.bench.gpu_check); refused on "
+                         "a CPU")
     ap.add_argument("--gpu-check-device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny run
     ap.add_argument("--gpu-check-parts", default=None, help=argparse.SUPPRESS)  # a subset, in this order
     ap.add_argument("--compile", action="store_true",
@@ -106,7 +107,8 @@ def main(argv=None) -> None:
     ap.add_argument("--compile-settings", default="default-fedavg,default-fo,pfedme,cifar-acid,seeds5",
                     help="--compile: settings, from default-fedavg, default-fo, pfedme, cifar-acid, seeds5")
     ap.add_argument("--compile-modes", default=None,
-                    help="--compile: modes (default: CUDA eager,compiled,graphs,bf16,graphs+bf16; CPU eager,compiled,bf16)")
+                    help="--compile: modes (default: CUDA eager,compiled,graphs,bf16,graphs+bf16; CPU "
+                         "eager,compiled,bf16)")
     args = ap.parse_args(argv)
     if args.gpu_check:
         from . import gpu_check
@@ -129,14 +131,16 @@ def main(argv=None) -> None:
         if v is not None and v < low:  # one line, as fedrun's option errors
             ap.refuse(f"--{name.replace('_', '-')}", v, f"must be at least {low}")
     if args.repeats > 1 and (args.seeds or args.authors):
-        ap.error(f"--repeats times the vmap and loop engines; it does not apply to --{'seeds' if args.seeds else 'authors'}")
+        ap.error("--repeats times the vmap and loop engines; it does not apply to "
+                 f"--{'seeds' if args.seeds else 'authors'}")
     keep_freed_memory()  # as a run does (fedrun.runner)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.seeds:
         from . import seeds as bench_seeds
 
-        return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3, args.seed_settings.split(","),
+        return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3,
+                                args.seed_settings.split(","),
                                 args.device)
     if args.compile:
         from . import compile as bench_compile
@@ -170,8 +174,10 @@ def main(argv=None) -> None:
     data = synthetic(cache_dir=".cache/fedrun").to(device)
     print(f"device={device} threads={torch.get_num_threads()} clients={data.num_clients} "
           f"train_rows={int(data.train.sizes.sum())} test_rows={int(data.test.sizes.sum())}; "
-          f"10 clients/round, tau={args.tau}, batch 20, MLP 60-20-10, all {data.num_clients} clients evaluated every round, "
-          f"personalization on {'all training rows' if args.personalize_batch is None else f'{args.personalize_batch}-row minibatches'}")
+          f"10 clients/round, tau={args.tau}, batch 20, MLP 60-20-10, all {data.num_clients} clients evaluated every "
+          "round, "
+          "personalization on "
+          f"{'all training rows' if args.personalize_batch is None else f'{args.personalize_batch}-row minibatches'}")
     _print_header(args)
     for name in args.algos.split(","):
         def timed(eng, rounds, name=name):
@@ -282,7 +288,8 @@ def authors_data(path: Path) -> None:
         return
     for sub in ("train", "test"):
         (folder / "data" / sub).mkdir(parents=True, exist_ok=True)
-    print(f"generating the authors' Synthetic data in {folder} (their generate_synthetic_05_05.py; minutes)", flush=True)
+    print(f"generating the authors' Synthetic data in {folder} (their generate_synthetic_05_05.py; minutes)",
+          flush=True)
     subprocess.run([sys.executable, "generate_synthetic_05_05.py"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -330,7 +337,8 @@ def time_pfedme(data, rounds: int, warmup: int, device) -> tuple[float, float]:
 def authors_main(args, ap, device) -> None:
     path = Path(args.authors)
     if not (path / "main.py").is_file() or not (path / "FLAlgorithms").is_dir():
-        ap.error(f"--authors {args.authors}: not a work tree of CharlieDinh/pFedMe (no main.py and FLAlgorithms/ there)")
+        ap.error(f"--authors {args.authors}: not a work tree of CharlieDinh/pFedMe (no main.py and FLAlgorithms/ "
+                 "there)")
     if device.type != "cpu":
         ap.error(f"--authors compares on the CPU (their code runs with --gpu -1); got --device {device}")
     authors_data(path)

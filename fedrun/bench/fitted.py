@@ -7,7 +7,8 @@ memory, and memory=<cap>, so the plan and the allocator see the same budget):
                through fedrun's CIFAR loader, on generated files in CIFAR-10's format unless FEDRUN_DATA
                holds cifar-10-batches-py
   resnet18     ResNet-18 (BatchNorm) on CIFAR-100, partition=dirichlet alpha 0.1, 100 clients, 10 per
-               round, batch 50, tau=10 (about one epoch of a client's 500 rows), FedAvg (the global model: algo.alpha=null), every client
+               round, batch 50, tau=10 (about one epoch of a client's 500 rows), FedAvg (the global model:
+               algo.alpha=null), every client
                evaluated every round; generated files in CIFAR-100's format unless FEDRUN_DATA holds
                cifar-100-python
 Printed per row: s/round, peak memory (CUDA: max_memory_allocated over the timed rounds), the plan
@@ -80,7 +81,8 @@ def _resnet(device: str, sizes: dict, tmp: str):
         write_cifar100(root, *sizes["c100_per_class"])
     overrides = ["dataset=cifar100", f"dataset.root={root}", "dataset.download=false", "partition=dirichlet",
                  "partition.alpha=0.1", f"partition.num_clients={sizes['c100_clients']}", "model=resnet18",
-                 "algo=fedavg", "algo.alpha=null", f"clients_per_round={min(10, sizes['c100_clients'])}", f"batch_size={sizes['cifar_batch']}",
+                 "algo=fedavg", "algo.alpha=null", f"clients_per_round={min(10, sizes['c100_clients'])}",
+                 f"batch_size={sizes['cifar_batch']}",
                  f"tau={sizes['resnet_tau']}", f"device={device}", f"cache_dir={os.path.join(tmp, 'cache')}"]
     if sizes["tiny"]:
         overrides += ["model.width=2", "partition.min_size=2"]
@@ -108,7 +110,9 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     cap = None if option in (None, "auto") else int(option * GB)
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / torch.cuda.get_device_properties(device).total_memory), memory.cuda_index(device))
+        torch.cuda.set_per_process_memory_fraction(
+            1.0 if cap is None else min(1.0, cap / torch.cuda.get_device_properties(device).total_memory),
+            memory.cuda_index(device))
     # (the CPU: the cap enforced by counting the tensors the rounds allocate; CUDA: by the allocator)
     meter = contextlib.nullcontext() if cuda else memory.AllocationMeter(
         None if cap is None else cap - memory.tensor_bytes(data.train, data.test))

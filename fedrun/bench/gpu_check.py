@@ -29,11 +29,13 @@ from dataclasses import dataclass
 import torch
 
 # Sizes of each part: on the GPU the settings named above; "tiny" for the CPU path of the tests.
-FULL = dict(compile_rounds=10, rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500, cifar_test=100,
+FULL = dict(compile_rounds=10, rounds=3, warmup=1, clients=100, tau=20, cifar_tau=50, cifar_batch=50, cifar_train=500,
+            cifar_test=100,
             per_class=(5000, 1000), seeds=5, agreement_cases=None, preset_clients=100, bench_clients=100,
             algos=("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-exact"),
             tiny=False, c100_per_class=(500, 100), c100_clients=100, resnet_tau=10)
-TINY = dict(compile_rounds=1, rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6, cifar_test=2,
+TINY = dict(compile_rounds=1, rounds=1, warmup=1, clients=6, tau=2, cifar_tau=2, cifar_batch=4, cifar_train=6,
+            cifar_test=2,
             per_class=(10, 5), seeds=2, agreement_cases=1, preset_clients=10, bench_clients=2, algos=("perfedavg-hf",),
             tiny=True, c100_per_class=(2, 1), c100_clients=4, resnet_tau=1)
 
@@ -145,7 +147,8 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
         root = os.path.join(tmp, "cifar")
         write_cifar10(root, *sizes["per_class"])
         note = "generated CIFAR-10 files"
-    overrides = ["experiment=cifar10_acid5_pfldyn_proto", f"device={device}", f"data.root={root}", "data.download=false",
+    overrides = ["experiment=cifar10_acid5_pfldyn_proto", f"device={device}", f"data.root={root}",
+                 "data.download=false",
                  f"cache_dir={os.path.join(tmp, 'cache')}", f"data.num_clients={sizes['preset_clients']}",
                  f"tau={sizes['cifar_tau']}", f"batch_size={sizes['cifar_batch']}"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -268,7 +271,8 @@ def main(device: str = "cuda", parts: str | None = None) -> int:
             try:
                 rows += part(device, sizes)
             except Exception as e:  # report the part that broke, go on with the others
-                rows.append(Row(label, "ERROR", note=f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
+                rows.append(Row(label, "ERROR",
+                                note=f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
                 rows[-1].failed = True
     print(f"{'part':<11}{'setting':<18}{'vmap s/round':>13}{'loop s/round':>13}{'peak MB':>10}{'max |err|':>11}"
           f"{'speedup':>9}  note")

@@ -93,12 +93,14 @@ def main(seeds: list[int], rounds: int, settings: list[str], device: str) -> Non
             t = (wall, cpu, cpu - ev)  # rest: the round's CPU time without its evaluation (training, server steps)
             base = base or (t if n == 1 else None)
             ratios = [f"{v / b:>10.2f}" if base else f"{'':>10}" for v, b in zip(t, base or t)]
-            print(f"{name:<11}{n:>6}{wall:>10.3f}{ratios[0]}{cpu:>13.3f}{ratios[1]}{ev:>10.3f}{cpu - ev:>10.3f}{ratios[2]}",
+            print(f"{name:<11}{n:>6}{wall:>10.3f}{ratios[0]}{cpu:>13.3f}{ratios[1]}"
+                  f"{ev:>10.3f}{cpu - ev:>10.3f}{ratios[2]}",
                   flush=True)
         if 1 in walls and max(walls) > 1:
             shares.append((name, *split_fixed(walls)))
     for name, fixed, per_seed, one in shares:
-        shared = (f"the part all seeds share {fixed:.3f} s ({fixed / one:.0%}): the most batching can save per added seed"
+        shared = (f"the part all seeds share {fixed:.3f} s ({fixed / one:.0%}): the most batching can save per added "
+                  "seed"
                   if fixed > 0 else "nothing shared: batched, an added seed costs at least as much as a seed alone")
         print(f"{name}: a line through 1 and {max(seeds)} seeds: each added seed {per_seed:.3f} s/round "
               f"({per_seed / one:.0%} of one seed alone); {shared}")

@@ -63,5 +63,6 @@ def summary_figure(groups: list[Group], path: str) -> None:
     for p in PREFIXES:
         curves = {names[g.label]: mean_curve(g.jobs, f"{p}_acc") for g in groups}
         panels.append((f"{MODEL_NAMES[p]} accuracy", {k: v for k, v in curves.items() if len(v)}))
-    plot_curve_panels(panels, path, ylabel="test accuracy (pooled over clients)", suptitle="mean over seeds, band: ± std",
+    plot_curve_panels(panels, path, ylabel="test accuracy (pooled over clients)",
+                      suptitle="mean over seeds, band: ± std",
                       sharey=False, fit_y=True, legend_title=title)

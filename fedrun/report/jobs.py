@@ -17,7 +17,8 @@ from ..resume import ADDED_OPTIONS
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
 MODEL_NAMES = {"global": "global model", "pers": "personalized",
                "new_global": "new clients, global model", "new_pers": "new clients, personalized"}
-GROUPS = ("experiment", "algo", "data", "dataset", "partition", "model")  # config groups (experiment: a preset, when one was used)
+# config groups (experiment: a preset, when one was used)
+GROUPS = ("experiment", "algo", "data", "dataset", "partition", "model")
 # Never part of a configuration's identity: the seed (seeds are averaged) and the options that do
 # not change the numbers (fedrun.config.NEUTRAL_OPTIONS).
 NEUTRAL_KEYS = frozenset(neutral_options("seed"))
@@ -96,7 +97,8 @@ def load_job(path: str) -> Job:
             return job
         cfg, hy = (got, hy) if name == "config.yaml" else (cfg, got)
     if not isinstance(cfg, dict) or not all(k in cfg for k in FEDRUN_OPTIONS):
-        job.status = f"not a fedrun run (its .hydra/config.yaml has no {' or '.join(FEDRUN_OPTIONS)}: another application's?)"
+        job.status = (f"not a fedrun run (its .hydra/config.yaml has no {' or '.join(FEDRUN_OPTIONS)}: "
+                      "another application's?)")
         return job
     choices = {}
     if isinstance(hy, dict):
@@ -170,7 +172,8 @@ def _status(job: Job, path: str, cfg: dict) -> str:
             return f"summary.json holds a JSON {type(summary).__name__}, not a fedrun summary"
         if summary.get("status", "finished") != "finished":
             err = str(summary.get("error", "")).splitlines()[0][:160] if summary.get("error") else ""
-            said = "diverged" if summary.get("status") == "diverged" else f"summary.json says status={summary.get('status')!r}"
+            said = ("diverged" if summary.get("status") == "diverged"
+                    else f"summary.json says status={summary.get('status')!r}")
             return said + (f": {err}" if err else "")
     if not os.path.isfile(metrics_path):
         return "no metrics.csv: it started, then stopped before its first evaluation (killed, or still running)"
@@ -188,7 +191,8 @@ def _status(job: Job, path: str, cfg: dict) -> str:
         return f"no summary.json (failed, killed or still running; metrics.csv has {have} of {want} rows)"
     job.seconds = summary.get("seconds")
     if want is not None and (have < want or int(job.metrics["round"].iloc[-1]) != rounds):
-        return f"incomplete: metrics.csv has {have} of {want} rows (last round {job.metrics['round'].iloc[-1] if have else None} of {rounds})"
+        return (f"incomplete: metrics.csv has {have} of {want} rows "
+                f"(last round {job.metrics['round'].iloc[-1] if have else None} of {rounds})")
     return "ok"
 
 
@@ -213,17 +217,21 @@ def torn_row(path: str) -> str | None:
     except UnicodeDecodeError as e:
         return f"is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
     if text and not text.endswith("\n"):
-        return f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end); rerun the job's command to redo it"
+        return (f"ends in a half-written row (line {text.count(chr(10)) + 1} has no end); "
+                "rerun the job's command to redo it")
     rows = list(csv.reader(text.splitlines()))
-    accuracies = [i for i, name in enumerate(rows[0] if rows else []) if name.endswith(("_acc", "_acc_min", "_acc_max"))]
+    accuracies = [i for i, name in enumerate(rows[0] if rows else [])
+                  if name.endswith(("_acc", "_acc_min", "_acc_max"))]
     for i, row in enumerate(rows[1:], start=2):
         if len(row) != len(rows[0]) or any(v == "" for v in row[:1]):
-            return f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields); rerun the job's command to redo it"
+            return (f"has a half-written row (line {i}: {len(row)} of {len(rows[0])} fields); "
+                    "rerun the job's command to redo it")
         if not row[0].isdigit():
             return f"has round {row[0]!r} on line {i}, not a round number"
         bad = [rows[0][j] for j in accuracies if row[j].strip().lower() in ("nan", "inf", "-inf", "+inf")]
         if bad:
-            return f"has non-finite accuracies on line {i} ({', '.join(bad)}: {row[rows[0].index(bad[0])]}; a diverged run?)"
+            return (f"has non-finite accuracies on line {i} "
+                    f"({', '.join(bad)}: {row[rows[0].index(bad[0])]}; a diverged run?)")
     return None
 
 

@@ -4,7 +4,8 @@
 
 Hydra finds launchers in the `hydra_plugins` namespace package; this one ships with fedrun. Every
 job gets its folder as under the basic launcher (Hydra's `run_job` makes it; the job writes its
-`.hydra/` files once it starts, as a single run does: `fedrun.run_folder.hydra_record`), then `fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
+`.hydra/` files once it starts, as a single run does: `fedrun.run_folder.hydra_record`), then
+`fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
 (null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
 only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called. A job's

@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-root", required=True, help="folder holding cifar-10-batches-py")
     ap.add_argument("--clients", choices=["authors", "fedrun"], default="authors",
-                    help="whose device selection: authors (theirs, np.random.seed(round + seed)) or fedrun (the devices "
+                    help="whose device selection: authors (theirs, np.random.seed(round + seed)) or fedrun (the "
+                         "devices "
                          "fedrun samples for --seed each round, so both codes train the same devices)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON file for the results")

@@ -81,8 +81,10 @@ def test_proto_meta_loss_and_test_time_prototypes(E):
     split = ClientSplit.from_flat(torch.cat([xs, xq]), torch.cat([ys, torch.tensor([0, 0, 1])]),
                                   torch.tensor([4, 3]), chunk_len=2)
     served, _ = Proto().personalize(engine, p, split)
-    torch.testing.assert_close(served.centers[0], torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 3.0]], dtype=torch.float64))
-    torch.testing.assert_close(served.centers[1], torch.tensor([[0.5, 0.5], [5.0, 5.0], [0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(served.centers[0],
+                               torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 3.0]], dtype=torch.float64))
+    torch.testing.assert_close(served.centers[1],
+                               torch.tensor([[0.5, 0.5], [5.0, 5.0], [0.0, 0.0]], dtype=torch.float64))
     assert served.present.tolist() == [[True, False, True], [True, True, False]]
     _, correct = engine.evaluate(p, split, True, served.centers, served.present)
     # client 0: (0,0) and (2,0) nearest c0=(1,0); (0,4) and (0,2) nearest c2=(0,3): all 4 right;
@@ -196,7 +198,8 @@ def test_pfldyn_with_vanishing_alpha_trains_like_pavg(tiny, adaptation):
             # only PFLDyn weight-decays it (as torch SGD skips parameters without a gradient)
             w0 = params_of(model)[k]
             torch.testing.assert_close(out[1][k], w0.expand_as(out[1][k]))
-            torch.testing.assert_close(out[0][k], (w0 * (1 - 0.1 * 0.01) ** 3).expand_as(out[0][k]), rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(out[0][k], (w0 * (1 - 0.1 * 0.01) ** 3).expand_as(out[0][k]), rtol=1e-9,
+                                       atol=1e-10)
         else:
             torch.testing.assert_close(out[0][k], out[1][k], rtol=1e-9, atol=1e-10)
 
@@ -309,7 +312,8 @@ def test_state_resumes_to_the_same_numbers(tiny):
     (dict(lr=0), "algo.lr"), (dict(lr_decay=-1), "algo.lr_decay"), (dict(weight_decay=-0.1), "algo.weight_decay"),
     (dict(clip=-1), "algo.clip"), (dict(adaptation="reptile"), "algo.adaptation"), (dict(inner_lr=0), "algo.inner_lr"),
     (dict(inner_steps=0), "algo.inner_steps"), (dict(first_order="yes"), "algo.first_order"),
-    (dict(test_steps=0), "algo.test_steps"), (dict(alpha=0), "algo.alpha"), (dict(eval_model="best"), "algo.eval_model"),
+    (dict(test_steps=0), "algo.test_steps"), (dict(alpha=0), "algo.alpha"),
+    (dict(eval_model="best"), "algo.eval_model"),
 ])
 def test_bad_options_are_one_line_naming_the_option(bad, option):
     with pytest.raises(ConfigError) as e:

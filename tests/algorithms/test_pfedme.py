@@ -126,7 +126,8 @@ def _run(E, algo, data, rounds=3, aggregate="uniform", seed=0):
     model = MLP(data.in_features, data.num_classes, hidden=[10])
     rows = []
     sched = Schedule(rounds=rounds, tau=3, clients_per_round=3, batch_size=8, aggregate=aggregate)
-    state, last = simulate(algo, E(model), data, params_of(model), sched, seed, on_eval=lambda r, t, ev: rows.append(ev.row))
+    state, last = simulate(algo, E(model), data, params_of(model), sched, seed, on_eval=lambda r, t,
+                           ev: rows.append(ev.row))
     return state, rows
 
 
@@ -149,7 +150,8 @@ def _pers(row):
 def test_train_all_changes_who_trains_not_the_global_model(data):
     s0, r0 = _run(VmapEngine, _pfedme(train_all=False), data)
     s1, r1 = _run(VmapEngine, _pfedme(train_all=True), data)
-    assert r0[-1]["pers_acc"] > r0[-1]["global_acc"] and r1[-1]["pers_acc"] > r1[-1]["global_acc"]  # personalization helps
+    # personalization helps
+    assert r0[-1]["pers_acc"] > r0[-1]["global_acc"] and r1[-1]["pers_acc"] > r1[-1]["global_acc"]
     for k in s0.params:
         torch.testing.assert_close(s0.params[k], s1.params[k])
     assert [_global(r) for r in r0] == [_global(r) for r in r1]
@@ -235,7 +237,8 @@ def test_official_2020_is_official_with_the_2020_perfedavg():
         return out
 
     official, old = resolved("official"), resolved("official_2020")
-    assert {k for k in official if official[k] != old[k]} == {"perfedavg:algo.test_time", "perfedavg:algo.outer_step_from"}
+    assert {k for k in official if official[k] != old[k]} == {"perfedavg:algo.test_time",
+                                                              "perfedavg:algo.outer_step_from"}
     assert (old["perfedavg:algo.test_time"], old["perfedavg:algo.outer_step_from"]) == ("test_then_train", "w_tilde")
     assert official["perfedavg:algo.outer_step_from"] == resolved("honest")["perfedavg:algo.outer_step_from"] == "w"
 
@@ -243,10 +246,14 @@ def test_official_2020_is_official_with_the_2020_perfedavg():
 # ------------------------------------------------------------------ Table 1 presets
 
 TABLE1 = {  # (data, model): {algo: {option: value}} from the paper's Table 1 (fine-tuned)
-    ("synthetic", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.002}, "pfedme": {"lam": 20}},
-    ("synthetic", "dnn"): {"fedavg": {"beta": 0.03, "alpha": None}, "perfedavg": {"alpha": 0.01, "beta": 0.001}, "pfedme": {"lam": 30}},
-    ("mnist", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.03, "beta": 0.003}, "pfedme": {"lam": 15}},
-    ("mnist", "dnn"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.001}, "pfedme": {"lam": 30}},
+    ("synthetic", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.002},
+                           "pfedme": {"lam": 20}},
+    ("synthetic", "dnn"): {"fedavg": {"beta": 0.03, "alpha": None}, "perfedavg": {"alpha": 0.01, "beta": 0.001},
+                           "pfedme": {"lam": 30}},
+    ("mnist", "mlr"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.03, "beta": 0.003},
+                       "pfedme": {"lam": 15}},
+    ("mnist", "dnn"): {"fedavg": {"beta": 0.02, "alpha": None}, "perfedavg": {"alpha": 0.02, "beta": 0.001},
+                       "pfedme": {"lam": 30}},
 }
 
 
