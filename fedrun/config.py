@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from .errors import ConfigError, DataMissingError
 from .hydra_compat import omegaconf_yaml_loader
 
+
 def _conf_dir() -> str:
     """The shipped configs: `fedrun/conf` in an installed package (the wheel carries the repository's
     top-level conf/ as package data, see setup.py), else `conf/` beside the package in a checkout."""

@@ -9,7 +9,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442", "#882255",
           "#999933")  # Okabe-Ito's colour-blind-safe eight, then two of Tol's: ten hues
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")

@@ -97,8 +97,8 @@ def seeds_of(args) -> list[int]:
 def mnist_labels(root: str, download: bool = True):
     """(train labels, test labels) of the MNIST in root/MNIST/raw (downloaded there if absent and
     `download`); exits with one line if it is not there."""
-    from fedrun.errors import DataMissingError
     from fedrun.data.datasets.idx import load_mnist
+    from fedrun.errors import DataMissingError
 
     try:
         _, tr, _, te = load_mnist(root, download=download)

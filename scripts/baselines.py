@@ -46,6 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _paper  # noqa: E402
+
 from fedrun.config import FIGURE_FORMATS  # noqa: E402
 
 NAME = "baselines"

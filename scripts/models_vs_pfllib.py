@@ -45,7 +45,9 @@ def compare(name: str, ref: nn.Module, mine: nn.Module, x: torch.Tensor, ref_out
 def main(pfllib: str) -> None:
     sys.path.insert(0, os.path.join(pfllib, "system"))
     import torchvision
-    from flcore.trainmodel.models import FedAvgCNN as PCNN, LSTMNet, TextCNN as PTextCNN, fastText
+    from flcore.trainmodel.models import FedAvgCNN as PCNN
+    from flcore.trainmodel.models import LSTMNet, fastText
+    from flcore.trainmodel.models import TextCNN as PTextCNN
     from flcore.trainmodel.resnet import resnet10 as presnet10
     from flcore.trainmodel.transformer import TransformerModel
 

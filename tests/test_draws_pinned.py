@@ -11,7 +11,6 @@ import json
 import os
 
 import pytest
-
 from helpers import FIXTURES, REPO
 
 _spec = importlib.util.spec_from_file_location("record_draws",

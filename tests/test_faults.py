@@ -7,10 +7,10 @@ To cover a new option, add a row to CASES: the arguments and the option its line
 import os
 
 import pytest
+from helpers import fedrun
 from omegaconf import OmegaConf
 
 from fedrun.config import CONF_DIR
-from helpers import fedrun
 
 # data.seed=9: a tiny synthetic dataset (6 clients); every case fails before it trains
 TINY = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3", "progress=false", "plot=false"]

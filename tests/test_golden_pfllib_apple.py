@@ -8,7 +8,6 @@ from __future__ import annotations
 from unittest import mock
 
 import numpy as np
-
 import test_golden_pfllib as base
 import test_golden_pfllib_mix as mix
 from test_golden_pfllib import ATOL, RTOL, load

@@ -15,11 +15,10 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import test_golden_pfllib as G
 import torch
 
 import fedrun.algorithms.feddbe
-
-import test_golden_pfllib as G
 
 # algo -> fedrun options saying what the recorder's PFLlib arguments said (added to the replay's table)
 G.OPTIONS.update({

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from test_golden_pfedme import golden_data
+from test_golden_pfllib import (
+    NAMES,
+    Worst,
+    batched_and_resumed,
+    load,
+    official_cfg,
+    padded_passes,
+    replay_rounds,
+    replay_setup,
+)
 
 import fedrun.simulate
 from fedrun.engine import ENGINES
-from test_golden_pfedme import golden_data
-from test_golden_pfllib import (NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds,
-                                replay_setup)
 
 CPN = {"fc.0.weight": "fc.weight", "fc.0.bias": "fc.bias", "fc.1.weight": "ln.weight", "fc.1.bias": "ln.bias"}
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import rounding_bound
+from test_golden_pfllib import NAMES, Worst, load, official_cfg, replay_rounds, replay_setup
 
 import fedrun.simulate
 from fedrun.engine import ENGINES
-from helpers import rounding_bound
-from test_golden_pfllib import NAMES, Worst, load, official_cfg, replay_rounds, replay_setup
 
 # P's tolerance. P[i, n] sums the w_n client i measured in the rounds it weighed n (3 rounds of this
 # trace: the first has no neighbours), w_n = (L_i - L_n) / (||theta_n - theta_i|| + 1e-5): a difference

@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_golden_pfedme import golden_data
+from test_golden_pfllib import (
+    NAMES,
+    Worst,
+    batched_and_resumed,
+    load,
+    official_cfg,
+    padded_passes,
+    replay_rounds,
+    replay_setup,
+)
 
 import fedrun.simulate
 from fedrun.engine import ENGINES
-from test_golden_pfedme import golden_data
-from test_golden_pfllib import (NAMES, Worst, batched_and_resumed, load, official_cfg, padded_passes, replay_rounds,
-                                replay_setup)
 
 # algo -> (fedrun options for the trace's args, which recorded passes feed each of fedrun's phases)
 OPTIONS = {

@@ -45,9 +45,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fedrun.simulate
 from fedrun.algorithms import build, names
-from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 

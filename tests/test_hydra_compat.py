@@ -18,8 +18,14 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, RunMode
 
 from fedrun.config import CONF_DIR
-from fedrun.hydra_compat import (basic_sweep_jobs, libyaml_for_configs, mode_from_command_line,
-                                 mode_without_composition, omegaconf_yaml_loader, sweep_hooks)
+from fedrun.hydra_compat import (
+    basic_sweep_jobs,
+    libyaml_for_configs,
+    mode_from_command_line,
+    mode_without_composition,
+    omegaconf_yaml_loader,
+    sweep_hooks,
+)
 
 
 @pytest.fixture

@@ -5,13 +5,13 @@ is 2, 3, 4 and 1 steps (the partial last minibatch dropped)."""
 from __future__ import annotations
 
 import torch
+from test_golden_pfedme import golden_data
 
-from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.base import Phase, sgd_step
+from fedrun.algorithms.fedavg import FedAvg
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Progress, Replica, Schedule, sample_phases, simulate, simulate_group
-from test_golden_pfedme import golden_data
 
 PER_EPOCH = torch.tensor([2, 3, 4, 1])
 

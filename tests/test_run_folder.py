@@ -13,7 +13,6 @@ import time
 import pandas as pd
 import pytest
 import torch
-
 from helpers import fedrun
 
 # data.seed=9: 2,435 synthetic rows for 6 clients

@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO, fedrun, write_mnist_idx
 from omegaconf import OmegaConf
 
-from helpers import REPO, fedrun, write_mnist_idx
 from fedrun.data.datasets.idx import MNIST_FILES
 
 SCRIPTS = os.path.join(REPO, "scripts")

@@ -87,8 +87,8 @@ class DebiasedSGD(Algorithm):
         self.batches_per_step = self.adapt.batches
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
         if adaptation == "proto" and (finetune_steps or finetune_epochs):
-            raise ConfigError(f"algo.adaptation=proto serves class prototypes, which SGD does not fine-tune; "
-                              f"set algo.finetune_steps=0 algo.finetune_epochs=null, or algo.adaptation=maml or none")
+            raise ConfigError("algo.adaptation=proto serves class prototypes, which SGD does not fine-tune; "
+                              "set algo.finetune_steps=0 algo.finetune_epochs=null, or algo.adaptation=maml or none")
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)

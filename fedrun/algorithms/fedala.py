@@ -99,7 +99,7 @@ class FedALA(Algorithm):
                                                                                   device=first.device)}})
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        m, g = len(clients), state.params
+        g = state.params
         l = gather(state.clients["params"], clients)
         weights = gather(state.clients["weights"], clients)
         first = next(iter(g))

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from ..data.federated import ClientSplit
 from ..engine import Engine
-from ..errors import ConfigError
 from ..engine.tree import Params, gather, head_names, scatter, sgd, stack
+from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_optional_int, check_positive, require_body
 from .personalize import onboarding_batches

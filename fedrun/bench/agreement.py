@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms import algorithm_class, build, names
-from ..errors import ConfigError
 from ..branches import settings
 from ..data import ClientSplit, FederatedData
 from ..engine import LoopEngine, VmapEngine, params_of
 from ..engine.batchnorm import split_buffers
+from ..errors import ConfigError
 from ..models import CNN, CNNBN, MLP, MLPBN, MLR
 from ..simulate import Schedule, simulate
 

@@ -26,7 +26,6 @@ import argparse
 import time
 
 import torch
-from torch import nn
 
 from ..engine import LoopEngine, VmapEngine, params_of, stack
 from ..engine.tree import Params

@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from ..data import partitioners as P
-    from ..data.partitioners.base import stratified_split
     from ..data.federated import ClientSplit
+    from ..data.partitioners.base import stratified_split
 
     ap = argparse.ArgumentParser(prog="python -m fedrun.bench.partitions", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)

@@ -26,14 +26,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, jvp
+from torch.func import functional_call
 
 from ..branches import check_paths, choose
 from ..data.federated import ClientSplit
-from .tree import Params
 from .batchnorm import _has_batchnorm
 from .proto import proto_logits
-
+from .tree import Params
 
 # torch.func's jvp path calls a deprecated torch.jit helper internally; the warning is not ours.
 warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)

@@ -6,7 +6,6 @@ from torch import Tensor, nn
 
 from .tree import Params, weighted_mean
 
-
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")  # what a BatchNorm layer keeps besides
 # its affine parameters; fedrun's models have no other buffers
 

@@ -6,13 +6,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import grad
 
 from ..data.federated import ClientSplit
-from .tree import Params, stack, tree_map
+from .base import Engine
 from .batchnorm import _training
 from .proto import proto_logits
-from .base import Engine
+from .tree import Params, tree_map
 
 
 class LoopEngine(Engine):

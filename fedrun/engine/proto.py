@@ -5,7 +5,6 @@ import torch
 from torch import Tensor
 
 
-
 def class_means(feats: Tensor, y: Tensor, num_classes: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Proto's class prototypes (paper 004, Sec. 2): the mean feature [K, d] of each class among
     the (unmasked) rows, and which classes [K] occur at all."""

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
 # torch's pytree functions come from its private torch.utils._pytree (torch has no public module for
 # them); fedrun imports that module here and nowhere else (tests/test_layers.py checks): the rest of
 # the package takes these four names from this module (`x as x`: re-exported).
-from torch.utils._pytree import tree_flatten as tree_flatten, tree_leaves as tree_leaves
-from torch.utils._pytree import tree_map as tree_map, tree_unflatten as tree_unflatten
+from torch.utils._pytree import tree_flatten as tree_flatten
+from torch.utils._pytree import tree_leaves as tree_leaves
+from torch.utils._pytree import tree_map as tree_map
+from torch.utils._pytree import tree_unflatten as tree_unflatten
 
 Params = dict[str, Tensor]
 

@@ -11,10 +11,10 @@ from torch import Tensor, nn
 from torch.func import grad, grad_and_value, jvp, vmap
 
 from ..data.federated import ClientSplit
+from .base import Engine
+from .batchnorm import _training
 from .loop import LoopEngine
 from .tree import Params, tree_flatten, tree_unflatten
-from .batchnorm import _training
-from .base import Engine
 
 
 class VmapEngine(Engine):

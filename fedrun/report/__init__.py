@@ -30,11 +30,35 @@ import sys
 
 from ..args import ArgumentParser
 from ..config import FIGURE_FORMATS
-from .jobs import (GROUPS, MODEL_NAMES, NEUTRAL_KEYS, PREFIXES, Group, Job, expected_rows, find_job_dirs,  # noqa: F401
-                   group_jobs, load_job, missing_job_numbers, missing_jobs, sweep_jobs, torn_row)
+from .jobs import (  # noqa: F401
+    GROUPS,
+    MODEL_NAMES,
+    NEUTRAL_KEYS,
+    PREFIXES,
+    Group,
+    Job,
+    expected_rows,
+    find_job_dirs,
+    group_jobs,
+    load_job,
+    missing_job_numbers,
+    missing_jobs,
+    sweep_jobs,
+    torn_row,
+)
 from .markdown import _not_reached, _pm, gain_cell, markdown  # noqa: F401
-from .stats import (add_gains, find_baseline, gain, job_values, mean_curve, rounds_to_reach, seed_stats,  # noqa: F401
-                    summarize, target_name, transmitted_to_reach)
+from .stats import (  # noqa: F401
+    add_gains,
+    find_baseline,
+    gain,
+    job_values,
+    mean_curve,
+    rounds_to_reach,
+    seed_stats,
+    summarize,
+    target_name,
+    transmitted_to_reach,
+)
 from .write import Report, build, write_report  # noqa: F401
 
 
@@ -92,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     n_ok = sum(j.ok for j in rep.jobs)
-    more = f" (and jobs without a record: see 'missing' below)" if rep.missing else ""
+    more = " (and jobs without a record: see 'missing' below)" if rep.missing else ""
     print(f"fedrun-report: {len(rep.jobs)} jobs, {n_ok} finished, {len(rep.groups)} configurations{more}")
     for j in rep.left_out:
         print(f"fedrun-report: left out {j.path}: {j.status}")

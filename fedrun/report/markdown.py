@@ -8,7 +8,6 @@ import pandas as pd
 from .jobs import MODEL_NAMES, PREFIXES, Job
 from .stats import target_name
 
-
 # What summary.md shows per model, first: the numbers a reader compares (the rest is in summary.csv).
 MD_COLUMNS = {"acc_last_round": "last round", "acc_best_round": "best round",
               "acc_client_min_last_round": "lowest client"}

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_pfllib import (BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Passes, Shuffling,  # noqa: E402
-                           load_problem)
+from record_pfllib import BATCH, BATCH_SEED, FIXTURES, JOIN, LR, ROUNDS, SELECT_SEED, Passes, Shuffling, load_problem  # noqa: E402
 
 STEPS = 3  # minibatches of one recorded train() pass
 

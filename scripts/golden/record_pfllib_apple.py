@@ -30,8 +30,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (STEPS, build_clients, header, main, params, per_client, pfllib_args, rows, stand_in,  # noqa: E402
-                     train_passes)
+from _pfllib import STEPS, build_clients, header, main, params, per_client, pfllib_args, rows, stand_in, train_passes  # noqa: E402
 from record_pfllib import BATCH_SEED, ROUNDS, model  # noqa: E402
 
 EXTRA = dict(dr_learning_rate=1.0, mu=0.5, L=1.0, global_rounds=ROUNDS)

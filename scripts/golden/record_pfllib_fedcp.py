@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (build_clients, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
-                     shuffled, stand_in)
+from _pfllib import build_clients, header, main, params, per_client, pfllib_args, rows, select, shuffled, stand_in  # noqa: E402
 from record_pfllib import BATCH_SEED, JOIN, ROUNDS, SELECT_SEED, model  # noqa: E402
 
 EXTRA = dict(lamda=1.0, local_epochs=1)

@@ -24,8 +24,20 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (STEPS, build_clients, draw, header, main, params, per_client, pfllib_args, rows,  # noqa: E402
-                     seed_rounds, select, stand_in)
+from _pfllib import (  # noqa: E402
+    STEPS,
+    build_clients,
+    draw,
+    header,
+    main,
+    params,
+    per_client,
+    pfllib_args,
+    rows,
+    seed_rounds,
+    select,
+    stand_in,
+)
 from record_pfllib import Passes, model  # noqa: E402
 
 ROUNDS, JOIN, M, VAL = 4, 3, 2, 2

@@ -29,8 +29,21 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (STEPS, build_clients, classes, header, main, params, per_client, pfllib_args, rows,  # noqa: E402
-                     seed_rounds, select, stand_in, train_passes)
+from _pfllib import (  # noqa: E402
+    STEPS,
+    build_clients,
+    classes,
+    header,
+    main,
+    params,
+    per_client,
+    pfllib_args,
+    rows,
+    seed_rounds,
+    select,
+    stand_in,
+    train_passes,
+)
 from record_pfllib import JOIN, ROUNDS, model  # noqa: E402
 
 # algo -> (client module, class, server module, class, PFLlib arguments, server methods used)

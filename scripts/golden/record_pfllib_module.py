@@ -37,8 +37,19 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _pfllib import (build_clients, classes, header, main, params, per_client, pfllib_args, rows, select,  # noqa: E402
-                     shuffled, stand_in)
+from _pfllib import (  # noqa: E402
+    build_clients,
+    classes,
+    header,
+    main,
+    params,
+    per_client,
+    pfllib_args,
+    rows,
+    select,
+    shuffled,
+    stand_in,
+)
 from record_pfllib import BATCH_SEED, JOIN, ROUNDS, SELECT_SEED, Shuffling, model  # noqa: E402
 
 RUNS = {"fedpac": ("clientpac", "clientPAC", "serverpac", "FedPAC", dict(lamda=1.0, local_epochs=1)),

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 from fedrun.algorithms.apple import APPLE, _dots, mix, mix_local
 from fedrun.errors import ConfigError
-from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 
 def test_mixtures_and_p_gradients_by_hand():

@@ -2,10 +2,12 @@
 against hand-computed numbers on toy problems, and their per-client state across a resume."""
 import pytest
 import torch
+from helpers import half_squared, quad_grad, quadratic_setup
 
 from fedrun import outputs
 from fedrun.algorithms import build, names
 from fedrun.algorithms.apfl import APFL
+from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.ditto import Ditto
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.fedbabu import FedBABU
@@ -16,15 +18,13 @@ from fedrun.algorithms.fedprox import FedProx
 from fedrun.algorithms.fedrep import FedRep
 from fedrun.algorithms.lgfedavg import LGFedAvg
 from fedrun.algorithms.local import LocalOnly
-from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.personalize import finetune, finetune_epochs
-from fedrun.engine.tree import head_names
-from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
+from fedrun.engine.tree import head_names
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Progress, Schedule, eval_context, simulate
-from helpers import half_squared, quad_grad, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 

@@ -11,12 +11,12 @@ from fedrun.algorithms.ditto import Ditto
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddyn import FedDyn
 from fedrun.algorithms.perfedavg import PerFedAvg
-from fedrun.algorithms.pfedme import PFedMe
 from fedrun.algorithms.personalize import finetune
-from fedrun.errors import ConfigError
+from fedrun.algorithms.pfedme import PFedMe
 from fedrun.data import synthetic
-from fedrun.evaluate import served
 from fedrun.engine import LoopEngine, VmapEngine, params_of
+from fedrun.errors import ConfigError
+from fedrun.evaluate import served
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, eval_context
 

@@ -39,7 +39,7 @@ def test_the_short_targets_of_before_resolve_to_the_same_classes():
         short = f"fedrun.algorithms.{cls.__name__}"
         assert get_class(short) is cls and getattr(A, cls.__name__) is cls
         assert module_target(short) == _target(name) and module_target(_target(name)) == _target(name)
-    from fedrun.algorithms import Algorithm, ServerState, LocalOnly  # the Python names of before
+    from fedrun.algorithms import Algorithm, LocalOnly, ServerState  # the Python names of before
 
     assert (Algorithm.__module__, ServerState.__module__, LocalOnly.__module__) == (
         "fedrun.algorithms.base", "fedrun.algorithms.base", "fedrun.algorithms.local")

@@ -10,26 +10,26 @@ options of its config as they are."""
 from __future__ import annotations
 
 import functools
-import os
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
 import torch
+from helpers import group_options
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedrun.bench import agreement
 from fedrun.algorithms import names
-from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.adaptation import ADAPTATIONS
+from fedrun.algorithms.perfedavg import PerFedAvg
+from fedrun.bench import agreement
 from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Schedule, simulate
-from helpers import group_options
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity (data_of caches per setup)

@@ -11,9 +11,9 @@ import torch
 from fedrun.algorithms import build, names
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.fedbn import FedBN
-from fedrun.errors import ConfigError
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.batchnorm import batchnorm_names, split_buffers
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
 
 ENGINES = [VmapEngine, LoopEngine]

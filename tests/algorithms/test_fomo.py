@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 from fedrun.algorithms.fedfomo import FedFomo, weigh
 from fedrun.errors import ConfigError
-from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 
 class SquaredError:

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from fedrun.algorithms import build, names
-from fedrun.algorithms.ditto import Ditto
-from fedrun.algorithms.fedrep import FedRep
 from fedrun.algorithms.adaptation import Prototypes
+from fedrun.algorithms.ditto import Ditto
 from fedrun.algorithms.fedproto import NearestPrototype
+from fedrun.algorithms.fedrep import FedRep
 from fedrun.algorithms.personalize import onboarding_batches
+from fedrun.data import synthetic
+from fedrun.engine import VmapEngine, params_of, stack
 from fedrun.engine.tree import head_names
 from fedrun.errors import ConfigError
-from fedrun.data import synthetic
 from fedrun.evaluate import evaluate, served
-from fedrun.engine import VmapEngine, params_of, stack
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, eval_context, simulate
 

@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
+from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
+from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedala import FedALA
 from fedrun.algorithms.fedamp import FedAMP
-from fedrun.algorithms.fedphp import FedPHP
-from fedrun.algorithms.base import ServerState
-from fedrun.algorithms.fedphp import mmd_rbf
+from fedrun.algorithms.fedphp import FedPHP, mmd_rbf
 from fedrun.errors import ConfigError
-from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 
 def test_fedamp_cloud_models_and_fedphp_mmd_by_hand():

@@ -2,17 +2,17 @@
 import numpy as np
 import pytest
 import torch
+from helpers import half_squared, quad_grad, quadratic_setup
 from torch import nn
 
+from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
-from fedrun.algorithms.base import ServerState
-from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLR
 from fedrun.simulate import Schedule, eval_context, simulate
-from helpers import half_squared, quad_grad, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 

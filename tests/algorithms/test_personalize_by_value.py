@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedrun.bench import agreement
+from fedrun.algorithms.base import EvalContext
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.pfedme import PFedMe
-from fedrun.algorithms.base import EvalContext
+from fedrun.bench import agreement
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 
 

@@ -3,18 +3,18 @@ against numbers computed by hand on the tiny problem of test_baselines.py, and t
 state through a checkpoint. Their PFLlib traces: tests/test_golden_pfllib_feat.py."""
 import pytest
 import torch
+from test_baselines import run
 
 from fedrun import outputs
+from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddbe import FedDBE
 from fedrun.algorithms.fedproto import FedProto
 from fedrun.algorithms.fedrod import FedRoD
 from fedrun.algorithms.moon import MOON
-from fedrun.algorithms.base import ServerState
 from fedrun.engine import VmapEngine
 from fedrun.errors import ConfigError
 from fedrun.simulate import Progress, Schedule, eval_context
-from test_baselines import run
 
 ALGOS = [MOON(lr=0.1), FedRoD(lr=0.1), FedProto(lr=0.1, follow="paper"), FedDBE(lr=0.1, kappa=1.0)]
 

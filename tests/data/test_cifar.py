@@ -12,24 +12,20 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import write_cifar
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch.func import functional_call, stack_module_state, vmap
 
-import fedrun.data as fdata
 import fedrun.data.datasets.cifar as fcifar
-from fedrun.data.datasets.cifar import channel_stats
 from fedrun.config import CONF_DIR
 from fedrun.data import cifar
-from fedrun.errors import DataMissingError
 from fedrun.data.augment import augment, crop_flip, crop_flip_apply, crop_flip_params
+from fedrun.data.datasets.cifar import CIFAR_FILES, channel_stats, load_cifar
 from fedrun.data.partitioners.paper import _spread_extras, alid_permutations, class_lists, deal_classes
-from fedrun.data.datasets.cifar import CIFAR_FILES, load_cifar
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
+from fedrun.errors import DataMissingError
 from fedrun.models import CNN, MLP, MLR
-from helpers import write_cifar
-
-
 
 # ----------------------------------------------------------------------------------------------
 # tiny CIFAR files

@@ -8,11 +8,10 @@ import struct
 
 import numpy as np
 import pytest
+from helpers import write_cifar
 
 from fedrun.data.datasets.cifar import CIFAR_FILES, load_cifar, read_cifar_batch
 from fedrun.errors import DataCorruptError, DataMissingError
-from helpers import write_cifar
-
 
 # ---------------------------------------------------------------- the real download's byte layout
 
@@ -124,8 +123,9 @@ def test_a_corrupt_cifar_file_names_itself_and_the_fix(tmp_path, damage, says):
     (lambda raw: raw[:6], "truncated in its header"),
 ])
 def test_a_corrupt_mnist_file_names_itself_and_the_fix(tmp_path, damage, says):
-    from fedrun.data.datasets.idx import load_mnist
     from helpers import write_mnist_idx
+
+    from fedrun.data.datasets.idx import load_mnist
 
     write_mnist_idx(tmp_path, [0, 1, 2, 3], [1, 2])
     assert load_mnist(str(tmp_path), download=False)[0].shape == (4, 28, 28)

@@ -14,10 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import _write_idx, fedrun, write_cifar, write_leaf, write_mnist_idx
+from helpers import compose_data as composed
 
-from fedrun.errors import DataMissingError
 from fedrun.data.datasets.idx import idx_files, load_idx, read_idx
-from helpers import _write_idx, compose_data as composed, fedrun, write_cifar, write_leaf, write_mnist_idx
+from fedrun.errors import DataMissingError
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
 TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))

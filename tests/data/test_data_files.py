@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 
 import numpy as np
 import pytest
+from helpers import _write_idx, fedrun, write_mnist_idx
+from helpers import compose_data as composed
 
 from fedrun.data.datasets.idx import load_idx
 from fedrun.errors import DataCorruptError, DataMissingError
-from helpers import _write_idx, compose_data as composed, fedrun, write_mnist_idx
 
 TRAIN = np.random.RandomState(0).permutation(np.repeat(np.arange(10), 60))
 TEST = np.random.RandomState(1).permutation(np.repeat(np.arange(10), 20))

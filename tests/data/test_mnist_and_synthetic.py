@@ -13,19 +13,22 @@ import re
 import numpy as np
 import pytest
 import torch
+from helpers import FIXTURES, write_mnist_idx
 
 import fedrun.data as fdata
 import fedrun.data.datasets.synthetic as fsyn
 from fedrun.data import ClientSplit, mnist_perfedavg, mnist_pfedme
-from fedrun.data.datasets.idx import STATS
-from fedrun.data.datasets.synthetic import generate_synthetic
+from fedrun.data.datasets.idx import MNIST_FILES, STATS, load_mnist
+from fedrun.data.datasets.synthetic import generate_synthetic, rows_digest
+from fedrun.data.partitioners.paper import (
+    max_fitting_a,
+    perfedavg_mnist,
+    pfedme_label_owners,
+    pfedme_max_clients,
+    pfedme_mnist,
+    split_train_test,
+)
 from fedrun.errors import DataMissingError
-from fedrun.data.partitioners.paper import (max_fitting_a, perfedavg_mnist, pfedme_label_owners, pfedme_max_clients,
-                                    pfedme_mnist, split_train_test)
-from fedrun.data.datasets.idx import MNIST_FILES, load_mnist
-from fedrun.data.datasets.synthetic import rows_digest
-from helpers import FIXTURES, write_mnist_idx
-
 
 # ----------------------------------------------------------------------------------------------
 # helpers

@@ -10,10 +10,10 @@ import os
 
 import numpy as np
 import pytest
+from helpers import FIXTURES, write_mnist_idx
 
 from fedrun.data import mnist_pfedme_authors
 from fedrun.data.partitioners.paper import pfedme_mnist_authors
-from helpers import FIXTURES, write_mnist_idx
 
 FACTS = json.load(open(os.path.join(FIXTURES, "mnist_pfedme_authors.json")))
 

@@ -11,11 +11,12 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import compose_data as composed
+from helpers import fedrun, group_options
 
 from fedrun.data.datasets.agnews import PAD, UNK, tokens
 from fedrun.data.datasets.shakespeare import LETTERS
 from fedrun.errors import DataCorruptError, DataMissingError
-from helpers import compose_data as composed, fedrun, group_options
 
 # ----------------------------------------------------------------------------------------------
 # writers of tiny files in the real formats

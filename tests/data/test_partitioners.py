@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 import pytest
+from helpers import built
 
 from fedrun.config import group_options
 from fedrun.data import partitioners as P
-from helpers import built
 
 PARTITIONS = group_options("partition")  # every partition= of conf/partition
 

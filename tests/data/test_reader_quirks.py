@@ -17,9 +17,9 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers import compose_data as composed
 
 from fedrun.errors import DataCorruptError
-from helpers import compose_data as composed
 
 R2 = float(np.sqrt(2.0))  # the normalized pixels of the Tiny-ImageNet files below: +-1/sqrt(2), +-sqrt(2)
 

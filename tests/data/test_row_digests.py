@@ -11,9 +11,9 @@ import hashlib
 
 import numpy as np
 import pytest
+from helpers import write_cifar, write_mnist_idx
 
 import fedrun.data as fdata
-from helpers import write_cifar, write_mnist_idx
 
 
 def _digest(split, c: int) -> str:

@@ -5,7 +5,6 @@ runs them through the engines directly.)"""
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers import fedrun, write_mnist_idx
 
 RUN = ["dataset=mnist", "partition=iid", "partition.num_clients=4", "dataset.download=false", "rounds=1", "tau=1",

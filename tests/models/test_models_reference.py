@@ -29,8 +29,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrun.models import CNN, CNNBN, LSTM, MLP, MLPBN, MLR, FastText, FedAvgCNN, ResNet10, ResNet18, ResNet34, TextCNN
-from fedrun.models import Transformer
+from fedrun.models import (
+    CNN,
+    CNNBN,
+    LSTM,
+    MLP,
+    MLPBN,
+    MLR,
+    FastText,
+    FedAvgCNN,
+    ResNet10,
+    ResNet18,
+    ResNet34,
+    TextCNN,
+    Transformer,
+)
 
 EPS = torch.finfo(torch.float64).eps
 TOL = 2 ** 20 * EPS

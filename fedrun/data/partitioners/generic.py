@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Partitioner, PartitionError, _choice, _class_blocks, _cuts, _fraction, _groups, _int,
-                   _positive)
+from .base import Partitioner, PartitionError, _choice, _class_blocks, _cuts, _fraction, _groups, _int, _positive
 
 
 def iid(labels: np.ndarray, rng: np.random.Generator, num_clients: int) -> list[np.ndarray]:
