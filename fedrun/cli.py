@@ -12,7 +12,9 @@ import signal
 import sys
 import threading
 
+# isort: off
 from . import openmp  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads (fedrun/openmp.py)
+# isort: on
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from .args import ArgumentParser
     from .config import CONF_DIR, instantiate_checked, with_env_searchpath
+    from .errors import ConfigError, DataMissingError
     from .outputs import cannot_write, write_partition
     from .plots import plot_partition
     from .validation import job_problems, precheck
-    from .errors import ConfigError, DataMissingError
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,8 @@
 """One experiment, or a group of them: a sweep's jobs that differ only in `seed` train as ONE computation.
 
-`run_jobs([(cfg, out_dir), ...])` is what `fedrun` does for one configuration (`run` is a list of one) and what the `hydra/launcher=batched` launcher (hydra_plugins/fedrun_batched) does for
-a sweep. Jobs whose composed configurations are equal except for `seed` form a group: every seed's
+`run_jobs([(cfg, out_dir), ...])` is what `fedrun` does for one configuration (`run` is a list of one)
+and what the `hydra/launcher=batched` launcher (hydra_plugins/fedrun_batched) does for a sweep. Jobs
+whose composed configurations are equal except for `seed` form a group: every seed's
 server state, clients' states and random streams are stacked along the client dimension of one
 round loop (`fedrun.simulate.simulate_group`), so each seed keeps its own model initialization,
 sampled clients, minibatches and evaluation draws exactly as in a run of its own, and every job
@@ -23,19 +24,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import outputs
+from .acceleration import LocalSteps, cpu_note
 from .algorithms.base import ServerState
 from .algorithms.optim import local_optim
-from .errors import ConfigError
+from .config import follows_dataset_vocab, instantiate_checked, instantiate_model
 from .data import FederatedData
-from .errors import DataMissingError
 from .device import cpu_threads, keep_freed_memory, resolve_device
 from .engine import ENGINES, params_of
+from .errors import ConfigError, DataMissingError
+from .memory import budget_bytes
+from .memory import plan as plan_memory
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint, resume_point_at
 from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
-from .acceleration import LocalSteps, cpu_note
-from .memory import budget_bytes, plan as plan_memory
-from .config import follows_dataset_vocab, instantiate_checked, instantiate_model
 from .simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
 from .validation import check_model_fits, check_passes, check_round_draws, schedule, validate
@@ -166,7 +167,8 @@ class Job:
         """After an interrupt: checkpoints the last round the run finished, if no checkpoint holds it
         yet. Returns the round the run can resume from (None: none)."""
         run = self.run
-        if run is not None and run.error is None and run.done is not None and run.done.round > (self.folder.saved_round or 0):
+        if (run is not None and run.error is None and run.done is not None
+                and run.done.round > (self.folder.saved_round or 0)):
             run.on_checkpoint(run.done)
         return self.folder.saved_round
 
@@ -352,7 +354,8 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
     if budget is not None:  # measured before any file is written: a run that cannot fit stops with one line
         try:
             fitted = plan_memory(head.algo, engine, data, head.sched, params_of(models[0]), cfg.seed, budget,
-                                 len(jobs), steps, cfg.client_chunk, f"model={head.model_name}", cfg.get("memory", "auto"))
+                                 len(jobs), steps, cfg.client_chunk, f"model={head.model_name}",
+                                 cfg.get("memory", "auto"))
         except ConfigError:
             for job in jobs:  # refused before anything was written: folders of their own making go
                 job.folder.refuse()
@@ -424,7 +427,8 @@ def _warnings(cfg: DictConfig, data: FederatedData, algo, device: torch.device) 
     """Settings that run, but likely not as meant (a round in passes over the clients' rows:
     `validation.check_passes`)."""
     out = [line for line in [cpu_note(cfg.get("precision", "fp32"), device)] if line]
-    given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+    given = ([str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task]
+             if HydraConfig.initialized() else [])
     if cfg.frac is not None and "clients_per_round" in given:
         out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
     largest = int(data.train.sizes.max())

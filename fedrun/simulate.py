@@ -16,9 +16,9 @@ from .algorithms.base import Algorithm, EvalContext, Local, Phase, ServerState
 from .clock import RoundClock, RoundReporter
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
-from .evaluate import Evaluation, evaluate
 from .engine import Engine, Params
 from .engine.tree import tree_leaves, tree_map
+from .evaluate import Evaluation, evaluate
 
 
 class Diverged(RuntimeError):

@@ -9,12 +9,22 @@ from omegaconf import DictConfig, OmegaConf
 from . import acceleration, trackers
 from .algorithms.checks import check_choice
 from .algorithms.optim import local_optim
-from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
-                     load_conf, search_roots)
+from .config import (
+    CONF_DIR,
+    FIGURE_FORMATS,
+    GROUPS,
+    PRESETS,
+    group_conf,
+    group_file,
+    group_options,
+    instantiate_checked,
+    load_conf,
+    search_roots,
+)
 from .device import cpu_threads, physical_memory, resolve_device
-from .memory import parse_memory
-from .errors import ConfigError
 from .engine import ENGINES, params_of
+from .errors import ConfigError
+from .memory import parse_memory
 from .protocol import apply_protocol
 from .simulate import SAMPLING, Schedule
 
@@ -39,7 +49,8 @@ def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
     if _frac(cfg) is not None:
         m = max(1, round(cfg.frac * num_clients))
     if m > num_clients:
-        raise ConfigError(f"clients_per_round={m} exceeds the {num_clients} clients of the data; allowed: 1..{num_clients}")
+        raise ConfigError(f"clients_per_round={m} exceeds the {num_clients} clients of the data; "
+                          f"allowed: 1..{num_clients}")
     return Schedule(
         rounds=_int_option(cfg, "rounds", 1),
         tau=_int_option(cfg, "tau", 1),
@@ -267,8 +278,9 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
     if isinstance(emb, torch.nn.Embedding) and not data.train.x.is_floating_point():
         top = int(max(data.train.x.max(), data.test.x.max()))
         if top >= emb.num_embeddings:
-            raise ConfigError(f"model.vocab_size={emb.num_embeddings} is too small for data={data_name}, whose rows hold "
-                              f"ids up to {top}; leave it to the dataset (its default follows dataset.vocab_size) "
+            raise ConfigError(f"model.vocab_size={emb.num_embeddings} is too small for data={data_name}, "
+                              f"whose rows hold ids up to {top}; leave it to the dataset "
+                              f"(its default follows dataset.vocab_size) "
                               f"or set it >= {top + 1}")
     x = data.train.x[:1].cpu()
     try:  # in eval mode: a BatchNorm layer takes one row and its running statistics stay as they were
@@ -340,7 +352,8 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             allowed = group_options(key, roots)
             for v in value.strip("[]").split(","):
                 if v and v not in allowed:
-                    return f"logger={v!r} is not a known logger; choose one of: {', '.join(allowed)} (several: logger=[a,b])"
+                    return (f"logger={v!r} is not a known logger; choose one of: {', '.join(allowed)} "
+                            f"(several: logger=[a,b])")
         if key in (*GROUPS, PRESETS):
             allowed = group_options(key, roots)
             for v in value.split(","):
@@ -371,7 +384,8 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
             continue
         key = arg.split("=", 1)[0].lstrip("+")
         head, _, rest = key.partition(".")
-        if head.split("/")[0] in ("hydra", "logger") or key in (*GROUPS, PRESETS):  # hydra.* options and hydra/launcher=... groups; Hydra checks logger.*
+        # hydra.* options and hydra/launcher=... groups; Hydra checks logger.*
+        if head.split("/")[0] in ("hydra", "logger") or key in (*GROUPS, PRESETS):
             continue
         if head in GROUPS and rest:
             if not (choices[head] or defaults[head]):
@@ -383,7 +397,8 @@ def precheck(argv: list[str], complete: bool = True) -> str | None:
                     return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"
         elif head not in top:
             known = sorted(k for k in top if k not in ("defaults", "hydra"))
-            return f"unknown option {key!r}; top-level options: {', '.join(known)}, and groups {', '.join((*GROUPS, PRESETS))}"
+            return (f"unknown option {key!r}; top-level options: {', '.join(known)}, "
+                    f"and groups {', '.join((*GROUPS, PRESETS))}")
         elif rest and OmegaConf.is_dict(top[head]) and rest.split(".")[0] not in top[head]:  # optim.bogus
             return f"{key} is not an option of {head}; its options: {', '.join(sorted(top[head]))}"
     return None

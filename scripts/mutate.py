@@ -796,7 +796,7 @@ def main(argv=None) -> int:
         for m in chosen:
             print(f"{m.name:<36}{m.path:<34}{m.what}")
         return 0
-    print(f"| mutant | what | status | caught by | s |\n|---|---|---|---|---|", flush=True)
+    print("| mutant | what | status | caught by | s |\n|---|---|---|---|---|", flush=True)
     survived = 0
     for m in chosen:
         status, by, dt = run(m, tuple(args.tests) if args.tests else None, args.timeout)

@@ -90,9 +90,8 @@ def algorithm(key: str, lr: float):
     """fedrun's algorithm `key` from its conf/algo yaml (the defaults' one source), the toy's options on top."""
     from omegaconf import OmegaConf
 
-    from fedrun.config import group_file
+    from fedrun.config import group_file, instantiate_checked
     from fedrun.protocol import apply_protocol
-    from fedrun.config import instantiate_checked
 
     _, name, options = METHODS[key]
     algo = OmegaConf.merge(OmegaConf.load(group_file("algo", name)), {**COMMON, **options, "lr": lr})

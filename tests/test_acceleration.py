@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import fedrun
 
 from fedrun.acceleration import LocalSteps, check
 from fedrun.algorithms import build, names
 from fedrun.config import group_file, load_conf
-from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
-from fedrun.simulate import Progress, Schedule, local_training, sample_round, simulate
-from helpers import fedrun
+from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
 
 @pytest.fixture(scope="module")

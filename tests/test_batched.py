@@ -14,18 +14,18 @@ import sys
 
 import pytest
 import torch
+from helpers import fedrun
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from fedrun.algorithms.fedavg import FedAvg
-from helpers import fedrun
 from fedrun.algorithms.adaptation import ADAPTATIONS
-from fedrun.runner import group_key, run_jobs
+from fedrun.algorithms.fedavg import FedAvg
 from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.report import build
+from fedrun.runner import group_key, run_jobs
 from fedrun.simulate import Diverged, Replica, Schedule, simulate, simulate_group
 
 TOL = 2e-6

@@ -7,10 +7,11 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import fedrun, fedrun_subprocess
+from helpers import group_options as options
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from helpers import fedrun, fedrun_subprocess, group_options as options
 from fedrun.config import CONF_DIR
 from fedrun.validation import precheck
 

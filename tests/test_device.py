@@ -71,8 +71,9 @@ def test_the_users_own_thresholds_are_left_alone(monkeypatch, var, value):
 
 
 def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
-    import fedrun.runner as runner
     from helpers import fedrun as run_cli
+
+    import fedrun.runner as runner
 
     calls = []
     monkeypatch.setattr(runner, "keep_freed_memory", lambda: calls.append(1))
@@ -83,8 +84,8 @@ def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
 
 
 def test_threads_option_resolves_per_launcher():
-    from fedrun.errors import ConfigError
     from fedrun.device import TORCH_THREADS, cpu_threads
+    from fedrun.errors import ConfigError
 
     joblib, batched = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", \
         "hydra_plugins.fedrun_batched.BatchedLauncher"

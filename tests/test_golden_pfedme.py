@@ -26,6 +26,7 @@ import os
 from contextlib import ExitStack
 from unittest import mock
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -35,12 +36,11 @@ from hydra.utils import instantiate
 import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
-from fedrun.evaluate import evaluate
 from fedrun.engine import ENGINES
+from fedrun.evaluate import evaluate
 from fedrun.protocol import apply_protocol
-import helpers
+from fedrun.validation import schedule, validate
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 RUNS = [(a, m) for a in ("fedavg", "peravg", "pfedme") for m in ("mclr", "dnn")]

@@ -29,10 +29,10 @@ from hydra.utils import instantiate
 
 import fedrun.simulate as simulate_mod
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
+from fedrun.validation import schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "golden")
@@ -264,6 +264,7 @@ def test_crop_flip_is_the_authors_augmentation():
     import base64
 
     import record_pfl_augment as A
+
     from fedrun.data.augment import crop_flip_apply
 
     with open(os.path.join(FIXTURES, "pfl_augment.json")) as f:

@@ -24,21 +24,21 @@ import json
 import os
 from unittest import mock
 
+import helpers
 import numpy as np
 import pytest
 import torch
+from helpers import rounding_bound
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from test_golden_pfedme import golden_data
 
 import fedrun.simulate
+from fedrun.algorithms.base import EvalContext
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule, validate
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
-from fedrun.algorithms.base import EvalContext
-import helpers
-from helpers import rounding_bound
-from test_golden_pfedme import golden_data
+from fedrun.validation import schedule, validate
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 # The traces' tolerance, |fedrun - PFLlib| <= ATOL + RTOL |PFLlib| for every compared number, derived from how
@@ -175,11 +175,10 @@ def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
     """Checks that two seeds trained as one computation give each seed's own run, and that `sched`'s
     rounds less one, a checkpoint written and read back, then the last give them straight, bit for bit
     (the server's model, every per-client and extra state). Returns the two seeds' final states."""
-    from fedrun.engine.tree import tree_flatten
-
     from fedrun import outputs
     from fedrun.algorithms.base import ServerState
     from fedrun.engine import VmapEngine
+    from fedrun.engine.tree import tree_flatten
     from fedrun.simulate import Progress, Replica, Schedule, simulate, simulate_group
 
     leaves = lambda s: tree_flatten((s.params, s.extra, s.clients))[0]

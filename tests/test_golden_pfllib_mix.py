@@ -11,19 +11,18 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import test_golden_pfllib as base
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from test_golden_pfedme import golden_data
+from test_golden_pfllib import ATOL, RTOL, load
 
 import fedrun.simulate
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
 from fedrun.protocol import apply_protocol
 from fedrun.validation import schedule, validate
-from test_golden_pfedme import golden_data
-
-import test_golden_pfllib as base
-from test_golden_pfllib import ATOL, RTOL, load
 
 OPTIONS = {
     "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}",

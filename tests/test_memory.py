@@ -17,19 +17,19 @@ import os
 
 import pytest
 import torch
+from helpers import fedrun
 
 import fedrun.simulate as sim
 from fedrun import memory
 from fedrun.algorithms import build, names
-from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.base import Algorithm
+from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.engine.tree import tree_map
 from fedrun.errors import ConfigError
 from fedrun.models import MLP
 from fedrun.simulate import Schedule, simulate
-from helpers import fedrun
 
 SCHED = Schedule(rounds=2, tau=2, clients_per_round=8, batch_size=200)
 

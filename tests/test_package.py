@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from fedrun import outputs
-from fedrun.errors import ConfigError
 from fedrun.config import CONF_DIR, NEUTRAL_OPTIONS
+from fedrun.errors import ConfigError
 from fedrun.report.jobs import NEUTRAL_KEYS
 from fedrun.resume import find_resume_point, fingerprint
 

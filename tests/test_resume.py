@@ -11,15 +11,15 @@ import time
 
 import pytest
 import torch
+from helpers import fedrun, write_mnist_idx
 
+import fedrun.simulate as sim
 from fedrun import outputs
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.simulate import Diverged, Schedule, simulate
-import fedrun.simulate as sim
-from helpers import fedrun, write_mnist_idx
 
 # data.seed=9: 3,780 synthetic rows for 10 clients (the default seed 0 draws 52,795; nothing here
 # depends on the data, and evaluating every client each round is most of a round's time).

@@ -8,9 +8,9 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import fedrun
 from omegaconf import OmegaConf
 
-from helpers import fedrun
 from fedrun.validation import precheck
 
 # 5 clients (data.seed=35), a 6-5-4 DNN: about a second a run

@@ -43,7 +43,9 @@ import sys
 import time
 from pathlib import Path
 
+# isort: off
 from .. import openmp  # noqa: F401 - before torch: GOMP_SPINCOUNT, as `fedrun` sets it (fedrun/openmp.py)
+# isort: on
 
 import torch
 
@@ -54,6 +56,7 @@ from ..device import keep_freed_memory
 from ..models import CNN
 from ..simulate import SAMPLING, Schedule, sample_round
 from .common import AGGREGATE, ALGOS, CIFAR_ALGOS, bench_algo, cifar_like, sync, time_rounds
+
 
 def _unknown(algos: str, settings: dict) -> list[str]:
     return [a for a in algos.split(",") if a not in settings and a not in names()]

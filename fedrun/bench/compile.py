@@ -74,10 +74,10 @@ def _compose(overrides: list[str], device: str):
 
 def setting(name: str, device: str, tmp: str, small: bool = False) -> Setting:
     """The setting `name` (module docstring); `small`: a few clients and steps (the test suite)."""
-    from .common import ALGOS, bench_algo
     from ..data import synthetic
     from ..models import MLP
     from ..simulate import Schedule
+    from .common import ALGOS, bench_algo
 
     if name in ("default-fedavg", "default-fo", "seeds5"):
         data = synthetic(num_clients=6 if small else 100, cache_dir=None).to(device)
@@ -221,9 +221,9 @@ def graphs_every_algorithm(device: str, small: bool = False) -> list[dict]:
     largest difference of the server models."""
     from ..acceleration import LocalSteps
     from ..algorithms import build, names
-    from ..errors import ConfigError
     from ..data import synthetic
     from ..engine import params_of
+    from ..errors import ConfigError
     from ..models import MLP, MLPBN
     from ..simulate import Schedule
 

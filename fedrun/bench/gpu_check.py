@@ -116,10 +116,10 @@ def _timed(algo, data, sched, device, model_fn, engine: str, warmup: int) -> tup
 
 
 def default_rows(device: str, sizes: dict) -> list[Row]:
-    from .common import ALGOS, bench_algo
     from ..data import synthetic
     from ..models import MLP
     from ..simulate import Schedule
+    from .common import ALGOS, bench_algo
 
     data = synthetic(num_clients=sizes["clients"], cache_dir=None).to(device)
     rows = []
@@ -164,9 +164,9 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
 
 
 def bench_rows(device: str, sizes: dict) -> list[Row]:
-    from .common import CIFAR_ALGOS, bench_algo, cifar_like
     from ..models import CNN
     from ..simulate import Schedule
+    from .common import CIFAR_ALGOS, bench_algo, cifar_like
 
     data = cifar_like(sizes["bench_clients"], sizes["cifar_train"], sizes["cifar_test"]).to(device)
     sched = Schedule(rounds=sizes["rounds"], tau=sizes["cifar_tau"], clients_per_round=min(10, data.num_clients),

@@ -31,8 +31,8 @@ SETTINGS = {
 
 def _setup(overrides: list[str], device: str):
     from ..config import CONF_DIR, instantiate_checked
-    from ..validation import schedule
     from ..protocol import apply_protocol
+    from ..validation import schedule
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])
@@ -46,8 +46,8 @@ def time_seeds(cfg, algo, data, sched, seeds: int, rounds: int, warmup: int = 1)
     (evaluation every round included; on a CPU shared with other jobs the CPU time is the steadier),
     and the CPU seconds of one round's evaluation of all of them (per seed, as the round loop does)."""
     from ..config import instantiate_model
-    from ..evaluate import evaluate
     from ..engine import ENGINES, params_of
+    from ..evaluate import evaluate
     from ..simulate import Replica, Schedule, eval_context, simulate_group
 
     def replicas():

@@ -56,8 +56,7 @@ def fedrun_setup(method: str, seed: int, data_root: str):
     """fedrun's data (normalized, CPU) and initial CNN weights for `experiment=cifar10_acid5_<method>`."""
     from hydra import compose, initialize_config_dir
 
-    from fedrun.config import CONF_DIR
-    from fedrun.config import instantiate_checked
+    from fedrun.config import CONF_DIR, instantiate_checked
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment=cifar10_acid5_{PRESET.get(method, method)}", f"seed={seed}",

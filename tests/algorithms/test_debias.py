@@ -5,27 +5,26 @@ import dataclasses
 import pandas as pd
 import pytest
 import torch
+from helpers import fedrun, half_squared, quad_grad, quadratic_setup, write_cifar
+from helpers import group_options as options
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch import nn
 
+from fedrun.algorithms.adaptation import MAML, Proto
 from fedrun.algorithms.feddyn import FedDyn
 from fedrun.algorithms.pavg import PAvg
 from fedrun.algorithms.pfldyn import PFLDyn
 from fedrun.algorithms.pflscaf import PFLScaf
 from fedrun.algorithms.scaffold import Scaffold
-from fedrun.algorithms.adaptation import MAML, Proto
-from fedrun.errors import ConfigError
-from helpers import fedrun, group_options as options
 from fedrun.config import CONF_DIR
-from fedrun.validation import precheck
 from fedrun.data import ClientSplit, cifar, synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.proto import class_means, proto_logits
+from fedrun.errors import ConfigError
 from fedrun.models import CNN, MLP
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
-
-from helpers import half_squared, quad_grad, quadratic_setup, write_cifar
+from fedrun.validation import precheck
 
 ENGINES = [VmapEngine, LoopEngine]
 

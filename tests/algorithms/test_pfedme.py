@@ -1,20 +1,20 @@
 """pFedMe and the protocol options against hand-computed numbers on toy problems."""
 import pytest
 import torch
+from helpers import group_options, half_squared, quadratic_setup
 from omegaconf import OmegaConf
 
+from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.pfedme import PFedMe
-from fedrun.algorithms.base import ServerState
-from fedrun.errors import ConfigError
+from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
+from fedrun.errors import ConfigError
 from fedrun.models import MLP
 from fedrun.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate
-from fedrun.config import CONF_DIR
-from helpers import group_options, half_squared, quadratic_setup
 
 ENGINES = [VmapEngine, LoopEngine]
 

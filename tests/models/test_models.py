@@ -12,23 +12,23 @@ import functools
 
 import pytest
 import torch
+from helpers import group_options
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.func import functional_call
 
-from fedrun.bench import agreement
 from fedrun.algorithms import build
-from fedrun.errors import ConfigError
-from fedrun.engine.tree import head_names
+from fedrun.bench import agreement
 from fedrun.branches import settings
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.batchnorm import split_buffers
-from fedrun.models import LSTM, FedAvgCNN, FastText, ResNet10, ResNet18, TextCNN, Transformer
+from fedrun.engine.tree import head_names
+from fedrun.errors import ConfigError
+from fedrun.models import LSTM, FastText, FedAvgCNN, ResNet10, ResNet18, TextCNN, Transformer
 from fedrun.models.rnn import lstm_layers
 from fedrun.simulate import Schedule, simulate
 from fedrun.validation import group_file, load_conf
-from helpers import group_options
 
 VOCAB, LENGTH = 20, 7  # token ids 0..19 (0: padding), rows of 7 tokens
 TEXT = dict(vocab_size=VOCAB)
