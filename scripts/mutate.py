@@ -166,13 +166,13 @@ MUTANTS = [
            "    return []",
            ("tests/test_resume.py", "tests/test_batched.py", "-k", "diverg"), "the divergence guard never fires"),
     # compile= (issue 37)
-    Mutant("graphs-input-not-refilled", "fedrun/acceleration.py",
+    Mutant("graphs-input-not-refilled", "fedrun/run/acceleration.py",
            "            static[i].copy_(leaves[i])", "            pass",
            ("tests/test_acceleration.py", "-k", "graph"), "compile=graphs replays without refilling its static inputs"),
     Mutant("step-uses-round-false", "fedrun/algorithms/debiased.py",
            "        return self.lr_decay != 1", "        return False",
            ("tests/test_acceleration.py", "-k", "round"), "FedDyn/SCAFFOLD/PFL's decaying lr not declared round-dependent"),
-    Mutant("compiled-step-round-fixed", "fedrun/acceleration.py",
+    Mutant("compiled-step-round-fixed", "fedrun/run/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
     # rounds of phases, local work in epochs (issue 34 item 6)

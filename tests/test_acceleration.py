@@ -1,4 +1,4 @@
-"""compile= and precision= (fedrun.acceleration): the compiled local steps give eager's numbers for
+"""compile= and precision= (fedrun.run.acceleration): the compiled local steps give eager's numbers for
 every algorithm, resume stays exact under them, each algorithm's `step_uses_round` declaration is
 true, bf16 really runs in bfloat16, and the options are checked before any work starts.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrun.acceleration import LocalSteps, check
+from fedrun.run.acceleration import LocalSteps, check
 from fedrun.algorithms import build, names
 from fedrun.config import group_file, load_conf
 from fedrun.errors import ConfigError

@@ -1,4 +1,4 @@
-"""Seeds as a batch dimension (fedrun.runner, hydra/launcher=batched): a group of seeds run as one
+"""Seeds as a batch dimension (fedrun.run.runner, hydra/launcher=batched): a group of seeds run as one
 computation writes, per seed, what the seed run alone writes; a sweep through the launcher gives
 every job its folder and fedrun-report summarizes them; a half-finished batched sweep resumes.
 
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from fedrun.algorithms import FedAvg
 from helpers import fedrun
 from fedrun.algorithms.adaptation import ADAPTATIONS
-from fedrun.runner import group_key, run_jobs
+from fedrun.run.runner import group_key, run_jobs
 from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of

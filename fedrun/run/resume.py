@@ -6,10 +6,10 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .errors import ConfigError
-from .algorithms.optim import canonical
-from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
+from .. import outputs
+from ..errors import ConfigError
+from ..algorithms.optim import canonical
+from ..config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
 
 
 # Options that may change between a run and its resumption: those that do not change the numbers,

@@ -35,8 +35,8 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from .errors import ConfigError
-from .simulate import local_training, one_step
+from ..errors import ConfigError
+from ..simulate import local_training, one_step
 
 COMPILE = ("none", "default", "graphs")
 PRECISION = ("fp32", "tf32", "bf16")

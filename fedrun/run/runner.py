@@ -22,23 +22,23 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .algorithms.base import ServerState
-from .algorithms.optim import local_optim
-from .errors import ConfigError
-from .data import FederatedData
-from .errors import DataMissingError
-from .device import cpu_threads, keep_freed_memory, resolve_device
-from .engine import ENGINES, params_of
+from .. import outputs
+from ..algorithms.base import ServerState
+from ..algorithms.optim import local_optim
+from ..errors import ConfigError
+from ..data import FederatedData
+from ..errors import DataMissingError
+from ..device import cpu_threads, keep_freed_memory, resolve_device
+from ..engine import ENGINES, params_of
 from .protocol import apply_protocol
 from .resume import find_resume_point, fingerprint
-from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
+from .folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .acceleration import LocalSteps
 from .memory import budget_bytes, plan as plan_memory
-from .config import instantiate_checked
-from .simulate import Diverged, Progress, Replica, simulate_group
+from ..config import instantiate_checked
+from ..simulate import Diverged, Progress, Replica, simulate_group
 from .trackers import Trackers
-from .validation import check_model_fits, check_round_draws, schedule, validate
+from .checks import check_model_fits, check_round_draws, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.

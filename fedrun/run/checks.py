@@ -7,16 +7,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import acceleration, trackers
-from .algorithms.checks import check_choice
-from .algorithms.optim import local_optim
-from .config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
+from ..algorithms.checks import check_choice
+from ..algorithms.optim import local_optim
+from ..config import (CONF_DIR, FIGURE_FORMATS, GROUPS, PRESETS, group_conf, group_file, group_options, instantiate_checked,
                      load_conf, search_roots)
-from .device import cpu_threads, physical_memory, resolve_device
+from ..device import cpu_threads, physical_memory, resolve_device
 from .memory import parse_memory
-from .errors import ConfigError
-from .engine import ENGINES, params_of
+from ..errors import ConfigError
+from ..engine import ENGINES, params_of
 from .protocol import apply_protocol
-from .simulate import SAMPLING, Schedule
+from ..simulate import SAMPLING, Schedule
 
 
 def _int_option(cfg: DictConfig, key: str, low: int) -> int:

@@ -26,9 +26,9 @@ import urllib.parse
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .config import instantiate_checked
-from .errors import ConfigError
+from .. import outputs
+from ..config import instantiate_checked
+from ..errors import ConfigError
 
 STATE_FILE = "trackers.json"  # per run dir: what a resumed run needs to continue its tracker runs
 
