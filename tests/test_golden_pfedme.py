@@ -35,7 +35,7 @@ from hydra.utils import instantiate
 import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
 from fedrun.config import CONF_DIR
-from fedrun.run.checks import schedule, validate
+from fedrun.run.spec import schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
 from fedrun.engine import ENGINES

@@ -29,7 +29,7 @@ from hydra.utils import instantiate
 
 import fedrun.simulate as simulate_mod
 from fedrun.config import CONF_DIR
-from fedrun.run.checks import schedule
+from fedrun.run.spec import schedule
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol

@@ -32,7 +32,7 @@ from hydra.utils import instantiate
 
 import fedrun.simulate
 from fedrun.config import CONF_DIR
-from fedrun.run.checks import schedule, validate
+from fedrun.run.spec import schedule, validate
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol
 from fedrun.algorithms.base import EvalContext

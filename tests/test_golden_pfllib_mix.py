@@ -19,7 +19,7 @@ import fedrun.simulate
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol
-from fedrun.run.checks import schedule, validate
+from fedrun.run.spec import schedule, validate
 from test_golden_pfedme import golden_data
 
 import test_golden_pfllib as base

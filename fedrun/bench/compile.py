@@ -62,7 +62,7 @@ def _compose(overrides: list[str], device: str):
 
     from ..config import CONF_DIR, instantiate_checked
     from ..run.protocol import apply_protocol
-    from ..run.checks import schedule
+    from ..run.spec import schedule
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])

@@ -94,7 +94,7 @@ def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, siz
     from ..config import instantiate_checked
     from ..engine import ENGINES, params_of
     from ..simulate import simulate
-    from ..run.checks import schedule
+    from ..run.spec import schedule
     from .common import sync
 
     algo = instantiate_checked(cfg.algo)

@@ -136,7 +136,7 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
 
     from ..config import CONF_DIR, instantiate_checked
     from ..run.protocol import apply_protocol
-    from ..run.checks import schedule
+    from ..run.spec import schedule
     from .common import write_cifar10
 
     root = os.environ.get("FEDRUN_DATA", "data")

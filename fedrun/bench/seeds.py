@@ -31,7 +31,7 @@ SETTINGS = {
 
 def _setup(overrides: list[str], device: str):
     from ..config import CONF_DIR, instantiate_checked
-    from ..run.checks import schedule
+    from ..run.spec import schedule
     from ..run.protocol import apply_protocol
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

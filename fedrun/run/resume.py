@@ -103,7 +103,12 @@ def _checkpoint_folder(path: str) -> str:
 
 def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
     """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
-    mode = cfg.resume
+    return resume_point(cfg.resume, fingerprint(cfg), out_dir)
+
+
+def resume_point(mode, fp: dict, out_dir: str) -> dict | None:
+    """The checkpoint a run of fingerprint `fp` continues from in `out_dir`, per `mode` (the `resume`
+    option: auto | true | false | <path>)."""
     if mode is False or mode in ("false", "False"):
         return None
     explicit = mode not in (True, "auto", "true", "True")
@@ -126,7 +131,7 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fingerprint(cfg))  # older checkpoints kept more
+    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fp)  # older checkpoints kept more
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "

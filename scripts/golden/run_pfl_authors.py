@@ -95,7 +95,7 @@ def their_layout(data, cfg):
 def fedrun_clients(cfg, data, seed: int, rounds: int) -> list[list[int]]:
     """The devices a fedrun run with `seed` samples in rounds 1..rounds."""
     from fedrun.simulate import sample_round
-    from fedrun.run.checks import schedule
+    from fedrun.run.spec import schedule
 
     sched = schedule(cfg, data.num_clients)
     return [sample_round(data, sched, 1, seed, r)[0].tolist() for r in range(1, rounds + 1)]

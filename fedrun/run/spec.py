@@ -1,0 +1,368 @@
+"""A run compiled from its composed config in ONE pass: `RunSpec.from_config(cfg)` checks every option
+(all problems at once, one line each, before any work), builds the algorithm, the data and the model
+once, and holds them with the schedule, the device and the output settings as frozen values. The job
+(fedrun.run.runner.Job) runs a spec and never reads the config; the round loop never sees it either.
+
+The pass, in order: the options (`validate`: each top-level option, the device, memory=, compile=,
+the trackers, the algorithm built and its local optimizer set, the model's options), then the data,
+the schedule and the checks that need them (the held-out clients, the round's draws, the model fits
+the rows, the algorithm's needs of the model). `job_problems` (fedrun.run.checks) is the options'
+part on a copy: what a sweep's job would refuse before its data is loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from . import acceleration, trackers
+from ..algorithms.base import Algorithm
+from ..algorithms.checks import check_choice
+from ..algorithms.optim import local_optim
+from ..config import CONF_DIR, FIGURE_FORMATS, group_file, group_options, instantiate_checked, load_conf
+from ..data import FederatedData
+from ..device import cpu_threads, physical_memory, resolve_device
+from ..engine import ENGINES, params_of
+from ..errors import ConfigError
+from ..simulate import SAMPLING, Schedule
+from .memory import parse_memory
+from .protocol import apply_protocol
+from .resume import fingerprint
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Where and how the run computes: device=, threads= (None: leave them as they are), engine=,
+    max_chunks=, client_chunk=, compile=, precision=, memory= (as given: memory.budget_bytes reads it)."""
+
+    device: torch.device
+    threads: int | None
+    engine: str
+    max_chunks: int
+    client_chunk: int | None
+    compile: str
+    precision: str
+    memory: object
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the run writes and shows: its figures, the progress bar, checkpoints (every `checkpoint_every`
+    rounds, every `checkpoint_minutes`), where it resumes from (`resume`), what a divergence does, and
+    its trackers (built, opened when the run starts)."""
+
+    plot: bool
+    plot_format: str
+    progress: bool
+    checkpoint_every: int
+    checkpoint_minutes: float
+    resume: object
+    on_diverge: str
+    trackers: tuple[tuple[str, trackers.Tracker], ...]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One checked run: the built algorithm (its local optimizer set), data and model (built once, seeded
+    with `seed`; `rng`: the CPU generator's state right after, what the round loop starts from), the
+    schedule, device and output settings, the protocol's choices, the checkpoint fingerprint, the
+    resolved config (for the trackers) and what summary.json says the run was (`identity`)."""
+
+    seed: int
+    algo: Algorithm
+    data: FederatedData
+    model: torch.nn.Module
+    rng: torch.Tensor
+    model_name: str
+    schedule: Schedule
+    device: DeviceSpec
+    output: OutputSpec
+    protocol: str
+    protocol_choices: dict
+    fingerprint: dict
+    config: dict
+    identity: dict
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, data_cache: dict | None = None, launcher: str | None = None) -> RunSpec:
+        """Checks and builds the run `cfg` describes; fills, in place, the options its protocol governs.
+        Raises ConfigError with every problem of the options (one line each), or the first one the
+        data shows. `data_cache`: data already built for an equal `cfg.data` (a group's jobs share
+        one). `launcher`: the Hydra launcher's `_target_` (threads=auto), when HydraConfig does not hold it."""
+        protocol_choices = apply_protocol(cfg)
+        built: dict = {}
+        problems = validate(cfg, built)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        algo, tracker_items = built["algo"], built["trackers"]
+        if launcher is None and HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher.get("_target_")
+        device = DeviceSpec(resolve_device(str(cfg.device)), cpu_threads(cfg.get("threads", "auto"), launcher),
+                            cfg.engine, cfg.max_chunks, cfg.client_chunk, cfg.get("compile", "none"),
+                            cfg.get("precision", "fp32"), cfg.get("memory", "auto"))
+        data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
+        cache = {} if data_cache is None else data_cache
+        if data_key not in cache:
+            cache[data_key] = instantiate_checked(cfg.data)
+        data: FederatedData = cache[data_key]
+        torch.manual_seed(cfg.seed)  # the model, once: checked here, trained by the job
+        model_built: dict = {}
+        problems = model_problems(cfg, algo, model_built, in_features=data.in_features, num_classes=data.num_classes)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        model, rng = model_built["model"], torch.get_rng_state()
+        sched = schedule(cfg, data.num_train_clients)
+        if data.num_holdout and getattr(algo, "train_all", False):
+            raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
+                              "algo.train_all=true trains every client (set it false or partition.holdout=0)")
+        check_round_draws(sched, data.num_train_clients if algo.train_all else sched.clients_per_round,
+                          algo.batches_per_step)
+        for line in _warnings(cfg, data):
+            print(f"fedrun: warning: {line}", file=sys.stderr)
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        model_name = choices.get("model", cfg.model._target_)
+        check_model_fits(model, data, model_name, choices.get("data", data.name))  # before any file is written
+        model.train()  # as built (the fit is tried in eval mode)
+        output = OutputSpec(bool(cfg.plot), cfg.get("plot_format", "png"), cfg.progress, cfg.checkpoint_every,
+                            cfg.get("checkpoint_minutes") or 0, cfg.resume, cfg.on_diverge, tuple(tracker_items))
+        identity = {"algo": choices.get("algo") or getattr(algo, "name", str(cfg.algo.get("_target_"))),
+                    "data": choices.get("data") or data.name,
+                    "model": choices.get("model") or str(cfg.model.get("_target_")),
+                    "experiment": choices.get("experiment"), "seed": cfg.seed}
+        return cls(cfg.seed, algo, data, model, rng, model_name, sched, device, output, cfg.protocol,
+                   protocol_choices, fingerprint(cfg), OmegaConf.to_container(cfg, resolve=True), identity)
+
+
+def _int_option(cfg: DictConfig, key: str, low: int) -> int:
+    v = cfg[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ConfigError(f"{key}={v!r} must be an integer >= {low}")
+    return v
+
+
+def _frac(cfg: DictConfig) -> float | None:
+    f = cfg.frac
+    if f is not None and (not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1):
+        raise ConfigError(f"frac={f!r} must be a fraction in (0, 1] (or null to use clients_per_round)")
+    return f
+
+
+def schedule(cfg: DictConfig, num_clients: int) -> Schedule:
+    """The run's schedule from the top-level knobs, each checked with a one-line message."""
+    m = _int_option(cfg, "clients_per_round", 1)
+    if _frac(cfg) is not None:
+        m = max(1, round(cfg.frac * num_clients))
+    if m > num_clients:
+        raise ConfigError(f"clients_per_round={m} exceeds the {num_clients} clients of the data; allowed: 1..{num_clients}")
+    return Schedule(
+        rounds=_int_option(cfg, "rounds", 1),
+        tau=_int_option(cfg, "tau", 1),
+        clients_per_round=m,
+        batch_size=_int_option(cfg, "batch_size", 1),
+        eval_every=_int_option(cfg, "eval_every", 1),
+        personalize_batch=None if cfg.personalize_batch is None else _int_option(cfg, "personalize_batch", 1),
+        aggregate=cfg.aggregate or "uniform",
+        sampling=cfg.get("sampling") or "replacement",
+    )
+
+
+def _optional_int(cfg: DictConfig, key: str, low: int) -> None:
+    if cfg[key] is not None:
+        _int_option(cfg, key, low)
+
+
+def bool_options() -> list[str]:
+    """The top-level options conf/config.yaml gives a true/false default: they take only true or false
+    (Hydra reads `progress=no` as the string 'no', which Python would count as true)."""
+    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
+    return [k for k in top if k not in ("defaults", "hydra") and isinstance(top._get_node(k)._value(), bool)]
+
+
+def check_round_draws(sched: Schedule, training_clients: int, batches_per_step: int) -> None:
+    """One line naming tau when a round's minibatch draws (drawn at once: a float and an int64 index
+    per row, [clients, tau, batches, batch_size]) would not fit in a quarter of this machine's memory."""
+    per_tau = training_clients * batches_per_step * sched.batch_size * 12
+    limit = physical_memory() // 4
+    if limit and sched.tau * per_tau > limit:
+        raise ConfigError(
+            f"tau={sched.tau} with batch_size={sched.batch_size} and {training_clients} training clients draws "
+            f"{sched.tau * per_tau / 2**30:.0f} GiB of minibatch indices per round, more than a quarter of this "
+            f"machine's {physical_memory() / 2**30:.0f} GiB; allowed: tau <= {max(1, limit // per_tau)}")
+
+
+def _hidden_is_one_width(target) -> bool:
+    """Whether the model class `target` takes `hidden` as one integer (its default is one), not a list."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    try:
+        default = inspect.signature(get_class(target)).parameters["hidden"].default
+    except Exception:  # noqa: BLE001 - an unknown target or no such parameter: the list check stands
+        return False
+    return isinstance(default, int) and not isinstance(default, bool)
+
+
+def _model_hidden(cfg: DictConfig) -> str | None:
+    """model.hidden: layer widths, each an integer >= 1 (a recurrent model's, e.g. model=lstm: one integer)."""
+    if "hidden" not in cfg.model:
+        return None
+    h = cfg.model.hidden
+    if _hidden_is_one_width(cfg.model.get("_target_")):
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            return f"model.hidden={h!r} must be an integer >= 1 (units per layer)"
+        return None
+    widths = list(h) if OmegaConf.is_list(h) else None
+    if widths is None or not widths or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in widths):
+        shown = OmegaConf.to_container(h) if OmegaConf.is_config(h) else h
+        return f"model.hidden={shown!r} must be a list of layer widths, integers >= 1 (e.g. [20] or [80,60])"
+    return None
+
+
+def _cache_dir(cfg: DictConfig) -> list[str]:
+    out = []
+    for key, v in (("cache_dir", cfg.get("cache_dir")), ("data.cache_dir", cfg.data.get("cache_dir"))):
+        if isinstance(v, str) and v and os.path.exists(v) and not os.path.isdir(v):
+            out.append(f"{key}={v!r} is a file, not a folder; give a folder for the data cache (or null: no cache)")
+            break
+    return out
+
+
+def validate(cfg: DictConfig, built: dict | None = None) -> list[str]:
+    """Every problem with the options that can be checked before any work starts, one line each.
+    `built` (given: filled) gets the algorithm (its local optimizer set) and the trackers; a model on
+    tiny rows is built only to check the model's options when the run is refused anyway (`built` not
+    given, or another problem): an accepted run builds its model once, for its data (RunSpec)."""
+    problems: list[str] = []
+
+    def check(fn, *args) -> None:
+        try:
+            fn(*args)
+        except ConfigError as e:
+            problems.append(str(e))
+
+    for key, low in (("rounds", 1), ("tau", 1), ("clients_per_round", 1), ("batch_size", 1), ("eval_every", 1),
+                     ("checkpoint_every", 0), ("max_chunks", 1), ("seed", 0)):
+        check(_int_option, cfg, key, low)
+    for key in ("personalize_batch", "client_chunk"):
+        check(_optional_int, cfg, key, 1)
+    check(_frac, cfg)
+    m = cfg.get("checkpoint_minutes")
+    if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or m < 0):
+        problems.append(f"checkpoint_minutes={m!r} must be a number of minutes >= 0 (0: checkpoints by rounds only)")
+    if cfg.aggregate is not None:
+        check(check_choice, "aggregate", cfg.aggregate, ["uniform", "samples"])
+    if cfg.get("sampling") is not None:
+        check(check_choice, "sampling", cfg.sampling, list(SAMPLING))
+    check(check_choice, "engine", cfg.engine, sorted(ENGINES))
+    check(check_choice, "on_diverge", cfg.on_diverge, ["stop", "record"])
+    check(check_choice, "plot_format", cfg.get("plot_format", "png"), list(FIGURE_FORMATS))
+    for key in bool_options():
+        if key in cfg and not isinstance(cfg[key], bool):
+            problems.append(f"{key}={cfg[key]!r} must be true or false")
+    problems += _cache_dir(cfg)
+    check(resolve_device, str(cfg.device))
+    check(parse_memory, cfg.get("memory", "auto"))
+    try:
+        device = resolve_device(str(cfg.device))
+    except Exception:  # a bad device: said above
+        device = None
+    if device is not None:
+        check(acceleration.check, cfg.get("compile", "none"), cfg.get("precision", "fp32"), device)
+    check(cpu_threads, cfg.get("threads", "auto"))
+    items, tracker_problems = trackers.build(cfg)
+    problems += tracker_problems
+    given, built = built is not None, {} if built is None else built
+    built["trackers"] = items
+    try:
+        built["algo"] = _build("algo", cfg.algo)
+    except ConfigError as e:
+        problems.append(str(e))
+    try:
+        optim = local_optim(cfg.get("optim"), cfg.get("rounds", 1))
+        if "algo" in built:
+            built["algo"].set_optim(optim)
+    except ConfigError as e:
+        problems.append(str(e))
+    hidden = _model_hidden(cfg)
+    if hidden:
+        problems.append(hidden)
+    elif not given or problems:  # a run refused anyway names its model's problems too, on tiny rows; an
+        problems += model_problems(cfg, built.get("algo"), {}, in_features=4, num_classes=2)  # accepted one
+    return problems                                                    # builds its model once, for its data
+
+
+def _build(key: str, node, **kwargs):
+    """instantiate_checked(node), its RuntimeError (a network its options cannot make) as one line."""
+    try:
+        return instantiate_checked(node, **kwargs)
+    except ConfigError as e:
+        if not isinstance(e.__cause__, RuntimeError):
+            raise
+        given = ", ".join(f"{key}.{k}={v!r}" for k, v in OmegaConf.to_container(node).items() if k != "_target_")
+        raise ConfigError(f"{key} options ({given}) do not build a network: {e}") from None
+
+
+def model_problems(cfg: DictConfig, algo: Algorithm | None, built: dict, **dims) -> list[str]:
+    """The model of `cfg.model` built for rows of `dims` (in_features, num_classes) into `built["model"]`,
+    and `algo`'s own needs of it (a body, BatchNorm or none): the problems, one line each."""
+    try:
+        built["model"] = _build("model", cfg.model, **dims)
+    except ConfigError as e:
+        return [str(e)]
+    try:
+        if algo is not None:
+            algo.check_params(params_of(built["model"]))
+    except ConfigError as e:
+        return [str(e)]
+    return []
+
+
+def check_model_fits(model, data, model_name: str, data_name: str) -> None:
+    """One line when `model` cannot take `data`'s rows (e.g. model=cnn on the synthetic vectors),
+    naming the models of conf/model that do fit them."""
+    import torch
+
+    emb = getattr(model, "embedding", None)  # token / character ids past its table would fail mid-run (IndexError)
+    if isinstance(emb, torch.nn.Embedding) and not data.train.x.is_floating_point():
+        top = int(max(data.train.x.max(), data.test.x.max()))
+        if top >= emb.num_embeddings:
+            raise ConfigError(f"model.vocab_size={emb.num_embeddings} is too small for data={data_name}, whose rows hold "
+                              f"ids up to {top}; leave it to the dataset (its default follows dataset.vocab_size) "
+                              f"or set it >= {top + 1}")
+    x = data.train.x[:1].cpu()
+    try:  # in eval mode: a BatchNorm layer takes one row and its running statistics stay as they were
+        with torch.no_grad():
+            model.cpu().eval()(x)
+    except RuntimeError as e:
+        fits = []
+        for name in group_options("model"):
+            try:
+                with torch.no_grad():
+                    instantiate(load_conf(group_file("model", name)), in_features=data.in_features,
+                                num_classes=data.num_classes).eval()(x)
+                fits.append(name)
+            except Exception:  # noqa: BLE001 - any failure means it does not fit
+                pass
+        raise ConfigError(f"model={model_name} does not fit data={data_name}, whose rows have shape "
+                          f"{list(x.shape[1:])} ({str(e).splitlines()[0][:120]}); models that fit it: "
+                          f"{', '.join(fits) or 'none'}") from None
+
+
+def _warnings(cfg: DictConfig, data: FederatedData) -> list[str]:
+    """Settings that run, but likely not as meant."""
+    out = []
+    given = [str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+    if cfg.frac is not None and "clients_per_round" in given:
+        out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
+    largest = int(data.train.sizes.max())
+    if cfg.batch_size > largest:
+        out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
+                   f"each minibatch repeats rows")
+    return out
