@@ -1,8 +1,8 @@
 """`fedrun`: compose (Hydra) -> instantiate data, model, algorithm -> simulate -> write outputs.
 
-The work lives in: config (where configs are), validation (option checks, `precheck` of the command
-line), runner (one experiment, or a group of seeds), run_folder (what a run writes) and hydra_compat
-(fedrun's only hooks into Hydra's private code).
+The work lives in: config (where configs are), run/ (checks.py: `precheck` of the command line;
+spec.py: the one pass over a run's options, RunSpec; runner.py: one experiment, or a group of seeds;
+folder.py: what a run writes) and hydra_compat (fedrun's only hooks into Hydra's private code).
 """
 from __future__ import annotations
 

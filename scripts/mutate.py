@@ -175,6 +175,12 @@ MUTANTS = [
     Mutant("compiled-step-round-fixed", "fedrun/run/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
+    # the run wing (issue 47 item 1): a job's algorithm and model built once, by its spec
+    Mutant("spec-model-built-twice", "fedrun/run/spec.py",
+           '        model, rng = model_built["model"], torch.get_rng_state()',
+           '        model_problems(cfg, algo, model_built, in_features=data.in_features, num_classes=data.num_classes)\n'
+           '        model, rng = model_built["model"], torch.get_rng_state()',
+           ("tests/test_batched.py", "-k", "builds_its"), "a job builds its model a second time"),
     # rounds of phases, local work in epochs (issue 34 item 6)
     Mutant("fedrep-epochs-body-first", "fedrun/algorithms/fedrep.py",
            "return Phase(self.head_step, epochs=self.head_epochs), Phase(self.body_step, epochs=self.local_epochs)",

@@ -242,3 +242,23 @@ def test_the_batched_launcher_gives_each_job_one_thread_unless_told(tmp_path, ca
         option = next(o for o in OmegaConf.load(job / ".hydra" / "overrides.yaml") if o.startswith("threads="))
         threads[option.split("=")[1]] = json.loads((job / "summary.json").read_text())["threads"]
     assert threads == {"3": 3, "auto": 1, "default": 2}
+
+
+def test_a_job_builds_its_algorithm_and_model_once(tmp_path, cache, monkeypatch):
+    """RunSpec.from_config is the one pass: each job of a group builds its algorithm and its model once
+    (checked, then trained), not again in the runner (e300027: the algorithm twice, the model three times)."""
+    built = {"algo": 0, "model": 0}
+
+    def counting(cls, key):
+        init = cls.__init__
+
+        def counted(self, *a, **k):
+            built[key] += 1
+            init(self, *a, **k)
+        monkeypatch.setattr(cls, "__init__", counted)
+
+    counting(FedAvg, "algo")
+    counting(MLP, "model")
+    jobs = [(c, str(tmp_path / f"s{c.seed}")) for c in configs(["algo=fedavg"], [0, 1], cache)]
+    assert all(isinstance(r, dict) and r["status"] == "finished" for r in run_jobs(jobs))
+    assert built == {"algo": 2, "model": 2}

@@ -235,3 +235,18 @@ def test_an_unreachable_mlflow_server_is_one_line_before_any_work_and_leaves_no_
         "waited up to 5 s): start the MLflow server or fix the address; logger.mlflow.tracking_uri=null (and no "
         "MLFLOW_TRACKING_URI) logs to ./mlruns offline"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tracker_target_from_before_the_run_wing_still_builds():
+    """The trackers moved from fedrun/trackers.py into fedrun/run/ (issue 47): a logger yaml written
+    before (a user's, or a run's recorded config) names `fedrun.trackers.<Class>`, and builds the same
+    class; a target that names nothing is still refused in one line."""
+    from fedrun.run import trackers
+
+    cfg = OmegaConf.create({"logger": {"tb": {"_target_": "fedrun.trackers.TensorBoard", "dir": "tb"},
+                                       "new": {"_target_": "fedrun.run.trackers.TensorBoard"}}})
+    items, problems = trackers.build(cfg)
+    assert problems == [] and [(k, type(t), t.dir) for k, t in items] == [
+        ("tb", trackers.TensorBoard, "tb"), ("new", trackers.TensorBoard, "tensorboard")]
+    _, problems = trackers.build(OmegaConf.create({"logger": {"x": {"_target_": "fedrun.trackers.Nothing"}}}))
+    assert problems == ["logger.x._target_='fedrun.trackers.Nothing' is not a class fedrun can import"]
