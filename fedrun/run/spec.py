@@ -293,9 +293,11 @@ def validate(cfg: DictConfig, built: dict | None = None) -> list[str]:
     hidden = _model_hidden(cfg)
     if hidden:
         problems.append(hidden)
-    elif not given or problems:  # a run refused anyway names its model's problems too, on tiny rows; an
-        problems += model_problems(cfg, built.get("algo"), {}, in_features=4, num_classes=2)  # accepted one
-    return problems                                                    # builds its model once, for its data
+    elif not given or problems:
+        # a run refused anyway names its model's problems too, on tiny rows; an accepted one builds its
+        # model once, for its data (RunSpec.from_config)
+        problems += model_problems(cfg, built.get("algo"), {}, in_features=4, num_classes=2)
+    return problems
 
 
 def _build(key: str, node, **kwargs):
