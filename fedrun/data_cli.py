@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     from .config import CONF_DIR, instantiate_checked, with_env_searchpath
     from .outputs import cannot_write, write_partition
     from .plots import plot_partition
-    from .validation import job_problems, precheck
+    from .run.checks import job_problems, precheck
     from .errors import ConfigError, DataMissingError
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],

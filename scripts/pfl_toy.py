@@ -91,7 +91,7 @@ def algorithm(key: str, lr: float):
     from omegaconf import OmegaConf
 
     from fedrun.config import group_file
-    from fedrun.protocol import apply_protocol
+    from fedrun.run.protocol import apply_protocol
     from fedrun.config import instantiate_checked
 
     _, name, options = METHODS[key]

@@ -71,7 +71,7 @@ def test_the_users_own_thresholds_are_left_alone(monkeypatch, var, value):
 
 
 def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
-    import fedrun.runner as runner
+    import fedrun.run.runner as runner
     from helpers import fedrun as run_cli
 
     calls = []

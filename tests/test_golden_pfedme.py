@@ -35,11 +35,11 @@ from hydra.utils import instantiate
 import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule, validate
+from fedrun.run.spec import schedule, validate
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.evaluate import evaluate
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
+from fedrun.run.protocol import apply_protocol
 import helpers
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")

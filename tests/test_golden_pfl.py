@@ -29,10 +29,10 @@ from hydra.utils import instantiate
 
 import fedrun.simulate as simulate_mod
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule
+from fedrun.run.spec import schedule
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
+from fedrun.run.protocol import apply_protocol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "golden")

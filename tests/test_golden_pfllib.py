@@ -32,9 +32,9 @@ from hydra.utils import instantiate
 
 import fedrun.simulate
 from fedrun.config import CONF_DIR
-from fedrun.validation import schedule, validate
+from fedrun.run.spec import schedule, validate
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
+from fedrun.run.protocol import apply_protocol
 from fedrun.algorithms.base import EvalContext
 import helpers
 from helpers import rounding_bound

@@ -18,8 +18,8 @@ from hydra.utils import instantiate
 import fedrun.simulate
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
+from fedrun.run.protocol import apply_protocol
+from fedrun.run.spec import schedule, validate
 from test_golden_pfedme import golden_data
 
 import test_golden_pfllib as base

@@ -1,4 +1,4 @@
-"""memory= (fedrun/memory.py): the planner measures, chunks within a budget, and falls back.
+"""memory= (fedrun/run/memory.py): the planner measures, chunks within a budget, and falls back.
 
 The budget is ENFORCED: `AllocationMeter(limit)` counts the bytes of every tensor the run allocates
 and raises torch.OutOfMemoryError past `limit`, as a device of that size would. Proved here, on the
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fedrun.simulate as sim
-from fedrun import memory
+from fedrun.run import memory
 from fedrun.algorithms import build, names
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.base import Algorithm
@@ -134,11 +134,11 @@ def test_gpu_check_memory_part_runs_on_the_cpu(capsys):
 
 
 def test_memory_is_not_part_of_a_runs_fingerprint():
-    """A run resumes under another memory= (fedrun.resume.fingerprint drops NEUTRAL_OPTIONS); by hand,
+    """A run resumes under another memory= (fedrun.run.resume.fingerprint drops NEUTRAL_OPTIONS); by hand,
     docs/performance.md: 2 rounds at memory=0.003 resumed to 4 at 0.002 wrote the metrics.csv of 4
     uninterrupted rounds at 0.002, byte for byte, and of 4 unplanned rounds."""
     from fedrun.bench.fitted import _compose
-    from fedrun.resume import fingerprint
+    from fedrun.run.resume import fingerprint
 
     prints = [fingerprint(_compose(o)) for o in (["memory=8"], ["memory=auto"], ["memory=0.5", "tau=3"])]
     assert prints[0] == prints[1] != prints[2]

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from helpers import Result, fedrun
 from fedrun.config import CONF_DIR
-from fedrun.validation import precheck
+from fedrun.run.checks import precheck
 from fedrun.report import Job, main as report_main, missing_job_numbers, parse_targets
 from fedrun.report.markdown import MD_COLUMNS
 

@@ -143,7 +143,7 @@ def test_an_unknown_sampling_is_refused():
 
 def test_the_option_reaches_the_run(tmp_path):
     """`sampling=` on the command line changes the run's batches (and so its numbers); null is replacement."""
-    from fedrun.validation import schedule
+    from fedrun.run.spec import schedule
     from helpers import fedrun
     from test_package import composed
 

@@ -18,7 +18,7 @@ from fedrun.algorithms.adaptation import MAML, Proto
 from fedrun.errors import ConfigError
 from helpers import fedrun, group_options as options
 from fedrun.config import CONF_DIR
-from fedrun.validation import precheck
+from fedrun.run.checks import precheck
 from fedrun.data import ClientSplit, cifar, synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.proto import class_means, proto_logits

@@ -11,7 +11,7 @@ from fedrun.errors import ConfigError
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.models import MLP
-from fedrun.protocol import apply_protocol
+from fedrun.run.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate
 from fedrun.config import CONF_DIR
 from helpers import group_options, half_squared, quadratic_setup

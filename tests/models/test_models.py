@@ -26,7 +26,7 @@ from fedrun.engine.batchnorm import split_buffers
 from fedrun.models import LSTM, FedAvgCNN, FastText, ResNet10, ResNet18, TextCNN, Transformer
 from fedrun.models.rnn import lstm_layers
 from fedrun.simulate import Schedule, simulate
-from fedrun.validation import group_file, load_conf
+from fedrun.config import group_file, load_conf
 from helpers import group_options
 
 VOCAB, LENGTH = 20, 7  # token ids 0..19 (0: padding), rows of 7 tokens

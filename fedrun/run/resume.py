@@ -6,11 +6,11 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .errors import ConfigError
-from .algorithms import module_target
-from .algorithms.optim import canonical
-from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
+from .. import outputs
+from ..errors import ConfigError
+from ..algorithms import module_target
+from ..algorithms.optim import canonical
+from ..config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
 
 
 # Options that may change between a run and its resumption: those that do not change the numbers,
@@ -116,7 +116,12 @@ def _checkpoint_folder(path: str) -> str:
 
 def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
     """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
-    mode = cfg.resume
+    return resume_point(cfg.resume, fingerprint(cfg), out_dir)
+
+
+def resume_point(mode, fp: dict, out_dir: str) -> dict | None:
+    """The checkpoint a run of fingerprint `fp` continues from in `out_dir`, per `mode` (the `resume`
+    option: auto | true | false | <path>)."""
     if mode is False or mode in ("false", "False"):
         return None
     explicit = mode not in (True, "auto", "true", "True")
@@ -139,12 +144,13 @@ def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
         if explicit or mode in (True, "true", "True"):
             raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or resume=false")
         return None
-    return _matching(ck, cfg)
+    return _matching(ck, fp)
 
 
-def _matching(ck: dict, cfg: DictConfig) -> dict:
-    """`ck`, if it is of `cfg`'s configuration; else a ConfigError naming what differs."""
-    diff = differences(ck["config"], cfg)
+def _matching(ck: dict, fp: dict) -> dict:
+    """`ck`, if it is of the configuration of fingerprint `fp`; else a ConfigError naming what differs."""
+    # (drop_options on the stored side too: older checkpoints kept options that are resumable changes now)
+    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fp)
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
@@ -153,13 +159,13 @@ def _matching(ck: dict, cfg: DictConfig) -> dict:
     return ck
 
 
-def resume_point_at(cfg: DictConfig, out_dir: str, rnd: int) -> dict | None:
+def resume_point_at(fp: dict, out_dir: str, rnd: int) -> dict | None:
     """The run's own checkpoint of round `rnd` (checkpoints/round_<rnd>.pt), if it is there and
     readable; None otherwise. For the seeds of a batched group that a kill left at different rounds:
-    they go back to their common round (fedrun.runner)."""
+    they go back to their common round (fedrun.run.runner). `fp`: the run's fingerprint."""
     path = os.path.join(out_dir, "checkpoints", f"round_{rnd:07d}.pt")
     try:
         ck = outputs.read_checkpoint(path)
     except Exception:  # noqa: BLE001 - missing or unreadable: the caller says what it does instead
         return None
-    return _matching(ck, cfg)
+    return _matching(ck, fp)
