@@ -365,8 +365,8 @@ def test_seeds_at_different_rounds_without_a_common_checkpoint_resume_from_their
 
     from fedrun.run.runner import _resume_together
 
-    jobs = [SimpleNamespace(cfg=OmegaConf.create({"resume": "auto"}), ck={"round": r, "path": "p"},
-                            out_dir=str(tmp_path / str(r))) for r in (4, 2)]
+    spec = SimpleNamespace(output=SimpleNamespace(resume="auto"), fingerprint={})
+    jobs = [SimpleNamespace(spec=spec, ck={"round": r, "path": "p"}, out_dir=str(tmp_path / str(r))) for r in (4, 2)]
     _resume_together(jobs)
     assert [j.ck["round"] for j in jobs] == [4, 2]
     err = capsys.readouterr().err

@@ -7,10 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import grad
-from torch.utils._pytree import tree_map
 
 from ..data.federated import ClientSplit
-from .tree import Params, stack
+from .tree import Params, stack, tree_map
 from .batchnorm import _training
 from .proto import proto_logits
 from .base import Engine
