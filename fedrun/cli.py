@@ -1,8 +1,8 @@
 """`fedrun`: compose (Hydra) -> instantiate data, model, algorithm -> simulate -> write outputs.
 
-The work lives in: config (where configs are), validation (option checks, `precheck` of the command
-line), runner (one experiment, or a group of seeds), run_folder (what a run writes) and hydra_compat
-(fedrun's only hooks into Hydra's private code).
+The work lives in: config (where configs are), run/ (checks.py: `precheck` of the command line;
+spec.py: the one pass over a run's options, RunSpec; runner.py: one experiment, or a group of seeds;
+folder.py: what a run writes) and hydra_compat (fedrun's only hooks into Hydra's private code).
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from omegaconf import DictConfig
 from .config import CONF_DIR, read_yaml, with_dataset_root, with_env_searchpath
 from .hydra_compat import libyaml_for_configs, mode_without_composition, sweep_hooks
 from .outputs import write_atomic
-from .run_folder import discard_empty, hydra_record
-from .runner import exit_status, keep_failure, on_sigterm, report, run_jobs
-from .validation import job_problems, precheck
+from .run.checks import job_problems, precheck
+from .run.folder import discard_empty, hydra_record
+from .run.runner import exit_status, keep_failure, on_sigterm, report, run_jobs
 
 __all__ = ["main"]
 
@@ -50,7 +50,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 def _jobs_checked_before_the_sweep():
     """Hydra's sweeper composes every job's config of a batch (by default: the whole sweep) before
     it launches the batch (validate_batch_is_legal). While fedrun runs, each config composed so is
-    checked as its job would check it when it starts (fedrun.validation.job_problems, once per job,
+    checked as its job would check it when it starts (fedrun.run.checks.job_problems, once per job,
     under the job's hydra.job.env_set): a sweep with one refused combination (e.g. algo=fedbn,fedavg
     model=mlp_bn: FedAvg's test-time update on a BatchNorm model) stops with one line before its
     batch trains, not after the jobs before it. A config this cannot check outside its job (e.g.
@@ -194,7 +194,7 @@ def _launcher_problem(argv: list[str]) -> str | None:
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """SIGTERM (a scheduler's stop, `kill`) ends a run as Ctrl-C does: the last finished round
-    checkpointed, one line, exit 143 (fedrun.runner.Terminated); the previous handler restored."""
+    checkpointed, one line, exit 143 (fedrun.run.runner.Terminated); the previous handler restored."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield
         return

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     from .errors import ConfigError, DataMissingError
     from .outputs import cannot_write, write_partition
     from .plots import plot_partition
-    from .validation import job_problems, precheck
+    from .run.checks import job_problems, precheck
 
     ap = ArgumentParser(prog="fedrun-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -73,7 +73,8 @@ def cannot_write(e: OSError, fix: str, folder: str | None = None) -> str:
 # ---------------------------------------------------------------------------- the run folder
 
 LOCK_NAME = ".lock"
-REASON_FILE = "error.txt"  # why a sweep's job failed, in one line (fedrun.runner.keep_failure; fedrun-report shows it)
+# why a sweep's job failed, in one line (fedrun.run.runner.keep_failure; fedrun-report shows it)
+REASON_FILE = "error.txt"
 
 
 class FolderBusy(RuntimeError):

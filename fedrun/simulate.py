@@ -228,7 +228,7 @@ def _free_cached() -> None:
 class ChunkedTraining:
     """Local training of a round's clients in chunks of at most `size` clients.
 
-    `size=None` starts with all clients at once (`start`: with that many, as fedrun.memory planned)
+    `size=None` starts with all clients at once (`start`: with that many, as fedrun.run.memory planned)
     and, when the stacked computation runs out of device memory, halves the chunk and retries (local
     training is a pure function of its inputs, so a retry gives the same result); the size that fit
     is kept for later rounds. A given `size` is fixed (client_chunk=).
@@ -320,7 +320,7 @@ def simulate(
         client_chunk: train at most this many clients at once (None: all, split on out-of-memory).
         steps: how the local steps run (`acceleration.LocalSteps`: compile=, precision=; None: eager).
         start_chunk: without `client_chunk`, train this many clients at once from the first round
-            (fedrun.memory's plan; still halved on out-of-memory).
+            (fedrun.run.memory's plan; still halved on out-of-memory).
     Returns the final server state and the last evaluation.
     """
     run = Replica(seed, params, start, on_eval, on_checkpoint)
@@ -454,7 +454,7 @@ def _evaluate_fitted(algo: Algorithm, engine: Engine, state: ServerState, data: 
                      seed: int, rnd: int) -> Evaluation:
     """`evaluate`, with the engine's full passes halved (`max_chunks`, row chunks per call) and the
     evaluation repeated from its pure inputs while it runs out of device memory; the chunks that
-    fit are kept for later rounds (the same sums split differently: fedrun.memory)."""
+    fit are kept for later rounds (the same sums split differently: fedrun.run.memory)."""
     while True:
         try:
             return evaluate(algo, engine, state, data, eval_context(data, sched, seed, rnd))

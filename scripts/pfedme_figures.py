@@ -31,7 +31,7 @@ training rows (pFedMe GM, Per-FedAvg's meta model, FedAvg); fedrun records no tr
 personalized models, which the paper's loss panels also draw. Curves are not smoothed (the
 authors' plots take a moving average over 10-20 rounds). protocol=honest (the default) trains only
 the S sampled clients and serves theta as pFedMe's PM; protocol=official is the authors' code (every
-client trains every round: 4x (MNIST) / 10x (Synthetic) the local work; see fedrun.protocol).
+client trains every round: 4x (MNIST) / 10x (Synthetic) the local work; see fedrun.run.protocol).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ local model; the paper reports the MAX over rounds) and protocol=honest (persona
 training data only, the algorithms as the paper states them; fedrun reports the LAST round, and the
 best round beside it). `--protocols official,official_2020,honest` adds the authors' code as it was
 when the paper's numbers were made (June 2020: only Per-FedAvg differs, so only Per-FedAvg runs
-again; see fedrun.protocol). Accuracy is pooled over all clients' test rows, mean ± std over seeds.
+again; see fedrun.run.protocol). Accuracy is pooled over all clients' test rows, mean ± std over seeds.
 
     python scripts/pfedme_table1.py                                 # synthetic, 3 seeds, both protocols
     python scripts/pfedme_table1.py --datasets mnist --dataset.root /path/to/data

@@ -91,7 +91,7 @@ def algorithm(key: str, lr: float):
     from omegaconf import OmegaConf
 
     from fedrun.config import group_file, instantiate_checked
-    from fedrun.protocol import apply_protocol
+    from fedrun.run.protocol import apply_protocol
 
     _, name, options = METHODS[key]
     algo = OmegaConf.merge(OmegaConf.load(group_file("algo", name)), {**COMMON, **options, "lr": lr})

@@ -1,4 +1,4 @@
-"""compile= and precision= (fedrun.acceleration): the compiled local steps give eager's numbers for
+"""compile= and precision= (fedrun.run.acceleration): the compiled local steps give eager's numbers for
 every algorithm, resume stays exact under them, each algorithm's `step_uses_round` declaration is
 true, bf16 really runs in bfloat16, and the options are checked before any work starts.
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 from helpers import fedrun
 
-from fedrun.acceleration import LocalSteps, check
 from fedrun.algorithms import build, names
 from fedrun.config import group_file, load_conf
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
+from fedrun.run.acceleration import LocalSteps, check
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
 
 
@@ -140,7 +140,7 @@ def test_the_options_are_checked_in_one_line():
 def test_precision_on_the_cpu_says_what_it_does(tmp_path):
     """precision=tf32 on the CPU is refused in one line (it would compute fp32 under tf32's name);
     bf16 on the CPU runs, with one warning that it is slower there; on CUDA neither is said."""
-    from fedrun.acceleration import cpu_note
+    from fedrun.run.acceleration import cpu_note
 
     with pytest.raises(ConfigError, match=r"^precision=tf32 has no effect on the CPU \(device=cpu\).*precision=fp32$"):
         check("none", "tf32", "cpu")

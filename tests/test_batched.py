@@ -1,4 +1,4 @@
-"""Seeds as a batch dimension (fedrun.runner, hydra/launcher=batched): a group of seeds run as one
+"""Seeds as a batch dimension (fedrun.run.runner, hydra/launcher=batched): a group of seeds run as one
 computation writes, per seed, what the seed run alone writes; a sweep through the launcher gives
 every job its folder and fedrun-report summarizes them; a half-finished batched sweep resumes.
 
@@ -25,7 +25,7 @@ from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
 from fedrun.models import MLP
 from fedrun.report import build
-from fedrun.runner import group_key, run_jobs
+from fedrun.run.runner import group_key, run_jobs
 from fedrun.simulate import Diverged, Replica, Schedule, simulate, simulate_group
 
 TOL = 2e-6
@@ -253,16 +253,16 @@ def test_the_batched_launcher_gives_each_job_one_thread_unless_told(tmp_path, ca
 # at its NTH call for round RND, the process sends itself SIGINT (issue 46: a Ctrl-C inside a round).
 _STOP_AT = """
 import os, signal, sys
-import fedrun.run_folder
+import fedrun.run.folder
 rnd, nth = (int(v) for v in os.environ['STOP_AT'].split(':'))
-calls, log_row = [], fedrun.run_folder.RunFolder.log_row
+calls, log_row = [], fedrun.run.folder.RunFolder.log_row
 def stop(self, row):
     log_row(self, row)
     if row['round'] == rnd:
         calls.append(self.path)
         if len(calls) == nth:
             os.kill(os.getpid(), signal.SIGINT)
-fedrun.run_folder.RunFolder.log_row = stop
+fedrun.run.folder.RunFolder.log_row = stop
 from fedrun.cli import main
 sys.argv[0] = 'fedrun'
 main()
@@ -367,11 +367,31 @@ def test_seeds_at_different_rounds_without_a_common_checkpoint_resume_from_their
     their own resume points, and one line says so."""
     from types import SimpleNamespace
 
-    from fedrun.runner import _resume_together
+    from fedrun.run.runner import _resume_together
 
-    jobs = [SimpleNamespace(cfg=OmegaConf.create({"resume": "auto"}), ck={"round": r, "path": "p"},
-                            out_dir=str(tmp_path / str(r))) for r in (4, 2)]
+    spec = SimpleNamespace(output=SimpleNamespace(resume="auto"), fingerprint={})
+    jobs = [SimpleNamespace(spec=spec, ck={"round": r, "path": "p"}, out_dir=str(tmp_path / str(r))) for r in (4, 2)]
     _resume_together(jobs)
     assert [j.ck["round"] for j in jobs] == [4, 2]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stopped at rounds [2, 4]" in err and "round 2" in err, err
+
+
+def test_a_job_builds_its_algorithm_and_model_once(tmp_path, cache, monkeypatch):
+    """RunSpec.from_config is the one pass: each job of a group builds its algorithm and its model once
+    (checked, then trained), not again in the runner (e300027: the algorithm twice, the model three times)."""
+    built = {"algo": 0, "model": 0}
+
+    def counting(cls, key):
+        init = cls.__init__
+
+        def counted(self, *a, **k):
+            built[key] += 1
+            init(self, *a, **k)
+        monkeypatch.setattr(cls, "__init__", counted)
+
+    counting(FedAvg, "algo")
+    counting(MLP, "model")
+    jobs = [(c, str(tmp_path / f"s{c.seed}")) for c in configs(["algo=fedavg"], [0, 1], cache)]
+    assert all(isinstance(r, dict) and r["status"] == "finished" for r in run_jobs(jobs))
+    assert built == {"algo": 2, "model": 2}

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from fedrun.config import CONF_DIR
-from fedrun.validation import precheck
+from fedrun.run.checks import precheck
 
 # data.seed=9: 2,435 synthetic rows for 6 clients (the default seed 0 draws 48,930)
 SMALL = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]

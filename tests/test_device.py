@@ -73,7 +73,7 @@ def test_the_users_own_thresholds_are_left_alone(monkeypatch, var, value):
 def test_a_run_on_the_cpu_keeps_freed_memory(tmp_path, monkeypatch):
     from helpers import fedrun as run_cli
 
-    import fedrun.runner as runner
+    import fedrun.run.runner as runner
 
     calls = []
     monkeypatch.setattr(runner, "keep_freed_memory", lambda: calls.append(1))

@@ -5,9 +5,9 @@ local step's matrix products compute in.
 
 The options are enumerated from the code, not listed here: LocalOptim's dataclass fields, each
 algorithm's signature (fedrun.algorithms.options.signature_options, the schema its yaml fills), and
-fedrun.acceleration's PRECISION and COMPILE. The exemptions are the code's: fedrun.algorithms.optim.
+fedrun.run.acceleration's PRECISION and COMPILE. The exemptions are the code's: fedrun.algorithms.optim.
 READ_ONLY_BY (an option the run's optimizer or schedule does not read); none of the others is in
-fedrun.resume.RESUMABLE_CHANGES. A resume is judged as find_resume_point judges it: fedrun.resume.differences
+fedrun.run.resume.RESUMABLE_CHANGES. A resume is judged as find_resume_point judges it: fedrun.run.resume.differences
 between the fingerprint a checkpoint stores and the new run's configuration."""
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedrun.acceleration import COMPILE, PRECISION, LocalSteps
 from fedrun.algorithms import ServerState, algorithm_class, build, names
 from fedrun.algorithms.optim import READ_ONLY_BY, LocalOptim, local_optim
 from fedrun.algorithms.options import signature_options
@@ -29,7 +28,8 @@ from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
-from fedrun.resume import differences, fingerprint
+from fedrun.run.acceleration import COMPILE, PRECISION, LocalSteps
+from fedrun.run.resume import differences, fingerprint
 from fedrun.simulate import Schedule, simulate
 
 ROUNDS = 3

@@ -39,8 +39,8 @@ from fedrun.config import CONF_DIR
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
 from fedrun.evaluate import evaluate
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
+from fedrun.run.protocol import apply_protocol
+from fedrun.run.spec import schedule, validate
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 RUNS = [(a, m) for a in ("fedavg", "peravg", "pfedme") for m in ("mclr", "dnn")]

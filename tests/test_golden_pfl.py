@@ -31,8 +31,8 @@ import fedrun.simulate as simulate_mod
 from fedrun.config import CONF_DIR
 from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule
+from fedrun.run.protocol import apply_protocol
+from fedrun.run.spec import schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "golden")

@@ -37,8 +37,8 @@ import fedrun.simulate
 from fedrun.algorithms.base import EvalContext
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
+from fedrun.run.protocol import apply_protocol
+from fedrun.run.spec import schedule, validate
 
 FIXTURES = os.path.join(helpers.FIXTURES, "golden")
 # The traces' tolerance, |fedrun - PFLlib| <= ATOL + RTOL |PFLlib| for every compared number, derived from how

@@ -21,8 +21,8 @@ from test_golden_pfllib import ATOL, RTOL, load
 import fedrun.simulate
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
-from fedrun.protocol import apply_protocol
-from fedrun.validation import schedule, validate
+from fedrun.run.protocol import apply_protocol
+from fedrun.run.spec import schedule, validate
 
 OPTIONS = {
     "fedamp": lambda a: ["algo.lr=0.1", f"algo.lam={a['lamda']}", f"algo.alpha_k={a['alphaK']}",

@@ -1,7 +1,7 @@
 """The package's walls: fedrun's import graph, read from the source (ast; imports inside functions
 count too), has no cycle, and every import runs down the declared floors below.
 
-A room is a top-level module (fedrun/runner.py) or a subpackage (fedrun/engine/, one room however
+A room is a top-level module (fedrun/run/runner.py) or a subpackage (fedrun/engine/, one room however
 many files it has). A room may import only rooms on lower floors; files inside one room may import
 each other, but no file-level cycle is allowed anywhere. A new module or subpackage must be given
 its floor here, which is the point: where it sits is a decision, not an accident.
@@ -19,17 +19,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedrun"
 # Top floor first. Rooms on one floor do not import each other.
 FLOORS = [
     ["cli", "data_cli", "bench", "report"],       # the console tools
-    ["runner"],                                   # config -> one run (or a group of seeds) and its folder
-    ["validation"],                               # every option check, before any work
-    ["acceleration", "protocol",                  # compiled local steps; the official-protocol table
-     "resume",                                    # a checkpoint's fingerprint (the local optimizer's options)
-     "memory"],                                   # memory=: the measured plan of clients and chunks at once
+    ["run"],                                      # config -> checked options -> one run (or a group of seeds)
     ["simulate"],                                 # the round loop
     ["evaluate"],                                 # metrics of all clients at once
     ["algorithms"],                               # the methods (contract, state, options)
     ["engine"],                                   # stacked parameters, vmap and loop engines
-    ["data", "models", "help", "trackers",
-     "run_folder"],                               # what a run writes, in its locked folder
+    ["data", "models", "help"],
     ["config", "device", "outputs", "plots", "clock", "branches", "args", "openmp"],
     ["hydra_compat"],                             # the only hooks into Hydra's and OmegaConf's private code
     ["errors"],                                   # the ground floor

@@ -1,4 +1,4 @@
-"""memory= (fedrun/memory.py): the planner measures, chunks within a budget, and falls back.
+"""memory= (fedrun/run/memory.py): the planner measures, chunks within a budget, and falls back.
 
 The budget is ENFORCED: `AllocationMeter(limit)` counts the bytes of every tensor the run allocates
 and raises torch.OutOfMemoryError past `limit`, as a device of that size would. Proved here, on the
@@ -20,7 +20,6 @@ import torch
 from helpers import fedrun
 
 import fedrun.simulate as sim
-from fedrun import memory
 from fedrun.algorithms import build, names
 from fedrun.algorithms.base import Algorithm
 from fedrun.algorithms.perfedavg import PerFedAvg
@@ -29,6 +28,7 @@ from fedrun.engine import VmapEngine, params_of
 from fedrun.engine.tree import tree_map
 from fedrun.errors import ConfigError
 from fedrun.models import MLP
+from fedrun.run import memory
 from fedrun.simulate import Schedule, simulate
 
 SCHED = Schedule(rounds=2, tau=2, clients_per_round=8, batch_size=200)
@@ -135,11 +135,11 @@ def test_gpu_check_memory_part_runs_on_the_cpu(capsys):
 
 
 def test_memory_is_not_part_of_a_runs_fingerprint():
-    """A run resumes under another memory= (fedrun.resume.fingerprint drops NEUTRAL_OPTIONS); by hand,
+    """A run resumes under another memory= (fedrun.run.resume.fingerprint drops NEUTRAL_OPTIONS); by hand,
     docs/performance.md: 2 rounds at memory=0.003 resumed to 4 at 0.002 wrote the metrics.csv of 4
     uninterrupted rounds at 0.002, byte for byte, and of 4 unplanned rounds."""
     from fedrun.bench.fitted import _compose
-    from fedrun.resume import fingerprint
+    from fedrun.run.resume import fingerprint
 
     prints = [fingerprint(_compose(o)) for o in (["memory=8"], ["memory=auto"], ["memory=0.5", "tau=3"])]
     assert prints[0] == prints[1] != prints[2]

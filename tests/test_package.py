@@ -10,7 +10,7 @@ from fedrun import outputs
 from fedrun.config import CONF_DIR, NEUTRAL_OPTIONS
 from fedrun.errors import ConfigError
 from fedrun.report.jobs import NEUTRAL_KEYS
-from fedrun.resume import find_resume_point, fingerprint
+from fedrun.run.resume import find_resume_point, fingerprint
 
 
 def composed(*overrides, hydra_node=False):
@@ -115,8 +115,8 @@ def user_folder(tmp_path, monkeypatch):
 
 
 def test_an_algorithm_from_a_user_folder_runs_through_the_search_path(user_folder):
-    from fedrun.runner import run
-    from fedrun.validation import precheck
+    from fedrun.run.checks import precheck
+    from fedrun.run.runner import run
 
     args = ["algo=signsgd", "hydra.searchpath=[file://my_conf]", *SMALL]
     assert precheck(args) is None
@@ -195,7 +195,7 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
     import fedrun.config  # noqa: F401 - registers the resolvers the config uses
-    from fedrun.runner import run
+    from fedrun.run.runner import run
 
     cfg = composed(*args, "rounds=1", "device=cpu")
     with pytest.raises(ConfigError) as e:
@@ -204,7 +204,7 @@ def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, cap
 
 
 def test_a_model_that_does_not_fit_the_data_gets_one_line(tmp_path):
-    from fedrun.runner import run
+    from fedrun.run.runner import run
 
     with pytest.raises(ConfigError) as e:
         run(composed("model=cnn", "rounds=1", "device=cpu", f"cache_dir={tmp_path}"), str(tmp_path / "run"))
@@ -270,7 +270,7 @@ def test_summary_md_leads_with_the_columns_a_reader_compares():
 
 def test_fedrun_conf_path_adds_the_users_folders_unless_the_command_line_sets_them(user_folder):
     from fedrun.config import with_env_searchpath
-    from fedrun.validation import precheck
+    from fedrun.run.checks import precheck
 
     env = {"FEDRUN_CONF_PATH": "my_conf"}
     argv = with_env_searchpath(["algo=signsgd"], env)

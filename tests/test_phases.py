@@ -99,7 +99,7 @@ def test_a_round_of_passes_no_client_holds_a_minibatch_of_is_refused_and_a_parti
     import pytest
 
     from fedrun.errors import ConfigError
-    from fedrun.validation import check_passes
+    from fedrun.run.spec import check_passes
 
     sizes = torch.tensor([12, 16, 20, 8])
     sched = lambda B: Schedule(rounds=1, tau=2, clients_per_round=4, batch_size=B)

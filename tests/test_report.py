@@ -19,7 +19,7 @@ from fedrun.config import CONF_DIR
 from fedrun.report import Job, missing_job_numbers, parse_targets
 from fedrun.report import main as report_main
 from fedrun.report.markdown import MD_COLUMNS
-from fedrun.validation import precheck
+from fedrun.run.checks import precheck
 
 # data.seed=9: 2,435 synthetic rows for 6 clients (the default seed 0 draws 48,930)
 SWEEP = ["-m", "algo=fedavg,perfedavg", "seed=0,1", "data.num_clients=6", "data.seed=9", "rounds=2", "tau=2",

@@ -288,7 +288,7 @@ ABSENT = object()
 
 
 def test_a_checkpoint_from_before_an_option_existed_still_matches():
-    from fedrun.resume import ADDED_OPTIONS, _diff
+    from fedrun.run.resume import ADDED_OPTIONS, _diff
 
     def nest(path, leaf, base):  # {"a": {"b": leaf}} for path "a.b", beside base's keys at the deepest level
         *parents, name = path.split(".")
@@ -316,7 +316,7 @@ def test_a_checkpoint_from_before_data_became_dataset_x_partition_still_matches(
     from hydra import compose, initialize_config_dir
 
     from fedrun.config import CONF_DIR
-    from fedrun.resume import RENAMED_TARGETS, _diff, fingerprint, upgrade
+    from fedrun.run.resume import RENAMED_TARGETS, _diff, fingerprint, upgrade
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         now = fingerprint(compose("config", overrides=overrides))
@@ -338,7 +338,7 @@ def test_a_run_folder_from_before_the_yamls_named_the_module_resumes(tmp_path):
     """Run folders written before conf/algo's `_target_` named the module (e300027 and older: a
     checkpoint's settings say `fedrun.algorithms.LocalOnly`, today's yaml
     `fedrun.algorithms.local.LocalOnly`) resume; another algorithm's short target is still a difference."""
-    from fedrun.resume import _diff, upgrade
+    from fedrun.run.resume import _diff, upgrade
 
     run_dir = tmp_path / "run"
     code, _, err = finish([*RUN, "algo=local", "rounds=1", f"hydra.run.dir={run_dir}"], tmp_path)
@@ -382,7 +382,7 @@ def test_schedules_over_the_runs_rounds_are_part_of_the_fingerprint():
     from hydra import compose, initialize_config_dir
 
     from fedrun.config import CONF_DIR
-    from fedrun.resume import _diff, fingerprint
+    from fedrun.run.resume import _diff, fingerprint
 
     def fp(*overrides):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -146,7 +146,7 @@ def test_the_option_reaches_the_run(tmp_path):
     from helpers import fedrun
     from test_package import composed
 
-    from fedrun.validation import schedule
+    from fedrun.run.spec import schedule
 
     assert schedule(composed("sampling=epochs"), 10).sampling == "epochs"
     assert schedule(composed(), 10).sampling == "replacement"

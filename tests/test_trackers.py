@@ -1,4 +1,4 @@
-"""Experiment trackers (fedrun.trackers, conf/logger): `logger=tensorboard` writes event files that
+"""Experiment trackers (fedrun.run.trackers, conf/logger): `logger=tensorboard` writes event files that
 TensorBoard's own reader loads, with every evaluated round's metrics.csv values and the config;
 MLflow (local file store) and W&B (offline) runs get the same rows; a resumed run continues its
 tracker runs; the batched launcher's jobs log to runs of their own; a missing package is one line,
@@ -11,7 +11,7 @@ import pytest
 from helpers import fedrun
 from omegaconf import OmegaConf
 
-from fedrun.validation import precheck
+from fedrun.run.checks import precheck
 
 # 5 clients (data.seed=35), a 6-5-4 DNN: about a second a run
 TINY = ["data.num_clients=5", "data.seed=35", "data.dim=6", "data.num_classes=4", "data.chunk_len=64", "model=dnn",
@@ -43,7 +43,7 @@ def test_tensorboard_event_files_hold_every_evaluated_round_and_the_config(tmp_p
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert "rounds: 4" in text and "_target_: fedrun.trackers.TensorBoard" in text
+    assert "rounds: 4" in text and "_target_: fedrun.run.trackers.TensorBoard" in text
 
 
 def test_a_resumed_run_continues_its_tensorboard_and_mlflow_runs(tmp_path):
@@ -236,3 +236,18 @@ def test_an_unreachable_mlflow_server_is_one_line_before_any_work_and_leaves_no_
         "waited up to 5 s): start the MLflow server or fix the address; logger.mlflow.tracking_uri=null (and no "
         "MLFLOW_TRACKING_URI) logs to ./mlruns offline"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tracker_target_from_before_the_run_wing_still_builds():
+    """The trackers moved from fedrun/trackers.py into fedrun/run/ (issue 47): a logger yaml written
+    before (a user's, or a run's recorded config) names `fedrun.trackers.<Class>`, and builds the same
+    class; a target that names nothing is still refused in one line."""
+    from fedrun.run import trackers
+
+    cfg = OmegaConf.create({"logger": {"tb": {"_target_": "fedrun.trackers.TensorBoard", "dir": "tb"},
+                                       "new": {"_target_": "fedrun.run.trackers.TensorBoard"}}})
+    items, problems = trackers.build(cfg)
+    assert problems == [] and [(k, type(t), t.dir) for k, t in items] == [
+        ("tb", trackers.TensorBoard, "tb"), ("new", trackers.TensorBoard, "tensorboard")]
+    _, problems = trackers.build(OmegaConf.create({"logger": {"x": {"_target_": "fedrun.trackers.Nothing"}}}))
+    assert problems == ["logger.x._target_='fedrun.trackers.Nothing' is not a class fedrun can import"]

@@ -147,7 +147,7 @@ class Algorithm(metaclass=AlgorithmMeta):
     def step_uses_round(self) -> bool:
         return self.optim.schedule != "constant"
 
-    # The official protocols' choices among this algorithm's options (fedrun.protocol, docs/fidelity.md):
+    # The official protocols' choices among this algorithm's options (fedrun.run.protocol, docs/fidelity.md):
     # option -> {protocol: value}; a protocol not named takes the value of the one it extends.
     protocol: dict[str, dict] = {}
     lr: float  # the local learning rate (`algo.lr` for every algorithm; its yaml maps it to the paper's name)

@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     if args.repeats > 1 and (args.seeds or args.authors):
         ap.error("--repeats times the vmap and loop engines; it does not apply to "
                  f"--{'seeds' if args.seeds else 'authors'}")
-    keep_freed_memory()  # as a run does (fedrun.runner)
+    keep_freed_memory()  # as a run does (fedrun.run.runner)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.seeds:

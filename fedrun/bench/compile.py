@@ -1,4 +1,4 @@
-"""Seconds per training round under each `compile=` / `precision=` (fedrun.acceleration), and
+"""Seconds per training round under each `compile=` / `precision=` (fedrun.run.acceleration), and
 whether the faster ways give eager's numbers.
 
     fedrun-bench --compile [--device cpu|cuda] [--rounds 10] [--compile-settings default-fedavg,pfedme,...]
@@ -61,8 +61,8 @@ def _compose(overrides: list[str], device: str):
     from hydra import compose, initialize_config_dir
 
     from ..config import CONF_DIR, instantiate_checked, instantiate_model
-    from ..protocol import apply_protocol
-    from ..validation import schedule
+    from ..run.protocol import apply_protocol
+    from ..run.spec import schedule
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])
@@ -168,7 +168,7 @@ def busy_fraction(fn, wall: float) -> float | None:
 
 def measure(s: Setting, modes: list[str], rounds: int, warmup: int, backend: str = "inductor") -> list[dict]:
     """One dict per mode: s/round, first round's seconds, busy fraction, max |diff| to eager."""
-    from ..acceleration import LocalSteps
+    from ..run.acceleration import LocalSteps
 
     device = s.data.train.x.device
     out, ref = [], None
@@ -219,12 +219,12 @@ def graphs_every_algorithm(device: str, small: bool = False) -> list[dict]:
     with BatchNorm), 2 rounds of 3 steps on a small synthetic problem (`small`: a tiny one, the
     test suite's): whether its steps were captured (else the reason it runs eagerly) and the
     largest difference of the server models."""
-    from ..acceleration import LocalSteps
     from ..algorithms import build, names
     from ..data import synthetic
     from ..engine import params_of
     from ..errors import ConfigError
     from ..models import MLP, MLPBN
+    from ..run.acceleration import LocalSteps
     from ..simulate import Schedule
 
     data = (synthetic(num_clients=8, dim=6, num_classes=3, seed=1, cache_dir=None, chunk_len=16) if small

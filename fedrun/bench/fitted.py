@@ -1,4 +1,4 @@
-"""`fedrun-bench --gpu-check --gpu-check-parts memory`: runs fitted to a memory cap (fedrun.memory).
+"""`fedrun-bench --gpu-check --gpu-check-parts memory`: runs fitted to a memory cap (fedrun.run.memory).
 
 Two settings, each run all at once (no plan, no cap: the baseline), with memory=auto, and with the
 device capped at 24 GB and at 8 GB (torch.cuda.set_per_process_memory_fraction of the device's total
@@ -17,7 +17,7 @@ all-at-once row (the planner's overhead where all at once fits the cap; target <
 fails prints its error and the others go on.
 
 On the CPU (`--gpu-check-device cpu`, the tests) the same path runs at tiny sizes, with the caps
-enforced by fedrun.memory.AllocationMeter instead of the CUDA allocator.
+enforced by fedrun.run.memory.AllocationMeter instead of the CUDA allocator.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _compose(overrides: list[str]):
 
 
 def _acid(device: str, sizes: dict, tmp: str):
-    from ..protocol import apply_protocol
+    from ..run.protocol import apply_protocol
     from .common import write_cifar10
 
     root, note = os.environ.get("FEDRUN_DATA", "data"), "real CIFAR-10"
@@ -92,11 +92,11 @@ def _resnet(device: str, sizes: dict, tmp: str):
 def _fitted_rounds(cfg, model_name: str, data, device: torch.device, option, sizes: dict):
     """Plans (memory=`option`; None: no plan) and times one setting's rounds. Returns s/round, peak MB
     of the timed rounds, the plan and the seconds its probes took."""
-    from .. import memory
     from ..config import instantiate_checked, instantiate_model
     from ..engine import ENGINES, params_of
+    from ..run import memory
+    from ..run.spec import schedule
     from ..simulate import simulate
-    from ..validation import schedule
     from .common import sync
 
     algo = instantiate_checked(cfg.algo)

@@ -137,8 +137,8 @@ def cifar_preset_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     from hydra import compose, initialize_config_dir
 
     from ..config import CONF_DIR, instantiate_checked, instantiate_model
-    from ..protocol import apply_protocol
-    from ..validation import schedule
+    from ..run.protocol import apply_protocol
+    from ..run.spec import schedule
     from .common import write_cifar10
 
     root = os.environ.get("FEDRUN_DATA", "data")

@@ -31,8 +31,8 @@ SETTINGS = {
 
 def _setup(overrides: list[str], device: str):
     from ..config import CONF_DIR, instantiate_checked
-    from ..protocol import apply_protocol
-    from ..validation import schedule
+    from ..run.protocol import apply_protocol
+    from ..run.spec import schedule
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"device={device}"])

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from ..config import group_file, load_conf, neutral_options, read_yaml
 from ..hydra_compat import basic_sweep_jobs
 from ..outputs import REASON_FILE
-from ..resume import ADDED_OPTIONS
+from ..run.resume import ADDED_OPTIONS
 
 PREFIXES = ("global", "pers", "new_global", "new_pers")  # new_*: held-out (unseen) clients, `partition.holdout`
 MODEL_NAMES = {"global": "global model", "pers": "personalized",

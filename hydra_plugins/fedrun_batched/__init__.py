@@ -4,8 +4,8 @@
 
 Hydra finds launchers in the `hydra_plugins` namespace package; this one ships with fedrun. Every
 job gets its folder as under the basic launcher (Hydra's `run_job` makes it; the job writes its
-`.hydra/` files once it starts, as a single run does: `fedrun.run_folder.hydra_record`), then
-`fedrun.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
+`.hydra/` files once it starts, as a single run does: `fedrun.run.folder.hydra_record`), then
+`fedrun.run.runner.run_jobs` trains the jobs: those equal but for `seed` together (every seed's
 states and random streams stacked along the client dimension), at most `max_group` seeds at a time
 (null: all), and the others one after the other, as the basic launcher would. It runs fedrun jobs
 only: the task function Hydra hands it (fedrun's `run_jobs` of one job) is not called. A job's
@@ -50,8 +50,8 @@ class BatchedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from fedrun.run_folder import hydra_record
-        from fedrun.runner import keep_failure, report, run_jobs
+        from fedrun.run.folder import hydra_record
+        from fedrun.run.runner import keep_failure, report, run_jobs
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None

@@ -62,7 +62,7 @@ def fedrun_setup(method: str, seed: int, data_root: str):
         cfg = compose("config", overrides=[f"experiment=cifar10_acid5_{PRESET.get(method, method)}", f"seed={seed}",
                                            f"data.root={data_root}", "data.download=false", "device=cpu"])
     data = instantiate_checked(cfg.data)
-    torch.manual_seed(seed)  # as fedrun.runner.Job.model
+    torch.manual_seed(seed)  # as fedrun.run.runner.Job.model
     model = instantiate_checked(cfg.model, in_features=data.in_features, num_classes=data.num_classes)
     return cfg, data, dict(model.named_parameters())
 
@@ -93,8 +93,8 @@ def their_layout(data, cfg):
 
 def fedrun_clients(cfg, data, seed: int, rounds: int) -> list[list[int]]:
     """The devices a fedrun run with `seed` samples in rounds 1..rounds."""
+    from fedrun.run.spec import schedule
     from fedrun.simulate import sample_round
-    from fedrun.validation import schedule
 
     sched = schedule(cfg, data.num_clients)
     return [sample_round(data, sched, 1, seed, r)[0].tolist() for r in range(1, rounds + 1)]

@@ -23,8 +23,8 @@ from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.proto import class_means, proto_logits
 from fedrun.errors import ConfigError
 from fedrun.models import CNN, MLP
+from fedrun.run.checks import precheck
 from fedrun.simulate import Schedule, local_training, sample_round, simulate
-from fedrun.validation import precheck
 
 ENGINES = [VmapEngine, LoopEngine]
 

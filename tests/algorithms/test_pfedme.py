@@ -13,7 +13,7 @@ from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
 from fedrun.errors import ConfigError
 from fedrun.models import MLP
-from fedrun.protocol import apply_protocol
+from fedrun.run.protocol import apply_protocol
 from fedrun.simulate import Schedule, eval_context, simulate
 
 ENGINES = [VmapEngine, LoopEngine]

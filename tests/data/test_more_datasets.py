@@ -321,7 +321,7 @@ def test_a_checkpoint_of_another_embedding_size_is_refused_in_one_line():
     import torch
 
     from fedrun.errors import ConfigError
-    from fedrun.runner import check_checkpoint_shapes
+    from fedrun.run.runner import check_checkpoint_shapes
 
     params = {"embedding.weight": torch.zeros(25, 8), "fc.weight": torch.zeros(4, 8)}
     ck = {"path": "run/checkpoints/round_2.pt", "state": {"params": {**params, "embedding.weight": torch.zeros(37, 8)}}}

@@ -20,6 +20,7 @@ from torch.func import functional_call
 from fedrun.algorithms import build
 from fedrun.bench import agreement
 from fedrun.branches import settings
+from fedrun.config import group_file, load_conf
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.batchnorm import split_buffers
@@ -28,7 +29,6 @@ from fedrun.errors import ConfigError
 from fedrun.models import LSTM, FastText, FedAvgCNN, ResNet10, ResNet18, TextCNN, Transformer
 from fedrun.models.rnn import lstm_layers
 from fedrun.simulate import Schedule, simulate
-from fedrun.validation import group_file, load_conf
 
 VOCAB, LENGTH = 20, 7  # token ids 0..19 (0: padding), rows of 7 tokens
 TEXT = dict(vocab_size=VOCAB)

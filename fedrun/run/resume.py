@@ -6,11 +6,11 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .algorithms import module_target
-from .algorithms.optim import canonical
-from .config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
-from .errors import ConfigError
+from .. import outputs
+from ..algorithms import module_target
+from ..algorithms.optim import canonical
+from ..config import NEUTRAL_OPTIONS, drop_options, group_file, load_conf
+from ..errors import ConfigError
 
 # Options that may change between a run and its resumption: those that do not change the numbers,
 # and `rounds` (a finished run continues to more rounds).
@@ -115,38 +115,44 @@ def _checkpoint_folder(path: str) -> str:
 
 def find_resume_point(cfg: DictConfig, out_dir: str) -> dict | None:
     """The checkpoint this run continues from, per `resume` (auto | true | false | <path>)."""
-    mode = cfg.resume
+    return resume_point(cfg.resume, fingerprint(cfg), out_dir)
+
+
+def resume_point(mode, fp: dict, out_dir: str) -> dict | None:
+    """The checkpoint a run of fingerprint `fp` continues from in `out_dir`, per `mode` (the `resume`
+    option: auto | true | false | <path>)."""
     if mode is False or mode in ("false", "False"):
         return None
     explicit = mode not in (True, "auto", "true", "True")
     folder = _checkpoint_folder(str(mode)) if explicit else os.path.join(out_dir, "checkpoints")
     if explicit and not os.path.exists(str(mode)):
-        raise ConfigError(f"resume={mode!r}: no such file or folder; allowed: auto, true, false, or a run dir / "
-                          "checkpoint path")
+        raise ConfigError(f"resume={mode!r}: no such file or folder; "
+                          f"allowed: auto, true, false, or a run dir / checkpoint path")
     warn = lambda msg: print(msg, file=sys.stderr)
     try:
         if explicit and os.path.isfile(str(mode)):  # that file, whatever its name; no fallback to another
             try:
                 ck = outputs.read_checkpoint(str(mode))
             except Exception as e:  # noqa: BLE001 - unreadable: say why, in one line
+                first = str(e).splitlines()[0][:200] if str(e) else ""
                 raise outputs.CheckpointError(f"resume={mode!r} is not a readable fedrun checkpoint "
-                                              f"({type(e).__name__}: "
-                                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                                              f"({type(e).__name__}: {first})") from None
         else:
             ck = outputs.load_checkpoint(folder, warn=warn)
     except outputs.CheckpointError as e:
         raise ConfigError(str(e)) from None
     if ck is None:
         if explicit or mode in (True, "true", "True"):
-            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; use resume=auto or "
-                              "resume=false")
+            raise ConfigError(f"resume={mode!r} but there is no checkpoint in {folder}; "
+                              f"use resume=auto or resume=false")
         return None
-    return _matching(ck, cfg)
+    return _matching(ck, fp)
 
 
-def _matching(ck: dict, cfg: DictConfig) -> dict:
-    """`ck`, if it is of `cfg`'s configuration; else a ConfigError naming what differs."""
-    diff = differences(ck["config"], cfg)
+def _matching(ck: dict, fp: dict) -> dict:
+    """`ck`, if it is of the configuration of fingerprint `fp`; else a ConfigError naming what differs."""
+    # (drop_options on the stored side too: older checkpoints kept options that are resumable changes now)
+    diff = _diff(drop_options(round_schedules(upgrade(ck["config"])), RESUMABLE_CHANGES), fp)
     if diff:
         raise ConfigError(
             f"the checkpoint {ck['path']} is of a different configuration ({'; '.join(diff[:5])}); "
@@ -155,13 +161,13 @@ def _matching(ck: dict, cfg: DictConfig) -> dict:
     return ck
 
 
-def resume_point_at(cfg: DictConfig, out_dir: str, rnd: int) -> dict | None:
+def resume_point_at(fp: dict, out_dir: str, rnd: int) -> dict | None:
     """The run's own checkpoint of round `rnd` (checkpoints/round_<rnd>.pt), if it is there and
     readable; None otherwise. For the seeds of a batched group that a kill left at different rounds:
-    they go back to their common round (fedrun.runner)."""
+    they go back to their common round (fedrun.run.runner). `fp`: the run's fingerprint."""
     path = os.path.join(out_dir, "checkpoints", f"round_{rnd:07d}.pt")
     try:
         ck = outputs.read_checkpoint(path)
     except Exception:  # noqa: BLE001 - missing or unreadable: the caller says what it does instead
         return None
-    return _matching(ck, cfg)
+    return _matching(ck, fp)

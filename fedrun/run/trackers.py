@@ -26,9 +26,9 @@ import urllib.parse
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .config import instantiate_checked
-from .errors import ConfigError
+from .. import outputs
+from ..config import instantiate_checked
+from ..errors import ConfigError
 
 STATE_FILE = "trackers.json"  # per run dir: what a resumed run needs to continue its tracker runs
 
@@ -227,12 +227,13 @@ class WandB(Tracker):
             self.run = None
 
 
-def check(cfg: DictConfig) -> list[str]:
-    """One line per tracker of `cfg.logger` that cannot run here (its package missing)."""
-    problems = []
+def build(cfg: DictConfig) -> tuple[list[tuple[str, Tracker]], list[str]]:
+    """The trackers of `cfg.logger`, built (no package is imported before `open`), and one line per
+    tracker that cannot run here (its package missing, its options, its server unreachable)."""
+    items, problems = [], []
     for name, node in (cfg.get("logger") or {}).items():
         try:
-            cls = get_class(node._target_)
+            cls = get_class(_moved(node._target_))
         except Exception:  # noqa: BLE001 - any failure to find the class
             problems.append(f"logger.{name}._target_={node.get('_target_')!r} is not a class fedrun can import")
             continue
@@ -241,14 +242,25 @@ def check(cfg: DictConfig) -> list[str]:
                             f"pip install 'fedrun[{cls.extra}]' (or pip install {cls.package})")
             continue
         try:
-            tracker = instantiate_checked(node)  # its options (no package is imported before open)
+            tracker = instantiate_checked(node, _target_=_moved(node._target_))
         except ConfigError as e:
             problems.append(str(e))
             continue
         why = tracker.problem() if isinstance(tracker, Tracker) else None
         if why:
             problems.append(why)
-    return problems
+        items.append((str(name), tracker))
+    return items, problems
+
+
+def _moved(target) -> str:
+    """A tracker's `_target_` as written before the trackers moved into fedrun.run (a user's logger
+    yaml, a run's recorded config: `fedrun.trackers.TensorBoard`) names the same class now."""
+    target = str(target)
+    return "fedrun.run.trackers." + target[len(MOVED_FROM):] if target.startswith(MOVED_FROM) else target
+
+
+MOVED_FROM = "fedrun.trackers."
 
 
 def quiet(tracker: Tracker) -> None:
@@ -260,16 +272,14 @@ def quiet(tracker: Tracker) -> None:
 class Trackers:
     """A run's trackers, opened together: `log` each evaluated round's row, `close` once."""
 
-    def __init__(self, cfg: DictConfig, out_dir: str, name: str, start: int):
-        self.items: list[tuple[str, Tracker]] = [(k, instantiate_checked(v))
-                                                 for k, v in (cfg.get("logger") or {}).items()]
+    def __init__(self, items, out_dir: str, name: str, start: int, config: dict):
+        self.items: list[tuple[str, Tracker]] = list(items)
         self.out_dir = out_dir
         path = os.path.join(out_dir, STATE_FILE)
         saved = {}
         if start and os.path.exists(path):
             with open(path) as f:
                 saved = json.load(f)
-        config = OmegaConf.to_container(cfg, resolve=True)
         state = {}
         for k, t in self.items:
             quiet(t)

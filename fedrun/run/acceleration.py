@@ -34,9 +34,9 @@ from typing import Callable
 
 import torch
 
-from .engine.tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .errors import ConfigError
-from .simulate import local_training, one_step
+from ..engine.tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..errors import ConfigError
+from ..simulate import local_training, one_step
 
 COMPILE = ("none", "default", "graphs")
 PRECISION = ("fp32", "tf32", "bf16")

@@ -20,26 +20,22 @@ import time
 from typing import Callable
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import outputs
-from .acceleration import LocalSteps, cpu_note
-from .algorithms.base import ServerState
-from .algorithms.optim import local_optim
-from .config import follows_dataset_vocab, instantiate_checked, instantiate_model
-from .data import FederatedData
-from .device import cpu_threads, keep_freed_memory, resolve_device
-from .engine import ENGINES, params_of
-from .errors import ConfigError, DataMissingError
+from .. import outputs
+from ..algorithms.base import ServerState
+from ..data import FederatedData
+from ..device import keep_freed_memory
+from ..engine import ENGINES, params_of
+from ..errors import ConfigError, DataMissingError
+from ..simulate import Diverged, Progress, Replica, simulate_group
+from .acceleration import LocalSteps
+from .folder import WRITABLE, RunFolder, hydra_record, write_reason
 from .memory import budget_bytes
 from .memory import plan as plan_memory
-from .protocol import apply_protocol
-from .resume import find_resume_point, fingerprint, resume_point_at
-from .run_folder import WRITABLE, RunFolder, hydra_record, write_reason
-from .simulate import Diverged, Progress, Replica, simulate_group
+from .resume import resume_point, resume_point_at
+from .spec import RunSpec
 from .trackers import Trackers
-from .validation import check_model_fits, check_passes, check_round_draws, schedule, validate
 
 # What may differ between the jobs of one group: the seed. Options that change nothing but how a
 # run shows itself are left out of the comparison too.
@@ -55,86 +51,37 @@ def group_key(cfg: DictConfig) -> str:
 
 
 class Job:
-    """One run's setup, from its config to what its round loop needs: checked options, algorithm,
-    data, model, schedule, resume point; its folder (`folder`, locked while the job holds it) takes
-    what the run writes. `record`: its `.hydra/` files (default: `hydra_record` of the running Hydra job)."""
+    """One run of a checked spec (`spec`: fedrun.run.spec.RunSpec, built once) in its folder (`folder`:
+    a RunFolder, locked while the job holds it): where it resumes from, its replica for the round loop,
+    its checkpoints and its end. It never reads the config. `started`: when the job's setup began
+    (time.time(); summary.json's seconds count from it)."""
 
-    def __init__(self, cfg: DictConfig, out_dir: str, data_cache: dict | None = None,
-                 record: dict[str, str] | None = None, launcher: str | None = None):
-        self.t0 = time.time()
-        self.cfg, self.out_dir, self.launcher = cfg, out_dir, launcher
-        record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
-        self.protocol = apply_protocol(cfg)
-        problems = validate(cfg)
-        if problems:
-            raise ConfigError("\n".join(problems))
-        self.folder = RunFolder(out_dir, record, bool(cfg.plot), cfg.get("plot_format", "png"))  # one job per folder
+    def __init__(self, spec: RunSpec, folder: RunFolder, started: float | None = None):
+        self.t0 = time.time() if started is None else started
+        self.spec, self.folder, self.out_dir = spec, folder, folder.path
+        self.algo, self.data, self.sched, self.device = spec.algo, spec.data, spec.schedule, spec.device.device
         self.run: Replica | None = None
         self.trackers: Trackers | None = None
         try:
-            self._accept(data_cache)
+            folder.check_checkpoint_place()
+            self.ck = resume_point(spec.output.resume, spec.fingerprint, self.out_dir)
+            self.done = folder.finished(self.sched.rounds, self.ck["round"] if self.ck is not None else None)
+            if self.ck is not None and self.done is None:
+                check_checkpoint_shapes(self.ck, params_of(spec.model))
         except BaseException:
-            self.folder.refuse()  # refused in a folder of its own making: no trace
+            folder.refuse()  # refused in a folder of its own making: no trace
             raise
+        if self.done is not None:  # the summary of a run that had already finished
+            print(f"fedrun: already finished ({self.sched.rounds} rounds) in {self.out_dir}; resume=false starts over")
 
     def close(self) -> None:
         """Releases the run folder."""
         self.folder.close()
 
-    def _accept(self, data_cache: dict | None) -> None:
-        cfg = self.cfg
-        self.device = resolve_device(str(cfg.device))
-        launcher = self.launcher
-        if launcher is None and HydraConfig.initialized():
-            launcher = HydraConfig.get().launcher.get("_target_")
-        self.threads = cpu_threads(cfg.get("threads", "auto"), launcher)  # None: leave them as they are
-        self.algo = instantiate_checked(cfg.algo)
-        self.algo.set_optim(local_optim(cfg.get("optim"), cfg.rounds))
-        data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
-        cache = {} if data_cache is None else data_cache
-        if data_key not in cache:
-            cache[data_key] = instantiate_checked(cfg.data)
-        self.data: FederatedData = cache[data_key]
-        self.sched = sched = schedule(cfg, self.data.num_train_clients)
-        if self.data.num_holdout and getattr(self.algo, "train_all", False):
-            raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
-                              "algo.train_all=true trains every client (set it false or partition.holdout=0)")
-        self.algo.set_schedule(sched)  # what its round's phases are sized by (FedALA's tau), as simulate does
-        sizes = self.data.train.sizes.cpu()[: self.data.num_train_clients]
-        passes = check_passes(self.algo, sched, sizes)
-        check_round_draws(sched, self.data.num_train_clients if self.algo.train_all else sched.clients_per_round,
-                          self.algo, int(sizes.max()) // sched.batch_size)
-        for line in _warnings(cfg, self.data, self.algo, self.device) + passes:
-            print(f"fedrun: warning: {line}", file=sys.stderr)
-        given = (cfg.get("dataset") or {}).get("vocab_size")
-        if self.data.vocab_size is not None and isinstance(given, int) and self.data.vocab_size < given \
-                and follows_dataset_vocab(cfg.model):
-            print(f"fedrun: dataset.vocab_size={given} capped at {self.data.vocab_size}: the training rows hold "
-                  f"{self.data.vocab_size - 2} distinct tokens (+ padding and unknown); a text model's embedding "
-                  f"follows it", file=sys.stderr)
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        model = self.model()
-        self.model_name = choices.get("model", cfg.model._target_)
-        check_model_fits(model, self.data, self.model_name,
-                         choices.get("data", self.data.name))  # before any file is written
-        self.algo.check_params(params_of(model))  # the algorithm's own needs of the model (e.g. a body)
-        self.folder.check_checkpoint_place()
-        self.ck = find_resume_point(cfg, self.out_dir)
-        self.done = self.folder.finished(sched.rounds, self.ck["round"] if self.ck is not None else None)
-        if self.ck is not None and self.done is None:
-            check_checkpoint_shapes(self.ck, params_of(model))
-        if self.done is not None:  # the summary of a run that had already finished
-            print(f"fedrun: already finished ({sched.rounds} rounds) in {self.out_dir}; resume=false starts over")
-
-    def model(self, device: torch.device | None = None):
-        torch.manual_seed(self.cfg.seed)
-        model = instantiate_model(self.cfg.model, self.data)
-        return model if device is None else model.to(device)
-
     def replica(self, data: FederatedData, model) -> Replica:
         """Opens the run's files and trackers; returns its replica for the round loop (params from
         `model`, the server state from the resume point)."""
-        cfg, ck, folder = self.cfg, self.ck, self.folder
+        spec, ck, folder = self.spec, self.ck, self.folder
         folder.start(data, ck)
         start = None
         if ck is not None:
@@ -144,9 +91,10 @@ class Job:
                                 clients=_to_device(st.get("clients", {}), self.device))
             start = Progress(state, ck["round"], ck["transmitted"])
             print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
-        fp = fingerprint(cfg)
-        self.trackers = trackers = Trackers(cfg, self.out_dir, f"{os.path.basename(os.path.normpath(self.out_dir))} "
-                                            f"seed={cfg.seed}", ck["round"] if ck is not None else 0)
+        fp = spec.fingerprint
+        self.trackers = trackers = Trackers(spec.output.trackers, self.out_dir,
+                                            f"{os.path.basename(os.path.normpath(self.out_dir))} seed={spec.seed}",
+                                            ck["round"] if ck is not None else 0, spec.config)
 
         def on_eval(rnd: int, transmitted: int, ev) -> None:
             row = {"round": rnd, "models_transmitted": transmitted, **ev.row}
@@ -158,9 +106,9 @@ class Job:
                 "config": fp, "transmitted": at.transmitted, "torch_rng": torch.get_rng_state(),
                 "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients}})
 
-        minutes = cfg.get("checkpoint_minutes") or 0
+        minutes = spec.output.checkpoint_minutes
         due = (lambda: time.time() - folder.saved_at >= 60 * minutes) if minutes else None
-        self.run = Replica(cfg.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
+        self.run = Replica(spec.seed, params_of(model), start, on_eval, on_checkpoint, checkpoint_due=due)
         return self.run
 
     def checkpoint_interrupted(self) -> int | None:
@@ -175,23 +123,23 @@ class Job:
     def finish(self, run: Replica, data: FederatedData) -> dict | Diverged:
         """Writes clients.csv, summary.json (and metrics.png); returns the summary, or the
         divergence when the run diverged and `on_diverge=stop`."""
-        cfg, device, history = self.cfg, self.device, self.folder.history
+        spec, history = self.spec, self.folder.history
         self.folder.close_log()
         if self.trackers is not None:
             self.trackers.close("failed" if run.error is not None else "finished")
         if run.error is not None:
             e = run.error
             summary = {"status": "diverged", "error": str(e), **self.identity(),
-                       **(_summary(history, time.time() - self.t0, cfg, device) if history else {})}
+                       **(_summary(history, time.time() - self.t0, spec) if history else {})}
             self.folder.write_summary(summary)
-            if cfg.on_diverge == "record":
+            if spec.output.on_diverge == "record":
                 print(f"fedrun: diverged (recorded, on_diverge=record): {e}", file=sys.stderr)
                 return summary
             return e
         if run.last is not None:
             self.folder.write_clients(data, run.last)
-        summary = {"status": "finished", **self.identity(), **_summary(history, time.time() - self.t0, cfg, device),
-                   "protocol": cfg.protocol, "protocol_choices": self.protocol}
+        summary = {"status": "finished", **self.identity(), **_summary(history, time.time() - self.t0, spec),
+                   "protocol": spec.protocol, "protocol_choices": spec.protocol_choices}
         self.folder.write_summary(summary)
         self.plot()
         return summary
@@ -200,25 +148,12 @@ class Job:
         """metrics.png from metrics.csv (with `plot`); also for a finished run that lacks it (a kill
         between summary.json and the figure)."""
         who = self.identity()
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        self.folder.plot_metrics(title=f"{who['algo']} on {data_title(choices, who['data'])}, seed {self.cfg.seed}",
+        self.folder.plot_metrics(title=f"{who['algo']} on {self.spec.data_title}, seed {self.spec.seed}",
                                  personalized=f"personalized ({who['algo']}'s own personalization)")
 
     def identity(self) -> dict:
         """What summary.json says the run was: algorithm, data, model (config choices), preset, seed."""
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        return {"algo": choices.get("algo") or getattr(self.algo, "name", str(self.cfg.algo.get("_target_"))),
-                "data": choices.get("data") or self.data.name,
-                "model": choices.get("model") or str(self.cfg.model.get("_target_")),
-                "experiment": choices.get("experiment"), "seed": self.cfg.seed}
-
-
-def data_title(choices: dict, data: str) -> str:
-    """The data as a figure's title names it: a composed data (`dataset=` x `partition=`) by its
-    dataset and partition (`mnist, partition=dirichlet`), not by `composed`; a preset (data=) by its name."""
-    if choices.get("dataset"):
-        return f"{choices['dataset']}, partition={choices.get('partition') or 'iid'}"
-    return data
+        return dict(self.spec.identity)
 
 
 USER_ERRORS = (ConfigError, DataMissingError)
@@ -246,7 +181,7 @@ def run_jobs(jobs: list[tuple], max_group: int | None = None,
             for i in members[s : s + size]:
                 cfg, out_dir, *record = jobs[i]
                 try:
-                    job = Job(cfg, out_dir, data_cache, record[0] if record else None, launcher)
+                    job = _job(cfg, out_dir, data_cache, record[0] if record else None, launcher)
                 except USER_ERRORS as e:
                     results[i] = e
                     continue
@@ -277,13 +212,13 @@ def _resume_together(jobs: list[Job]) -> None:
     a group checkpoints at the same rounds), so the group trains on as the uninterrupted one did.
     Where one lacks that checkpoint, the seeds resume from their own rounds, said in one line (their
     numbers may then differ from the uninterrupted sweep's in the last float bits)."""
-    if len(jobs) < 2 or any(str(job.cfg.resume) not in ("auto", "True", "true") for job in jobs):
+    if len(jobs) < 2 or any(str(job.spec.output.resume) not in ("auto", "True", "true") for job in jobs):
         return  # (resume=false starts every seed over; resume=<path> is what the user chose)
     rounds = [job.ck["round"] if job.ck is not None else 0 for job in jobs]
     common = min(rounds)
     if common == max(rounds):
         return
-    back = [(job, resume_point_at(job.cfg, job.out_dir, common) if common else None)
+    back = [(job, resume_point_at(job.spec.fingerprint, job.out_dir, common) if common else None)
             for job, rnd in zip(jobs, rounds) if rnd > common]
     if common and any(ck is None for _, ck in back):
         print(f"fedrun: warning: the seeds of one group were stopped at rounds {sorted(set(rounds))} and not all "
@@ -294,6 +229,17 @@ def _resume_together(jobs: list[Job]) -> None:
               f"{'round ' + str(common) if common else 'the start'} with them (from its round {job.ck['round']})",
               file=sys.stderr)
         job.ck = ck
+
+
+def _job(cfg: DictConfig, out_dir: str, data_cache: dict, record: dict[str, str] | None,
+         launcher: str | None) -> Job:
+    """The job of `cfg` in `out_dir`: its spec (the one pass over the options; the data from
+    `data_cache` when a job of the group built it), then its folder, locked. `record`: its `.hydra/`
+    files (default: `hydra_record` of the running Hydra job)."""
+    started = time.time()
+    record = record if record is not None else hydra_record(cfg)  # before the protocol fills options in
+    spec = RunSpec.from_config(cfg, data_cache, launcher)
+    return Job(spec, RunFolder(out_dir, record, spec.output.plot, spec.output.plot_format), started)
 
 
 class Terminated(KeyboardInterrupt):
@@ -340,22 +286,24 @@ def _run_together(jobs: list[Job]) -> list[dict | Exception]:
 
 def _train(jobs: list[Job]) -> list[dict | Exception]:
     head = jobs[0]
-    if head.device.type == "cpu":
+    dev = head.spec.device
+    if dev.device.type == "cpu":
         keep_freed_memory()
-        if head.threads is not None:
-            torch.set_num_threads(head.threads)
-    cfg = head.cfg
+        if dev.threads is not None:
+            torch.set_num_threads(dev.threads)
     data = head.data.to(head.device)
-    models = [job.model(head.device) for job in jobs]
-    engine = ENGINES[cfg.engine](models[0], max_chunks=cfg.max_chunks)
-    steps = LocalSteps(cfg.get("compile", "none"), cfg.get("precision", "fp32"))
-    budget = budget_bytes(cfg.get("memory", "auto"), head.device)
+    models = [job.spec.model.to(head.device) for job in jobs]  # each built once, by its spec
+    last = jobs[-1].spec  # the generators as they were after the last model was built (its seed, then its init)
+    torch.manual_seed(last.seed)
+    torch.set_rng_state(last.rng)
+    engine = ENGINES[dev.engine](models[0], max_chunks=dev.max_chunks)
+    steps = LocalSteps(dev.compile, dev.precision)
+    budget = budget_bytes(dev.memory, head.device)
     fitted = None
     if budget is not None:  # measured before any file is written: a run that cannot fit stops with one line
         try:
-            fitted = plan_memory(head.algo, engine, data, head.sched, params_of(models[0]), cfg.seed, budget,
-                                 len(jobs), steps, cfg.client_chunk, f"model={head.model_name}",
-                                 cfg.get("memory", "auto"))
+            fitted = plan_memory(head.algo, engine, data, head.sched, params_of(models[0]), head.spec.seed, budget,
+                                 len(jobs), steps, dev.client_chunk, f"model={head.spec.model_name}", dev.memory)
         except ConfigError:
             for job in jobs:  # refused before anything was written: folders of their own making go
                 job.folder.refuse()
@@ -363,8 +311,8 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
         print(f"fedrun: {fitted.line()}", file=sys.stderr)
     try:
         runs = [job.replica(data, model) for job, model in zip(jobs, models)]  # opens files and trackers
-        simulate_group(head.algo, engine, data, runs, head.sched, progress=cfg.progress,
-                       checkpoint_every=cfg.checkpoint_every, client_chunk=cfg.client_chunk, steps=steps,
+        simulate_group(head.algo, engine, data, runs, head.sched, progress=head.spec.output.progress,
+                       checkpoint_every=head.spec.output.checkpoint_every, client_chunk=dev.client_chunk, steps=steps,
                        start_chunk=None if fitted is None else fitted.clients)
     except BaseException:  # an error, a kill (KeyboardInterrupt), a tracker that cannot start:
         # the tracker runs opened so far end as stopped
@@ -379,7 +327,7 @@ def _train(jobs: list[Job]) -> list[dict | Exception]:
 
 
 def keep_failure(out_dir: str, error: BaseException, record: dict[str, str] | None) -> None:
-    """A sweep's job that failed keeps its folder with why (`run_folder.write_reason`: one line, and
+    """A sweep's job that failed keeps its folder with why (`folder.write_reason`: one line, and
     the job's `.hydra/` record), so fedrun-report names the job and its reason. A diverged job's
     summary.json says it already."""
     if isinstance(error, Diverged):
@@ -423,23 +371,6 @@ def run(cfg: DictConfig, out_dir: str) -> dict:
     return result
 
 
-def _warnings(cfg: DictConfig, data: FederatedData, algo, device: torch.device) -> list[str]:
-    """Settings that run, but likely not as meant (a round in passes over the clients' rows:
-    `validation.check_passes`)."""
-    out = [line for line in [cpu_note(cfg.get("precision", "fp32"), device)] if line]
-    given = ([str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task]
-             if HydraConfig.initialized() else [])
-    if cfg.frac is not None and "clients_per_round" in given:
-        out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
-    largest = int(data.train.sizes.max())
-    phases = algo.phases()
-    draws = phases is None or any(ph.epochs is None for ph in phases)  # minibatches drawn as sampling= says
-    if cfg.batch_size > largest and draws:
-        out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
-                   f"each minibatch repeats rows")
-    return out
-
-
 def check_checkpoint_shapes(ck: dict, params: dict) -> None:
     """One line when the checkpoint's server model is not shaped as this run's model (a text model
     written before its embedding followed the corpus's vocabulary: dataset.vocab_size is capped at the
@@ -454,7 +385,6 @@ def check_checkpoint_shapes(ck: dict, params: dict) -> None:
             raise ConfigError(f"the checkpoint {ck['path']} holds {name} of {was}, this run's model {list(p.shape)}"
                               f"{why}; start over with resume=false or run elsewhere (hydra.run.dir=...)")
 
-
 def _to_device(obj, device):
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
@@ -463,9 +393,10 @@ def _to_device(obj, device):
     return obj
 
 
-def _summary(history: list[dict], seconds: float, cfg: DictConfig, device) -> dict:
+def _summary(history: list[dict], seconds: float, spec: RunSpec) -> dict:
     last = history[-1]
-    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(device), "engine": cfg.engine,
+    out = {"rounds": last["round"], "seconds": round(seconds, 2), "device": str(spec.device.device),
+           "engine": spec.device.engine,
            "threads": torch.get_num_threads()}
     for prefix in ("global", "pers", "new_global", "new_pers"):
         key = f"{prefix}_acc"

@@ -41,12 +41,12 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .algorithms.base import Algorithm
-from .data.federated import ClientSplit, FederatedData
-from .engine import Engine, Params
-from .engine.tree import tree_leaves, tree_map
-from .errors import ConfigError
-from .simulate import Schedule, clients_slice, is_oom, local_training, round_draws
+from ..algorithms.base import Algorithm
+from ..data.federated import ClientSplit, FederatedData
+from ..engine import Engine, Params
+from ..engine.tree import tree_leaves, tree_map
+from ..errors import ConfigError
+from ..simulate import Schedule, clients_slice, is_oom, local_training, round_draws
 
 GB = 2**30
 MEMORY_HELP = "auto, or a number of GB > 0 (e.g. memory=8)"
@@ -131,7 +131,7 @@ class AllocationMeter(TorchDispatchMode):
             if self.limit is not None and self.live > self.limit:
                 self.refused += 1
                 raise torch.OutOfMemoryError(f"out of memory: {self.live} bytes live past the budget of {self.limit} "
-                                             f"(fedrun.memory.AllocationMeter)")
+                                             f"(fedrun.run.memory.AllocationMeter)")
             self.peak = max(self.peak, self.live)
         return out
 

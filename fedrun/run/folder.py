@@ -1,7 +1,7 @@
 """A run's folder: what one job writes there, and the promises about it (docs/outputs.md).
 
 `RunFolder(path)` takes the folder's lock (one job per folder; the kernel frees it however the
-process ends); the run's setup (fedrun.runner.Job) then reads the folder (a finished run's summary, the
+process ends); the run's setup (fedrun.run.runner.Job) then reads the folder (a finished run's summary, the
 checkpoint folder's place) and, once the run is accepted, `start` writes the `.hydra/` record and
 partition.csv and sets metrics.csv to the rows the run resumes from. While it trains, `log` appends
 one flushed row per evaluation and `save_checkpoint` writes a round atomically with the rows up to
@@ -19,8 +19,8 @@ import time
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import outputs
-from .errors import ConfigError
+from .. import outputs
+from ..errors import ConfigError
 
 RECORD_DIR = ".hydra"
 WRITABLE = "free space, or give the run a writable folder: hydra.run.dir=..., or hydra.sweep.dir=... for -m"
@@ -120,7 +120,7 @@ class RunFolder:
                 outputs.write_atomic(os.path.join(self.path, RECORD_DIR, name), text)
         outputs.write_partition(data, self.file("partition.csv"))
         if self.plot:
-            from .plots import plot_partition
+            from ..plots import plot_partition
 
             plot_partition(data.train.label_counts(data.num_classes).cpu().numpy(), data.num_holdout,
                            self.figure("partition"))
@@ -163,7 +163,7 @@ class RunFolder:
     def plot_metrics(self, title: str, personalized: str) -> None:
         """metrics.<plot_format> from metrics.csv (with `plot`)."""
         if self.plot:
-            from .plots import plot_run
+            from ..plots import plot_run
 
             plot_run(self.file("metrics.csv"), self.figure("metrics"), title=title, personalized=personalized)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from .algorithms.checks import check_choice
+from ..algorithms.checks import check_choice
 
 # protocol -> the protocol it extends (its values where it names none) and the run-level choices
 EXTENDS = {"honest": None, "official": None, "official_2020": "official"}

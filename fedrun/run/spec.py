@@ -1,32 +1,173 @@
-"""Checks of the options before any work starts, each problem as one line naming the option."""
+"""A run compiled from its composed config in ONE pass: `RunSpec.from_config(cfg)` checks every option
+(all problems at once, one line each, before any work), builds the algorithm, the data and the model
+once, and holds them with the schedule, the device and the output settings as frozen values. The job
+(fedrun.run.runner.Job) runs a spec and never reads the config; the round loop never sees it either.
+
+The pass, in order: the options (`validate`: each top-level option, the device, memory=, compile=,
+the trackers, the algorithm built and its local optimizer set, the model's options), then the data,
+the schedule and the checks that need them (the held-out clients, the round's draws, the model fits
+the rows, the algorithm's needs of the model). `job_problems` (fedrun.run.checks) is the options'
+part on a copy: what a sweep's job would refuse before its data is loaded.
+"""
 from __future__ import annotations
 
+import json
 import os
+import sys
+from dataclasses import dataclass
 
+import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from . import acceleration, trackers
-from .algorithms.checks import check_choice
-from .algorithms.optim import local_optim
-from .config import (
+from ..algorithms.base import Algorithm
+from ..algorithms.checks import check_choice
+from ..algorithms.optim import local_optim
+from ..config import (
     CONF_DIR,
     FIGURE_FORMATS,
-    GROUPS,
-    PRESETS,
-    group_conf,
+    follows_dataset_vocab,
     group_file,
     group_options,
     instantiate_checked,
     load_conf,
-    search_roots,
 )
-from .device import cpu_threads, physical_memory, resolve_device
-from .engine import ENGINES, params_of
-from .errors import ConfigError
+from ..data import FederatedData
+from ..device import cpu_threads, physical_memory, resolve_device
+from ..engine import ENGINES, params_of
+from ..errors import ConfigError
+from ..simulate import SAMPLING, Schedule
+from . import acceleration, trackers
 from .memory import parse_memory
 from .protocol import apply_protocol
-from .simulate import SAMPLING, Schedule
+from .resume import fingerprint
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Where and how the run computes: device=, threads= (None: leave them as they are), engine=,
+    max_chunks=, client_chunk=, compile=, precision=, memory= (as given: memory.budget_bytes reads it)."""
+
+    device: torch.device
+    threads: int | None
+    engine: str
+    max_chunks: int
+    client_chunk: int | None
+    compile: str
+    precision: str
+    memory: object
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the run writes and shows: its figures, the progress bar, checkpoints (every `checkpoint_every`
+    rounds, every `checkpoint_minutes`), where it resumes from (`resume`), what a divergence does, and
+    its trackers (built, opened when the run starts)."""
+
+    plot: bool
+    plot_format: str
+    progress: bool
+    checkpoint_every: int
+    checkpoint_minutes: float
+    resume: object
+    on_diverge: str
+    trackers: tuple[tuple[str, trackers.Tracker], ...]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One checked run: the built algorithm (its local optimizer set), data and model (built once, seeded
+    with `seed`; `rng`: the CPU generator's state right after, what the round loop starts from), the
+    schedule, device and output settings, the protocol's choices, the checkpoint fingerprint, the
+    resolved config (for the trackers), what summary.json says the run was (`identity`) and the data as
+    its figures' titles name it (`data_title`)."""
+
+    seed: int
+    algo: Algorithm
+    data: FederatedData
+    model: torch.nn.Module
+    rng: torch.Tensor
+    model_name: str
+    schedule: Schedule
+    device: DeviceSpec
+    output: OutputSpec
+    protocol: str
+    protocol_choices: dict
+    fingerprint: dict
+    config: dict
+    identity: dict
+    data_title: str
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, data_cache: dict | None = None, launcher: str | None = None) -> RunSpec:
+        """Checks and builds the run `cfg` describes; fills, in place, the options its protocol governs.
+        Raises ConfigError with every problem of the options (one line each), or the first one the
+        data shows. `data_cache`: data already built for an equal `cfg.data` (a group's jobs share
+        one). `launcher`: the Hydra launcher's `_target_` (threads=auto), when HydraConfig does not hold it."""
+        protocol_choices = apply_protocol(cfg)
+        built: dict = {}
+        problems = validate(cfg, built)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        algo, tracker_items = built["algo"], built["trackers"]
+        if launcher is None and HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher.get("_target_")
+        device = DeviceSpec(resolve_device(str(cfg.device)), cpu_threads(cfg.get("threads", "auto"), launcher),
+                            cfg.engine, cfg.max_chunks, cfg.client_chunk, cfg.get("compile", "none"),
+                            cfg.get("precision", "fp32"), cfg.get("memory", "auto"))
+        data_key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str)
+        cache = {} if data_cache is None else data_cache
+        if data_key not in cache:
+            cache[data_key] = instantiate_checked(cfg.data)
+        data: FederatedData = cache[data_key]
+        torch.manual_seed(cfg.seed)  # the model, once: checked here, trained by the job
+        model_built: dict = {}
+        vocab = getattr(data, "vocab_size", None)  # as config.instantiate_model: a text model's embedding follows it
+        extra = {"vocab_size": vocab} if vocab is not None and follows_dataset_vocab(cfg.model) else {}
+        problems = model_problems(cfg, algo, model_built, in_features=data.in_features, num_classes=data.num_classes,
+                                  **extra)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        model, rng = model_built["model"], torch.get_rng_state()
+        sched = schedule(cfg, data.num_train_clients)
+        if data.num_holdout and getattr(algo, "train_all", False):
+            raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
+                              "algo.train_all=true trains every client (set it false or partition.holdout=0)")
+        algo.set_schedule(sched)  # what its round's phases are sized by (FedALA's tau), as simulate does
+        sizes = data.train.sizes.cpu()[: data.num_train_clients]
+        passes = check_passes(algo, sched, sizes)
+        check_round_draws(sched, data.num_train_clients if algo.train_all else sched.clients_per_round,
+                          algo, int(sizes.max()) // sched.batch_size)
+        for line in _warnings(cfg, data, algo, device.device) + passes:
+            print(f"fedrun: warning: {line}", file=sys.stderr)
+        given = (cfg.get("dataset") or {}).get("vocab_size")
+        if data.vocab_size is not None and isinstance(given, int) and data.vocab_size < given \
+                and follows_dataset_vocab(cfg.model):
+            print(f"fedrun: dataset.vocab_size={given} capped at {data.vocab_size}: the training rows hold "
+                  f"{data.vocab_size - 2} distinct tokens (+ padding and unknown); a text model's embedding "
+                  f"follows it", file=sys.stderr)
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        model_name = choices.get("model", cfg.model._target_)
+        check_model_fits(model, data, model_name, choices.get("data", data.name))  # before any file is written
+        model.train()  # as built (the fit is tried in eval mode)
+        output = OutputSpec(bool(cfg.plot), cfg.get("plot_format", "png"), cfg.progress, cfg.checkpoint_every,
+                            cfg.get("checkpoint_minutes") or 0, cfg.resume, cfg.on_diverge, tuple(tracker_items))
+        identity = {"algo": choices.get("algo") or getattr(algo, "name", str(cfg.algo.get("_target_"))),
+                    "data": choices.get("data") or data.name,
+                    "model": choices.get("model") or str(cfg.model.get("_target_")),
+                    "experiment": choices.get("experiment"), "seed": cfg.seed}
+        return cls(cfg.seed, algo, data, model, rng, model_name, sched, device, output, cfg.protocol,
+                   protocol_choices, fingerprint(cfg), OmegaConf.to_container(cfg, resolve=True), identity,
+                   data_title(choices, identity["data"]))
+
+
+def data_title(choices: dict, data: str) -> str:
+    """The data as a figure's title names it: a composed data (`dataset=` x `partition=`) by its
+    dataset and partition (`mnist, partition=dirichlet`), not by `composed`; a preset (data=) by its name."""
+    if choices.get("dataset"):
+        return f"{choices['dataset']}, partition={choices.get('partition') or 'iid'}"
+    return data
 
 
 def _int_option(cfg: DictConfig, key: str, low: int) -> int:
@@ -182,8 +323,11 @@ def _cache_dir(cfg: DictConfig) -> list[str]:
     return out
 
 
-def validate(cfg: DictConfig) -> list[str]:
-    """Every problem with the options that can be checked before any work starts, one line each."""
+def validate(cfg: DictConfig, built: dict | None = None) -> list[str]:
+    """Every problem with the options that can be checked before any work starts, one line each.
+    `built` (given: filled) gets the algorithm (its local optimizer set) and the trackers; a model on
+    tiny rows is built only to check the model's options when the run is refused anyway (`built` not
+    given, or another problem): an accepted run builds its model once, for its data (RunSpec)."""
     problems: list[str] = []
 
     def check(fn, *args) -> None:
@@ -221,52 +365,56 @@ def validate(cfg: DictConfig) -> list[str]:
     if device is not None:
         check(acceleration.check, cfg.get("compile", "none"), cfg.get("precision", "fp32"), device)
     check(cpu_threads, cfg.get("threads", "auto"))
-    problems += trackers.check(cfg)
-    built = {}
-
-    def build(key: str, node, **kwargs) -> None:
-        try:
-            built[key] = instantiate_checked(node, **kwargs)
-        except ConfigError as e:
-            if not isinstance(e.__cause__, RuntimeError):
-                raise
-            given = ", ".join(f"{key}.{k}={v!r}" for k, v in OmegaConf.to_container(node).items() if k != "_target_")
-            raise ConfigError(f"{key} options ({given}) do not build a network: {e}") from None
-
-    check(build, "algo", cfg.algo)
+    items, tracker_problems = trackers.build(cfg)
+    problems += tracker_problems
+    given, built = built is not None, {} if built is None else built
+    built["trackers"] = items
+    try:
+        built["algo"] = _build("algo", cfg.algo)
+    except ConfigError as e:
+        problems.append(str(e))
     try:
         optim = local_optim(cfg.get("optim"), cfg.get("rounds", 1))
         if "algo" in built:
             built["algo"].set_optim(optim)
     except ConfigError as e:
         problems.append(str(e))
+    if "algo" in built and isinstance(cfg.tau, int) and not isinstance(cfg.tau, bool) and cfg.tau >= 1:
+        check(built["algo"].check_tau, cfg.tau)  # a part of the method the run's tau would never train
     hidden = _model_hidden(cfg)
     if hidden:
         problems.append(hidden)
-    else:
-        check(lambda: build("model", cfg.model, in_features=4, num_classes=2))
-    if "algo" in built and isinstance(cfg.tau, int) and not isinstance(cfg.tau, bool) and cfg.tau >= 1:
-        check(built["algo"].check_tau, cfg.tau)  # a part of the method the run's tau would never train
-    if len(built) == 2:  # the algorithm's own needs of the model (a body, BatchNorm or none), on a tiny one
-        check(built["algo"].check_params, params_of(built["model"]))
+    elif not given or problems:
+        # a run refused anyway names its model's problems too, on tiny rows; an accepted one builds its
+        # model once, for its data (RunSpec.from_config)
+        problems += model_problems(cfg, built.get("algo"), {}, in_features=4, num_classes=2)
     return problems
 
 
-def job_problems(cfg: DictConfig) -> list[str]:
-    """validate() of a sweep job's config as Hydra composed it (its hydra node dropped, the protocol
-    applied, on a copy): what the job would refuse when it started."""
-    import copy
-
-    from omegaconf import open_dict, read_write
-
-    task = copy.deepcopy(cfg)
-    with read_write(task), open_dict(task):
-        task.pop("hydra", None)
+def _build(key: str, node, **kwargs):
+    """instantiate_checked(node), its RuntimeError (a network its options cannot make) as one line."""
     try:
-        apply_protocol(task)
+        return instantiate_checked(node, **kwargs)
+    except ConfigError as e:
+        if not isinstance(e.__cause__, RuntimeError):
+            raise
+        given = ", ".join(f"{key}.{k}={v!r}" for k, v in OmegaConf.to_container(node).items() if k != "_target_")
+        raise ConfigError(f"{key} options ({given}) do not build a network: {e}") from None
+
+
+def model_problems(cfg: DictConfig, algo: Algorithm | None, built: dict, **dims) -> list[str]:
+    """The model of `cfg.model` built for rows of `dims` (in_features, num_classes) into `built["model"]`,
+    and `algo`'s own needs of it (a body, BatchNorm or none): the problems, one line each."""
+    try:
+        built["model"] = _build("model", cfg.model, **dims)
     except ConfigError as e:
         return [str(e)]
-    return validate(task)
+    try:
+        if algo is not None:
+            algo.check_params(params_of(built["model"]))
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 def check_model_fits(model, data, model_name: str, data_name: str) -> None:
@@ -301,104 +449,17 @@ def check_model_fits(model, data, model_name: str, data_name: str) -> None:
                           f"{', '.join(fits) or 'none'}") from None
 
 
-def _repeated_sweep_value(argv: list[str]) -> str | None:
-    """One line for a swept option that lists a value twice (`seed=0,0`, `algo.lr=0.1,1e-1`): its jobs
-    would be one run twice, which a sweep's summary counts as two seeds (13.90 +- 0.00 over "2 seeds")."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-") and "=" in a])
-    except Exception:  # noqa: BLE001 - Hydra's own error says what is wrong with the syntax
-        return None
-    for o in overrides:
-        if not o.is_sweep_override():
-            continue
-        try:
-            values = list(o.sweep_iterator())
-        except Exception:  # noqa: BLE001 - a sweep only Hydra expands (glob over a group): its jobs differ
-            continue
-        for i, v in enumerate(values):
-            if any(type(v) is type(w) and v == w for w in values[:i]):
-                return (f"{o.input_line} lists {v!r} twice: its jobs would be "
-                        f"the same run, counted as two in the sweep's summary; give each value once")
-    return None
-def _own_yaml(group: str, name: str, roots: list[str]) -> str:
-    """Where a config of one's own goes (fedrun.config.search_roots): `hydra.searchpath` or $FEDRUN_CONF_PATH
-    (docs/extending.md); with such folders given, that none of them holds it."""
-    if len(roots) > 1:
-        return f" ({group}/{name}.yaml is in none of the config folders: {', '.join(roots[1:])})"
-    return (f" (your own: {group}/{name}.yaml in a folder given by hydra.searchpath=[file://DIR] or "
-            f"FEDRUN_CONF_PATH=DIR, docs/extending.md)")
-
-
-def precheck(argv: list[str], complete: bool = True) -> str | None:
-    """One-line message for an unknown config group option or key in `argv`, else None.
-
-    Hydra's own messages for these are several lines long; this catches the common typos first.
-    `complete=False` (for --help) accepts a dataset= without partition= and the other way round.
-    """
-    repeated = _repeated_sweep_value(argv)
-    if repeated:
-        return repeated
-    roots = search_roots(argv)
-    choices = {g: None for g in (*GROUPS, PRESETS)}
-    swept = {}  # every option of a swept group (algo=fedavg,fedbn): a group option must exist in each
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if key == "logger":  # trackers: one or several, logger=[tensorboard,mlflow]
-            allowed = group_options(key, roots)
-            for v in value.strip("[]").split(","):
-                if v and v not in allowed:
-                    return (f"logger={v!r} is not a known logger; choose one of: {', '.join(allowed)} "
-                            f"(several: logger=[a,b])")
-        if key in (*GROUPS, PRESETS):
-            allowed = group_options(key, roots)
-            for v in value.split(","):
-                if v not in allowed:
-                    return (f"{key}={v!r} is not a known {key}; choose one of: {', '.join(allowed)}"
-                            f"{_own_yaml(key, v, roots)}")
-            choices[key] = value.split(",")[0]
-            swept[key] = value.split(",")
-    if choices[PRESETS]:  # the groups a preset selects count as chosen unless the command line says otherwise
-        preset = load_conf(group_file(PRESETS, choices[PRESETS], roots))
-        for d in preset.get("defaults", []):
-            for k, v in (d.items() if not isinstance(d, str) else []):
-                group = k.replace("override", "").strip(" /")
-                if group in GROUPS and choices[group] is None:
-                    choices[group] = v
-    # dataset= and partition= are read by the data configs that interpolate them (conf/data/composed.yaml)
-    reads = lambda data: "${dataset}" in open(group_file("data", data, roots)).read()
-    if choices["data"] and (choices["dataset"] or choices["partition"]) and not reads(choices["data"]):
-        return (f"dataset=/partition= compose their own data and cannot go with data={choices['data']}; drop data= "
-                f"(the old data= settings stay as they are)")
-    if complete and not choices["dataset"] and (choices["partition"] or (choices["data"] and reads(choices["data"]))):
-        return (f"data={choices['data'] or 'composed'} needs dataset=<option>; choose one of: "
-                f"{', '.join(group_options('dataset', roots))}")
-    top = load_conf(os.path.join(CONF_DIR, "config.yaml"))
-    defaults = {list(d)[0]: list(d.values())[0] for d in top.defaults if not isinstance(d, str)}
-    for arg in argv:  # +key=value too: fedrun reads no option its configs lack (it would be recorded, not used)
-        if arg.startswith(("-", "~")) or "=" not in arg:
-            continue
-        key = arg.split("=", 1)[0].lstrip("+")
-        head, _, rest = key.partition(".")
-        # hydra.* options and hydra/launcher=... groups; Hydra checks logger.*
-        if head.split("/")[0] in ("hydra", "logger") or key in (*GROUPS, PRESETS):
-            continue
-        if head in GROUPS and rest:
-            if not (choices[head] or defaults[head]):
-                return f"{key} needs {head}=<option>; choose one of: {', '.join(group_options(head, roots))}"
-            for name in swept.get(head) or [choices[head] or defaults[head]]:
-                group_cfg = group_conf(head, name, roots)
-                if rest.split(".")[0] not in group_cfg:
-                    known = sorted(k for k in group_cfg if not str(k).startswith("_"))
-                    return f"{key} is not an option of {head}={name}; its options: {', '.join(known)}"
-        elif head not in top:
-            known = sorted(k for k in top if k not in ("defaults", "hydra"))
-            return (f"unknown option {key!r}; top-level options: {', '.join(known)}, "
-                    f"and groups {', '.join((*GROUPS, PRESETS))}")
-        elif rest and OmegaConf.is_dict(top[head]) and rest.split(".")[0] not in top[head]:  # optim.bogus
-            return f"{key} is not an option of {head}; its options: {', '.join(sorted(top[head]))}"
-    return None
+def _warnings(cfg: DictConfig, data: FederatedData, algo: Algorithm, device: torch.device) -> list[str]:
+    """Settings that run, but likely not as meant (a round in passes over the clients' rows: `check_passes`)."""
+    out = [line for line in [acceleration.cpu_note(cfg.get("precision", "fp32"), device)] if line]
+    given = ([str(o).lstrip("+").split("=", 1)[0] for o in HydraConfig.get().overrides.task]
+             if HydraConfig.initialized() else [])
+    if cfg.frac is not None and "clients_per_round" in given:
+        out.append(f"frac={cfg.frac} sets the clients per round; clients_per_round={cfg.clients_per_round} is ignored")
+    largest = int(data.train.sizes.max())
+    phases = algo.phases()
+    draws = phases is None or any(ph.epochs is None for ph in phases)  # minibatches drawn as sampling= says
+    if cfg.batch_size > largest and draws:
+        out.append(f"batch_size={cfg.batch_size} is larger than every client's training rows (largest: {largest}); "
+                   f"each minibatch repeats rows")
+    return out
