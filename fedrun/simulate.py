@@ -138,12 +138,16 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
             if ph.epochs is None:
                 out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None))
                 continue
-            m, S = len(cs), ph.epochs * longest
+            m, S, k = len(cs), ph.epochs * longest, ph.batches
             if S == 0:  # no client has a whole minibatch: the phase trains nothing
-                out.append((torch.zeros(m, 0, 1, B, dtype=torch.long, device=split.x.device),
+                out.append((torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
                             torch.zeros(m, 0, dtype=torch.bool, device=split.x.device)))
                 continue
-            idx = split.shuffled_indices(cs, ph.epochs, longest * B, g).view(m, S, 1, B)
+            if k == 1:
+                idx = split.shuffled_indices(cs, ph.epochs, longest * B, g).view(m, S, 1, B)
+            else:  # k independent shuffles per pass, a step takes one minibatch of each
+                idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
+                idx = idx.transpose(2, 3).reshape(m, S, k, B)
             live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
             out.append((idx, live.reshape(m, S).to(split.x.device)))
         return tuple(out)
@@ -371,8 +375,8 @@ def simulate_group(
             break
         t0, eval_s = time.perf_counter(), 0.0
         draws = [round_draws(algo, data, sched, r.seed, rnd) for r in active]
-        locals_ = [algo.optim.client_state(r.at.state, trained, algo.client_init(r.at.state, trained, rnd))
-                   for r, (_, trained, _, _) in zip(active, draws)]  # (with the local optimizer's state)
+        locals_ = [algo.start_local(r.at.state, trained, rnd)  # (with the local optimizer's state)
+                   for r, (_, trained, _, _) in zip(active, draws)]
         local, idx, aug = (cat_clients(parts) for parts in (locals_, [d[2] for d in draws], [d[3] for d in draws]))
         local = train(algo, engine, local, data, idx, rnd, aug)
         bad_all = _nonfinite_clients(local)  # one check for all replicas' clients
@@ -435,8 +439,7 @@ def _finish_round(algo: Algorithm, engine: Engine, data: FederatedData, sched: S
         )
     selected = torch.searchsorted(trained, clients)  # positions of the sampled clients (both sorted)
     weights = data.train.sizes[clients].to(torch.float64) if sched.aggregate == "samples" else None
-    state = algo.server_update(r.at.state, local, trained, selected, weights)
-    state = algo.optim.keep_state(state, local, trained, data.num_clients)  # (optim.state=persist)
+    state = algo.end_round(r.at.state, local, trained, selected, weights, data.num_clients)
     r.at = Progress(state, rnd, r.at.transmitted + len(clients) * algo.models_per_round)
     eval_s = 0.0
     if rnd % sched.eval_every == 0 or rnd == sched.rounds:

@@ -39,10 +39,11 @@ from ..engine import Engine
 from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, gather, stack, weighted_mean
 from ..errors import ConfigError
-from .checks import check_int, check_optional_int, check_positive
+from .checks import check_choice, check_int, check_optional_int, check_positive
 from .optim import PLAIN, LocalOptim
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
+from .trainer import BN_POLICIES, LocalTrainer
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
 
@@ -54,7 +55,8 @@ class Phase:
     Its length is `steps` (every client the same), or `epochs` passes over each client's OWN training
     rows: each pass a fresh shuffle cut into floor(n_c / batch_size) minibatches, the last partial one
     dropped (a shuffling DataLoader with drop_last, as PFLlib's clients use), so clients take
-    different numbers of steps. Each step calls `step(engine, local, batches, rnd)` (the signature
+    different numbers of steps (a step of `batches` minibatches walks that many independent shuffles,
+    one minibatch of each). Each step calls `step(engine, local, batches, rnd)` (the signature
     of `client_step`) with `batches` minibatches per client. The round loop runs every client for the
     most steps any training client takes and keeps a client's whole Local unchanged (torch.where,
     exact) at the steps past its own last one: still one vectorized computation.
@@ -68,8 +70,6 @@ class Phase:
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("a Phase has either steps or epochs")
-        if self.epochs is not None and self.batches != 1:
-            raise ValueError("an epochs Phase walks one minibatch per step")
 
 
 @dataclass
@@ -128,7 +128,7 @@ def _draw(split, size: int, steps: tuple[int, ...], gen: torch.Generator, client
     return split.sample_indices(clients, u)
 
 
-class Algorithm(metaclass=AlgorithmMeta):
+class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     """Options: the __init__ signature (names, types; no defaults), defaults: conf/algo/<name>.yaml."""
 
     name = "base"
@@ -142,6 +142,12 @@ class Algorithm(metaclass=AlgorithmMeta):
     # plain SGD of a constant lr only where `optim_ok` (the local step is `sgd_step`'s gradient descent)
     optim: LocalOptim = PLAIN
     optim_ok = False
+    # why optim.* cannot apply (one line: the mathematical reason), where the method's local update is
+    # not an optimizer step on a loss (pFedMe's inner solver, Per-FedAvg's meta-step, ...)
+    optim_why = "its local step is not yet written with the local trainer's descend (fedrun.algorithms.trainer)"
+    # BatchNorm models (their running statistics ride in each model's state: fedrun.algorithms.trainer)
+    batchnorm_ok = False
+    batchnorm_why = "its local step is not yet written with the local trainer's grad (fedrun.algorithms.trainer)"
 
     @property
     def step_uses_round(self) -> bool:
@@ -159,11 +165,14 @@ class Algorithm(metaclass=AlgorithmMeta):
         """The `optim` node (checked), or one line when this algorithm's local step is not the plain
         gradient descent it would change."""
         if not optim.plain and not self.optim_ok:
-            raise ConfigError(f"algo={self.name}'s local step is not plain gradient descent on the client's model, so "
-                              "optim.* must keep its defaults (name=sgd, momentum=0, weight_decay=0, "
-                              "schedule=constant); "
-                              f"algorithms that take them: fedavg, local, fedper, lgfedavg")
+            raise ConfigError(f"algo={self.name} takes only optim.* defaults (name=sgd, momentum=0, weight_decay=0, "
+                              f"schedule=constant): {self.optim_why}")
         self.optim = optim
+
+    def set_bn(self, policy: str) -> None:
+        """The `bn` option (how the shared model's BatchNorm statistics are kept: trainer.BN_POLICIES)."""
+        check_choice("bn", policy, BN_POLICIES)
+        self.bn = policy
 
     def set_schedule(self, sched) -> None:
         """The run's `simulate.Schedule` (rounds, tau, batch_size, ...), given before its first round:
@@ -178,9 +187,9 @@ class Algorithm(metaclass=AlgorithmMeta):
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any
         BatchNorm buffers) cannot serve this algorithm; run before any file is written."""
-        if split_buffers(params)[1]:
-            raise ConfigError(f"algo={self.name} does not handle BatchNorm layers (their running statistics); "
-                              f"with model=mlp_bn or cnn_bn use algo=fedavg or fedbn")
+        if split_buffers(params)[1] and not self.batchnorm_ok:
+            raise ConfigError(f"algo={self.name} does not handle BatchNorm layers (their running statistics): "
+                              f"{self.batchnorm_why}; use a model without BatchNorm (e.g. model.norm=group)")
 
     def check_tau(self, tau: int) -> None:
         """Raises ConfigError (one line) when the run's `tau` switches off part of this method's
@@ -202,11 +211,23 @@ class Algorithm(metaclass=AlgorithmMeta):
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         raise NotImplementedError
 
+    local_epochs: int | None = None  # the local-work unit (`algo.local_epochs`): None, tau steps
+
+    def set_local_epochs(self, epochs: int | None) -> None:
+        """`algo.local_epochs` of an algorithm whose signature does not take it (options.BASE_OPTIONS):
+        null, a round is `tau` steps; E, a round is E passes over each client's own training rows
+        (floor(n_c / batch_size) steps each, PFLlib's unit), every step `client_step`."""
+        check_optional_int("algo.local_epochs", epochs)
+        self.local_epochs = epochs
+
     def phases(self) -> tuple[Phase, ...] | None:
         """The round's local work as a sequence of phases of their own lengths (in steps or in epochs
-        of each client's rows), each with its own step function; None (the default): `tau` calls of
-        `client_step`, each with `batches_per_step` minibatches drawn as `sampling=` says."""
-        return None
+        of each client's rows), each with its own step function; None: `tau` calls of `client_step`,
+        each with `batches_per_step` minibatches drawn as `sampling=` says. Default: None, or with
+        `local_epochs` set, `client_step` for that many passes over each client's rows."""
+        if self.local_epochs is None:
+            return None
+        return (Phase(self.client_step, epochs=self.local_epochs, batches=self.batches_per_step),)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
@@ -269,11 +290,3 @@ class LocalLR(Algorithm):
         check_optional_int("algo.new_client_steps", new_client_steps)
         self.lr, self.new_client_steps = lr, new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
-
-
-def sgd_step(engine: Engine, local: Local, batches, lr: float, optim: LocalOptim = PLAIN, rnd: int = 1) -> Local:
-    """One step of `optim` (default: plain SGD) of every client's `local["params"]` on its one
-    minibatch, at round `rnd`'s learning rate (FedAvg's local step; Local's and FedPer's too)."""
-    (x, y), = batches
-    g, _ = engine.grad(local["params"], x, y)
-    return optim.apply(local, g, lr, rnd)

@@ -46,7 +46,7 @@ class BatchNormState:
             return super().client_step(engine, local, batches, rnd)
         (x, y), = batches
         g, _, buffers = engine.train_grad(local["params"], local["buffers"], x, y)
-        return {**self.optim.apply(local, g, self.lr, rnd), "buffers": buffers}
+        return {**self.descend(local, "params", g, self.lr, rnd), "buffers": buffers}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
@@ -56,6 +56,15 @@ class BatchNormState:
         # running statistics averaged like parameters
         buffers = mean_buffers(gather(local["buffers"], selected), weights)
         return ServerState(params=new.params, extra={**new.extra, "buffers": buffers}, clients=new.clients)
+
+    def shared_buffers(self, local: Local) -> Params:  # (fedrun.algorithms.trainer, bn=local)
+        return local.get("buffers", {})
+
+    def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
+        return {**local, "buffers": buffers} if "buffers" in local else local
+
+    def server_with_buffers(self, state: ServerState, buffers: Params) -> ServerState:
+        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, clients=state.clients)
 
     def eval_params(self, state: ServerState) -> Params:
         """The shared model with its running statistics."""

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
-from .base import EvalContext, Local, LocalLR, ServerState, sgd_step
+from .base import EvalContext, Local, LocalLR, ServerState
 from .checks import require_body
 from .personalize import onboarding_batches
 
@@ -46,7 +46,7 @@ class PartSharing(LocalLR):
         return {"params": {**p, **gather(state.clients["part"], clients)}}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr, self.optim, rnd)
+        return self.sgd_step(engine, local, batches, self.lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -22,10 +22,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, scatter, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, param_names, prox_grad, scatter, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_int, check_optional_int, check_phase_passes, check_positive
 from .personalize import onboarding_batches
+from .trainer import slot_of
 
 
 class Ditto(Algorithm):
@@ -51,19 +52,21 @@ class Ditto(Algorithm):
             return None
         return Phase(self.personal_step, epochs=self.personal_epochs), Phase(self.global_step, epochs=self.local_epochs)
 
+    optim_ok = True  # one optimizer per model, as PFLlib's clientDitto keeps (optimizer, poptimizer)
+    batchnorm_ok = True  # each model carries its own running statistics
+
+    def optim_slots(self, local: Local) -> dict:
+        return {**super().optim_slots(local), slot_of("personal"): ("personal", param_names(local["personal"]))}
+
     def personal_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        """v <- v - personal_lr (grad f_i(v; D) + lam (v - w^t))."""
+        """v <- v - personal_lr (grad f_i(v; D) + lam (v - w^t)) (a step of the personal optimizer)."""
         (x, y), = batches
-        v, anchor = local["personal"], local["anchor"]
-        gv, _ = engine.grad(v, x, y)
-        if self.lam:
-            gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
-        return {**local, "personal": sgd(v, gv, self.personal_lr)}
+        gv, _, local = self.grad(engine, local, "personal", x, y)
+        gv = prox_grad(gv, local["personal"], local["anchor"], self.lam)
+        return self.descend(local, "personal", gv, self.personal_lr, rnd)
 
     def global_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        return self.sgd_step(engine, local, batches, self.lr, rnd)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         return ServerState(params=params, clients={"personal": stack(params, num_clients)})
@@ -75,12 +78,11 @@ class Ditto(Algorithm):
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), (x2, y2) = batches
-        w, v, anchor = local["params"], local["personal"], local["anchor"]
-        g, _ = engine.grad(w, x, y)
-        gv, _ = engine.grad(v, x2, y2)
-        if self.lam:
-            gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
-        return {**local, "params": sgd(w, g, self.lr), "personal": sgd(v, gv, self.personal_lr)}
+        g, _, local = self.grad(engine, local, "params", x, y)
+        gv, _, local = self.grad(engine, local, "personal", x2, y2)
+        gv = prox_grad(gv, local["personal"], local["anchor"], self.lam)
+        local = self.descend(local, "params", g, self.lr, rnd)
+        return self.descend(local, "personal", gv, self.personal_lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
@@ -96,11 +98,9 @@ class Ditto(Algorithm):
         from v = w^t (as every client's v and w start from the same model), new_client_steps steps
         (null: tau) of personal_lr on minibatches of its training rows."""
         m = len(new)
-        v, anchor = stack(state.params, m), expand(state.params, m)
-        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
-            gv, _ = engine.grad(v, x, y)
-            if self.lam:
-                gv = {k: gv[k] + self.lam * (v[k] - anchor[k]) for k in v}
-            v = sgd(v, gv, self.personal_lr)
+        local = {"personal": stack(state.params, m), "anchor": expand(state.params, m)}
+        for batches in onboarding_batches(ctx, new, self.new_client_steps):
+            local = self.personal_step(engine, local, batches, 0)  # (round 0: the schedule's first rate)
+        v = local["personal"]
         return ServerState(params=state.params, extra=state.extra,
                            clients={**state.clients, "personal": scatter(state.clients["personal"], new, v)})

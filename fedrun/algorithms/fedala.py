@@ -35,7 +35,7 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, Phase, ServerState, sgd_step
+from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
@@ -133,7 +133,7 @@ class FedALA(Algorithm):
         return self._ala(engine, local, batches, local["start"])
 
     def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr)  # one plain SGD step (FedAvg's)
+        return self.sgd_step(engine, local, batches, self.lr, rnd)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 

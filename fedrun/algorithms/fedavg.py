@@ -12,10 +12,7 @@ BatchNorm models (`batchnorm.BatchNormState`: running statistics averaged like p
 from __future__ import annotations
 
 from ..engine import Engine
-from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params
-from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, ServerState, sgd_step
+from .base import Algorithm, EvalContext, Local, ServerState
 from .batchnorm import BatchNormState
 from .checks import check_int, check_positive
 from .personalize import OneStepPersonalization
@@ -52,24 +49,19 @@ class AveragedSGD(OneStepPersonalization, Algorithm):
         return super().personalize(engine, state, ctx)
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.beta, self.optim, rnd)
+        return self.sgd_step(engine, local, batches, self.beta, rnd)
 
 
 class FedAvg(BatchNormState, AveragedSGD):
     __doc__ = AveragedSGD.__doc__ + """
 
-    With a BatchNorm model the running statistics are averaged like the parameters (only the global
-    model is scored: `alpha` must be null)."""
+    With a BatchNorm model the running statistics are averaged like the parameters (`bn=averaged`),
+    or each client keeps its own (`bn=local`); test-time fine-tuning runs minibatch steps in training
+    mode (`personalize.finetune`)."""
 
     name = "fedavg"
     optim_ok = True  # (not FedProx's or FedBABU's steps, which AveragedSGD also bases)
+    batchnorm_ok = True
     # the engines' agreement check (fedrun.bench.agreement): options over the yaml's; on BatchNorm models
     agreement_options = dict(beta=0.05, alpha=0.05)
     agreement_batchnorm = {"alpha": None}  # as it runs there (no test-time steps)
-
-    def check_params(self, params: Params) -> None:
-        super().check_params(params)
-        if split_buffers(params)[1] and self.alpha is not None:
-            raise ConfigError(f"algo={self.name} with a BatchNorm model scores the global model only: test-time "
-                              f"fine-tuning (algo.alpha={self.alpha}) is not implemented for BatchNorm; "
-                              f"set algo.alpha=null")

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, per_client, scatter, stack
-from .base import Algorithm, EvalContext, Local, Phase, ServerState, sgd_step
+from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_int, check_optional_int, check_positive
 
 
@@ -128,7 +128,7 @@ class FedFomo(Algorithm):
         return {**local, "params": mixed, "old": mixed, "w": w}
 
     def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr)  # one plain SGD step (FedAvg's)
+        return self.sgd_step(engine, local, batches, self.lr, rnd)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 

@@ -15,7 +15,7 @@ PerturbedGradientDescent: d_p = grad + mu (p - w^t)) computes the same step.
 from __future__ import annotations
 
 from ..engine import Engine
-from ..engine.tree import expand, sgd, stack
+from ..engine.tree import expand, prox_grad, stack
 from .base import Local, ServerState
 from .checks import check_positive
 from .fedavg import AveragedSGD
@@ -33,10 +33,11 @@ class FedProx(AveragedSGD):
     def client_init(self, state: ServerState, clients, rnd: int) -> Local:
         return {"params": stack(state.params, len(clients)), "anchor": expand(state.params, len(clients))}
 
+    optim_ok = True
+    batchnorm_ok = True
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        w, anchor = local["params"], local["anchor"]
-        g, _ = engine.grad(w, x, y)
-        if self.mu:
-            g = {k: g[k] + self.mu * (w[k] - anchor[k]) for k in w}
-        return {**local, "params": sgd(w, g, self.beta)}
+        g, _, local = self.grad(engine, local, "params", x, y)
+        g = prox_grad(g, local["params"], local["anchor"], self.mu)
+        return self.descend(local, "params", g, self.beta, rnd)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, scatter, stack
-from .base import EvalContext, Local, LocalLR, ServerState, sgd_step
+from .base import EvalContext, Local, LocalLR, ServerState
 from .personalize import onboarding_batches
 
 
@@ -28,7 +28,7 @@ class LocalOnly(LocalLR):
         return {"params": gather(state.clients["params"], clients)}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return sgd_step(engine, local, batches, self.lr, self.optim, rnd)
+        return self.sgd_step(engine, local, batches, self.lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

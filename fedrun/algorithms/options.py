@@ -96,14 +96,28 @@ def conf_defaults(cls) -> dict:
     return {}
 
 
+# Options every algorithm takes, handled by the base class where an algorithm's signature does not name
+# them (its own signature, where it does, wins): the local-work unit (`Algorithm.set_local_epochs`).
+BASE_OPTIONS = ("local_epochs",)
+
+
 class AlgorithmMeta(type):
     def __call__(cls, *args, **kwargs):
         options = signature_options(cls)
+        base = {k: kwargs.pop(k) for k in BASE_OPTIONS if k not in options and k in kwargs}
+        defaults = conf_defaults(cls)
+        base.update({k: defaults[k] for k in BASE_OPTIONS if k not in options and k not in base and k in defaults})
+        obj = cls._construct(options, args, kwargs)
+        for k, v in base.items():
+            getattr(obj, f"set_{k}")(v)
+        return obj
+
+    def _construct(cls, options, args, kwargs):
         names = list(options)
         for k in kwargs:
             if k not in options:
                 raise ConfigError(f"algo.{k} is not an option of {cls.__name__}; "
-                                  f"its options: {', '.join(sorted(names))}")
+                                  f"its options: {', '.join(sorted(set(names) | set(BASE_OPTIONS)))}")
         given = {**dict(zip(names, args)), **kwargs}
         defaults = conf_defaults(cls)
         filled = {k: defaults[k] for k in names if k not in given and k in defaults}

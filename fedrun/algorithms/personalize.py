@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
+from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, per_client, sgd, stack
 
 # (annotations only: EvalContext and ServerState are base.py's, which imports this module)
@@ -43,6 +44,8 @@ def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps:
     or (with `personalize_batch`) one fresh minibatch per step. Also returns the starting models'
     per-client loss on the first step's rows. One step from shared params is `one_step_adapt` (the
     same draws as before this option existed)."""
+    if split_buffers(params)[1]:
+        return _finetune_batchnorm(engine, params, ctx, lr, steps, stacked)
     if steps == 1 and not stacked:
         batch = ctx.train_batch() if ctx.personalize_batch else None
         return one_step_adapt(engine, params, ctx.data.train, lr, batch)
@@ -57,6 +60,22 @@ def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps:
         else:
             g, l = engine.grad(stack(p, len(x)) if first else p, x[:, s], y[:, s])
         p = sgd(p, g, lr)  # step 0 broadcasts the shared params to [C, ...]
+        loss = l if loss is None else loss
+    return p, loss
+
+
+def _finetune_batchnorm(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,
+                        stacked: bool) -> tuple[Params, Tensor]:
+    """`finetune` of a model with BatchNorm: minibatch steps in training mode (each client's batch
+    statistics, its running ones updated), as a torch model fine-tuned in `train()` steps; the
+    minibatches are `personalize_batch` rows, else the run's batch_size (a full-batch step would
+    take batch statistics over a client's padded rows)."""
+    x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(steps,))
+    p = params if stacked else stack(params, len(x))
+    loss = None
+    for s in range(steps):
+        g, l, buffers = engine.state_grad(p, x[:, s], y[:, s])
+        p = {**p, **sgd({k: p[k] for k in g}, g, lr), **buffers}
         loss = l if loss is None else loss
     return p, loss
 
@@ -81,9 +100,10 @@ def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float,
     for e in range(epochs):
         for s in range(S):
             x, y = split.rows(idx[:, e, s])
-            g, _ = engine.grad(p, x, y)
+            g, _, buffers = engine.state_grad(p, x, y)  # (BatchNorm: training mode, its statistics updated)
             on = live[:, s]
-            p = {k: p[k] - lr * per_client(on, p[k]) * g[k] for k in p}
+            p = {**p, **{k: p[k] - lr * per_client(on, p[k]) * g[k] for k in g},
+                 **{k: torch.where(per_client(on, b).bool(), b, p[k]) for k, b in buffers.items()}}
     return p, None
 
 

@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from ..branches import check_paths, choose
 from ..data.federated import ClientSplit
-from .batchnorm import _has_batchnorm
+from .batchnorm import _has_batchnorm, is_buffer, split_buffers
 from .proto import proto_logits
 from .tree import Params
 
@@ -73,10 +73,34 @@ class Engine:
         return functional_call(self.model, p, (x,), {"features": True})
 
     def loss(self, p: Params, x: Tensor, y: Tensor) -> Tensor:
-        if self.batchnorm:
-            raise RuntimeError("a BatchNorm model trains through Engine.train_grad (its batch statistics "
+        if self.batchnorm and not any(is_buffer(k) for k in p):
+            raise RuntimeError("a BatchNorm model trains through Engine.state_grad (its batch statistics "
                                "and running buffers); this algorithm's gradients do not handle them")
         return self.criterion(self.logits(p, x), y)
+
+    def state_grad(self, state: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+        """`grad` of a model state (parameters, and for a BatchNorm model its buffers): per-client
+        gradients of the parameters and losses, and the buffers after the step ({} without BatchNorm):
+        the forward in training mode (each client's batch statistics, its running ones updated), as
+        a torch model's `train()` step computes."""
+        params, buffers = split_buffers(state)
+        if not buffers:
+            return (*self.grad(params, x, y), {})
+        return self.train_grad(params, buffers, x, y)
+
+    def state_value_and_grad(self, fn: Callable[..., Tensor], state: Params,
+                             *args) -> tuple[Params, Tensor, Params]:
+        """`value_and_grad` of fn(state, *args) at a model state: gradients of the parameters only,
+        and, for a BatchNorm model, its buffers after fn's forward passes in training mode (every
+        forward of `state` inside fn updates them, as a torch model's forwards in `train()` do)."""
+        params, buffers = split_buffers(state)
+        if not buffers:
+            return (*self.value_and_grad(fn, params, *args), {})
+        return self.train_value_and_grad(fn, params, buffers, *args)
+
+    def train_value_and_grad(self, fn: Callable[..., Tensor], params: Params, buffers: Params,
+                             *args) -> tuple[Params, Tensor, Params]:
+        raise NotImplementedError
 
     def _train_loss(self, p: Params, b: Params, x: Tensor, y: Tensor) -> Tensor:
         """A client's minibatch loss in training mode; updates its buffers `b` in place (BatchNorm's

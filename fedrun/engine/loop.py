@@ -53,6 +53,20 @@ class LoopEngine(Engine):
                 bufs.append(b)
         return self._stack(grads), torch.stack(losses), self._stack(bufs)
 
+    def train_value_and_grad(self, fn: Callable[..., Tensor], params: Params, buffers: Params,
+                             *args) -> tuple[Params, Tensor, Params]:
+        grads, values, bufs = [], [], []
+        with _training(self.model):
+            for i in range(len(next(iter(params.values())))):
+                p = {k: v.detach().requires_grad_(True) for k, v in self._client(params, i).items()}
+                b = {k: v[i].clone() for k, v in buffers.items()}  # updated in place by fn's forwards
+                value = fn({**p, **b}, *[tree_map(lambda t: t[i], a) for a in args])
+                grads.append(dict(zip(p, torch.autograd.grad(value, list(p.values()), allow_unused=True,
+                                                             materialize_grads=True))))
+                values.append(value.detach())
+                bufs.append(b)
+        return self._stack(grads), torch.stack(values), self._stack(bufs)
+
     def hvp(self, params: Params, v: Params, x: Tensor, y: Tensor) -> Params:
         out = []
         for i in range(len(x)):

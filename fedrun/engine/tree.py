@@ -52,11 +52,65 @@ def per_client(scalars: Tensor, like: Tensor) -> Tensor:
 
 
 def weighted_mean(stacked: Params, weights: Tensor | None = None) -> Params:
-    """Mean over the client dimension, uniform or with `weights` [m] (normalized here)."""
+    """Mean over the client dimension, uniform or with `weights` [m] (normalized here). An integer
+    entry (BatchNorm's step counter num_batches_tracked, which it reads only when its momentum is
+    None, never in fedrun) takes the largest."""
     if weights is None:
-        return {k: v.mean(0) for k, v in stacked.items()}
+        return {k: v.mean(0) if v.is_floating_point() else v.max(0).values for k, v in stacked.items()}
     w = weights / weights.sum()
-    return {k: torch.tensordot(w.to(v.dtype), v, dims=1) for k, v in stacked.items()}
+    return {k: torch.tensordot(w.to(v.dtype), v, dims=1) if v.is_floating_point() else v.max(0).values
+            for k, v in stacked.items()}
+
+
+# -- the tree algebra of local steps and server rules (fedjax's tree_util): each over the entries of
+# its FIRST tree, so a gradient (parameters only) leads and a model state with BatchNorm buffers follows
+
+
+def add(a: Params, b: Params) -> Params:
+    """a + b."""
+    return {k: a[k] + b[k] for k in a}
+
+
+def sub(a: Params, b: Params) -> Params:
+    """a - b."""
+    return {k: a[k] - b[k] for k in a}
+
+
+def scale(a: Params, s) -> Params:
+    """s * a (s a number, or per-client scalars [m] broadcast over stacked entries)."""
+    if torch.is_tensor(s) and s.dim() == 1:
+        return {k: a[k] * per_client(s, a[k]) for k in a}
+    return {k: a[k] * s for k in a}
+
+
+def axpy(alpha, x: Params, y: Params) -> Params:
+    """y + alpha * x, over y's entries."""
+    return {k: y[k] + alpha * x[k] for k in y}
+
+
+def prox_grad(g: Params, w: Params, anchor: Params, mu: float) -> Params:
+    """g + mu (w - anchor): the gradient of a proximal term mu/2 ||w - anchor||^2 added to `g`, over
+    g's entries (FedProx, Ditto's personal step, FedAMP's); mu = 0 gives g itself."""
+    if not mu:
+        return g
+    return {k: g[k] + mu * (w[k] - anchor[k]) for k in g}
+
+
+def dot(a: Params, b: Params) -> Tensor:
+    """Per-client inner products <a, b> over a's entries (stacked: [m])."""
+    return sum((a[k] * b[k]).flatten(1).sum(1) for k in a)
+
+
+def param_names(tree: Params) -> list[str]:
+    """The trainable entries of a model state: all but BatchNorm's running statistics (their names
+    are engine.batchnorm.BUFFERS)."""
+    return [k for k in tree if k.rsplit(".", 1)[-1] not in ("running_mean", "running_var", "num_batches_tracked")]
+
+
+def only(tree: Params, names) -> Params:
+    """The entries `names` of `tree`, in tree's order."""
+    names = set(names)
+    return {k: v for k, v in tree.items() if k in names}
 
 
 def sgd(params: Params, grads: Params, lr: float) -> Params:

@@ -131,6 +131,18 @@ class VmapEngine(Engine):
             grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)
         return dict(zip(p, grads)), values.detach()
 
+    def train_value_and_grad(self, fn: Callable[..., Tensor], params: Params, buffers: Params,
+                             *args) -> tuple[Params, Tensor, Params]:
+        # as `train_grad`: the vmapped forwards update each client's slice of the buffer copies in place
+        if args and torch.is_tensor(args[0]) and self._conv_on_cpu(args[0]):
+            return self._loop.train_value_and_grad(fn, params, buffers, *args)
+        b = {k: v.clone() for k, v in buffers.items()}
+        with torch.enable_grad(), _training(self.model):
+            p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            values = vmap(lambda p_, b_, *a: fn({**p_, **b_}, *a))(p, b, *args)
+            grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)
+        return dict(zip(p, grads)), values.detach(), b
+
     @staticmethod
     def inner_grad(fn: Callable[..., Tensor], p: Params, *args: Tensor, create_graph: bool = False) -> Params:
         """grad of fn(p, *args) inside a vmapped per-client function: torch.func.grad, which the

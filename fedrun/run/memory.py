@@ -256,7 +256,7 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
     algo.set_data(data)       # FedFomo's tau steps, APPLE's p0; pure setters, called again with the same values)
     state = algo.init(params, data.num_clients)
     _, trained, idx, aug = round_draws(algo, data, sched, seed, 1)
-    local = algo.optim.client_state(state, trained, algo.client_init(state, trained, 1))
+    local = algo.start_local(state, trained, 1)
     m = len(trained) * replicas
     per_state = tensor_bytes(clients_slice(local, 0, 1))
     views = [s.chunk_idx.numel() * s.x[0].numel() * s.x.element_size() for s in (data.train, data.test)]

@@ -20,7 +20,8 @@ RESUMABLE_CHANGES = (*NEUTRAL_OPTIONS, "rounds")
 # Options added to fedrun after checkpoints may have been written, with the value that computes what
 # a run from before them computed: a checkpoint without the option matches a run with that value.
 ADDED_OPTIONS = {"algo.outer_step_from": "w", "data.pad_fill": "mean", "sampling": None, "compile": "none",
-                 "precision": "fp32", "optim": None}  # optim: plain SGD (`canonical` drops such a node)
+                 "precision": "fp32", "optim": None,  # optim: plain SGD (`canonical` drops such a node)
+                 "bn": "averaged", "algo.local_epochs": None}
 
 
 # Data `_target_`s renamed when data became dataset x partition only (2026-11-26): a checkpoint written

@@ -379,6 +379,8 @@ def validate(cfg: DictConfig, built: dict | None = None) -> list[str]:
             built["algo"].set_optim(optim)
     except ConfigError as e:
         problems.append(str(e))
+    if "algo" in built:
+        check(built["algo"].set_bn, cfg.get("bn", "averaged"))
     if "algo" in built and isinstance(cfg.tau, int) and not isinstance(cfg.tau, bool) and cfg.tau >= 1:
         check(built["algo"].check_tau, cfg.tau)  # a part of the method the run's tau would never train
     hidden = _model_hidden(cfg)

@@ -133,7 +133,7 @@ def test_options_are_checked_in_one_line():
                          ({"betas": [0.9]}, r"optim.betas=\[0.9\] must be two numbers")]:
         with pytest.raises(ConfigError, match=words):
             local_optim(given, 10)
-    with pytest.raises(ConfigError, match=r"algo=pfedme's local step is not plain gradient descent"):
+    with pytest.raises(ConfigError, match=r"algo=pfedme takes only optim.\* defaults"):
         build("pfedme").set_optim(local_optim({"momentum": 0.9}, 10))
     build("pfedme").set_optim(local_optim({}, 10))  # the defaults: every algorithm
     # the message's list is the algorithms that take optim.*
