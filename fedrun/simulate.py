@@ -114,6 +114,7 @@ class PhaseDraw(NamedTuple):
     idx: torch.Tensor
     live: torch.Tensor | None
     aug: tuple | None = None
+    per_pass: torch.Tensor | None = None  # an epochs phase: each client's steps per pass [m] (host)
 
 
 def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...], seed: int, rnd: int,
@@ -136,12 +137,12 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
         out = []
         for ph in phases:
             if ph.epochs is None:
-                out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None))
+                out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None, None))
                 continue
             m, S, k = len(cs), ph.epochs * longest, ph.batches
             if S == 0:  # no client has a whole minibatch: the phase trains nothing
                 out.append((torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
-                            torch.zeros(m, 0, dtype=torch.bool, device=split.x.device)))
+                            torch.zeros(m, 0, dtype=torch.bool, device=split.x.device), per_pass[cs]))
                 continue
             if k == 1:
                 idx = split.shuffled_indices(cs, ph.epochs, longest * B, g).view(m, S, 1, B)
@@ -149,11 +150,11 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
                 idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
                 idx = idx.transpose(2, 3).reshape(m, S, k, B)
             live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
-            out.append((idx, live.reshape(m, S).to(split.x.device)))
+            out.append((idx, live.reshape(m, S).to(split.x.device), per_pass[cs]))
         return tuple(out)
 
     clients, trained, out = _with_rest(data, clients, draw, train_all)
-    return clients, trained, tuple(PhaseDraw(idx, live) for idx, live in out)
+    return clients, trained, tuple(PhaseDraw(idx, live, None, per_pass) for idx, live, per_pass in out)
 
 
 def round_draws(algo: Algorithm, data: FederatedData, sched: Schedule, seed: int, rnd: int):
@@ -191,6 +192,7 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
     """The round's local steps for all training clients (`one_step` each, or `step`: its compiled
     form): tau of them for idx [m, tau, k, B], or, for idx a tuple of PhaseDraw (`round_draws`),
     each of `algo.phases()` in turn for its own steps."""
+    by_work = step is None  # (a compiled step keeps one shape: the masked steps)
     step = step or one_step
     if isinstance(idx, torch.Tensor):
         for s in range(idx.shape[1]):
@@ -199,11 +201,46 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
                          None if aug is None else tuple(a[:, s].contiguous() for a in aug))
         return local
     for phase, d in zip(algo.phases(), idx, strict=True):
+        if by_work and d.per_pass is not None and d.idx.shape[1]:
+            local = _epochs_by_work(algo, engine, local, data, d, rnd, phase.step)
+            continue
         for s in range(d.idx.shape[1]):
             local = step(algo, engine, local, data, d.idx[:, s].contiguous(), rnd,
                          None if d.aug is None else tuple(a[:, s].contiguous() for a in d.aug),
                          phase.step, None if d.live is None else d.live[:, s].contiguous())
     return local
+
+
+def _epochs_by_work(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, d: PhaseDraw, rnd: int,
+                    fn: Callable) -> Local:
+    """An epochs phase whose cost follows the work done: the clients sorted by their steps per pass
+    (most first, host-known), each step computes only the clients still training, a prefix of them
+    (torch's ops are per client, so a client's numbers are those of the masked computation); the
+    clients that finished a pass wait aside until the next pass. A round costs the sum of its
+    clients' steps, not clients x the largest client's."""
+    order = torch.argsort(d.per_pass, descending=True, stable=True)
+    counts = d.per_pass[order].tolist()
+    m, longest = len(counts), max(counts)
+    dev = d.idx.device
+    perm = order.to(dev)
+    local = tree_map(lambda v: v[perm], local)
+    for e in range(d.idx.shape[1] // longest if longest else 0):
+        parts, n = [], m
+        for s in range(longest):
+            live = sum(1 for c in counts if c > s)
+            if live < n:  # the clients from `live` on are done with this pass
+                parts.append(clients_slice(local, live, n))
+                local, n = clients_slice(local, 0, live), live
+            if n == 0:
+                break
+            t = e * longest + s
+            rows = order[:n].to(dev)
+            local = one_step(algo, engine, local, data, d.idx[rows, t].contiguous(), rnd,
+                             None if d.aug is None else tuple(a[rows, t].contiguous() for a in d.aug), fn)
+        local = cat_clients([local, *reversed(parts)]) if parts else local
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(m)
+    return tree_map(lambda v: v[inverse.to(v.device)], local)
 
 
 def cat_clients(parts: list):

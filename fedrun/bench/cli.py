@@ -112,6 +112,12 @@ def main(argv=None) -> None:
     ap.add_argument("--compile-modes", default=None,
                     help="--compile: modes (default: CUDA eager,compiled,graphs,bf16,graphs+bf16; CPU "
                          "eager,compiled,bf16)")
+    ap.add_argument("--epochs", action="store_true",
+                    help="a round in local epochs on uneven clients against the same round masked and a steps round "
+                         "of the same total client steps (fedrun.bench.epochs); --rounds timed (default 3) after "
+                         "--warmup")
+    ap.add_argument("--epochs-settings", default="synthetic,mnist", help="--epochs: synthetic, mnist")
+    ap.add_argument("--mnist-root", default=None, help="--epochs mnist: the folder holding MNIST/raw")
     args = ap.parse_args(argv)
     if args.gpu_check:
         from . import gpu_check
@@ -145,6 +151,16 @@ def main(argv=None) -> None:
         return bench_seeds.main([int(n) for n in args.seeds.split(",")], args.rounds or 3,
                                 args.seed_settings.split(","),
                                 args.device)
+    if args.epochs:
+        from . import epochs as bench_epochs
+
+        bad = [n for n in args.epochs_settings.split(",") if n not in ("synthetic", "mnist")]
+        if bad:
+            ap.refuse("--epochs-settings", args.epochs_settings, "allowed: synthetic, mnist")
+        algos = args.algos.split(",") if args.algos else ["fedavg", "fedrep", "ditto"]
+        bench_epochs.main(args.epochs_settings.split(","), algos, args.rounds or 3, args.warmup, args.device,
+                          args.mnist_root)
+        return None
     if args.compile:
         from . import compile as bench_compile
 
