@@ -45,8 +45,8 @@ PTESTS = "tests/data/test_partitioners.py"
 MUTANTS = [
     # the issue's survivors
     Mutant("vmap-vag-mean", "fedrun/engine/vmap.py",
-           "grads = torch.autograd.grad(values.sum(), list(p.values()), allow_unused=True, materialize_grads=True)",
-           "grads = torch.autograd.grad(values.mean(), list(p.values()), allow_unused=True, materialize_grads=True)",
+           "values = vmap(fn)(p, *args)\n            grads = torch.autograd.grad(values.sum(),",
+           "values = vmap(fn)(p, *args)\n            grads = torch.autograd.grad(values.mean(),",
            (AGREE, "-k", "cnn and pavg and vmap"), "VmapEngine.value_and_grad: mean instead of sum over clients"),
     Mutant("vmap-grad-autograd-mean", "fedrun/engine/vmap.py",
            "self._losses(p, x, y)\n            grads = torch.autograd.grad(losses.sum(), list(p.values()))",
@@ -552,7 +552,8 @@ MUTANTS += [
            "feat0 = engine.features(model, x)",
            (BY_HAND, "-k", "fedcp"), "FedCP: the MMD against the trained body's features, not the received body's"),
     Mutant("loop-vag-clients-from-args", "fedrun/engine/loop.py",
-           "for i in range(len(next(iter(params.values())))):", "for i in range(len(args[0])):",
+           "each client's entries, as vmap gives them)\n        for i in range(len(next(iter(params.values())))):",
+           "each client's entries, as vmap gives them)\n        for i in range(len(args[0])):",
            (BY_HAND, "-k", "gpfl and Loop"), "LoopEngine.value_and_grad counts clients by its first argument "
                                              "(GPFL's onboarding: a dict)"),
 ]
@@ -569,7 +570,10 @@ MUTANTS += [
 
 MUTANTS += [
     Mutant("ditto-onboard-global-lr", "fedrun/algorithms/ditto.py",
-           "v = sgd(v, gv, self.personal_lr)", "v = sgd(v, gv, self.lr)",
+           "x, y)\n        gv = prox_grad(gv, local[\"personal\"], local[\"anchor\"], self.lam)\n"
+           "        return self.descend(local, \"personal\", gv, self.personal_lr, rnd)",
+           "x, y)\n        gv = prox_grad(gv, local[\"personal\"], local[\"anchor\"], self.lam)\n"
+           "        return self.descend(local, \"personal\", gv, self.lr, rnd)",
            (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
                                                                   "not personal_lr"),
     Mutant("bodyhead-onboard-fits-shared-part", "fedrun/algorithms/bodyhead.py",
@@ -743,6 +747,27 @@ MUTANTS += [
            "loss = rows.mean() if weight is None else (rows * weight[i]).sum()", "loss = rows.mean()",
            ("tests/models/test_models.py", "-k", "lstm"),
            "the LSTM's fused per-client gradients: full passes' row weights (padding masks) ignored"),
+]
+TRAINER = "tests/algorithms/test_trainer.py"
+MUTANTS += [
+    Mutant("epochs-by-work-one-client-too-many", "fedrun/simulate.py",
+           "live = sum(1 for c in counts if c > s)", "live = sum(1 for c in counts if c >= s)",
+           (TRAINER, "-k", "by_work"),
+           "local epochs by work: a client whose pass is over still steps once more"),
+    Mutant("trainer-descend-drops-state", "fedrun/algorithms/trainer.py",
+           "            out[slot] = state\n", "            out.pop(slot, None)\n",
+           (TRAINER, "-k", "torch_optims and momentum_wd"),
+           "the local trainer loses a model's optimizer state between its steps (momentum restarts every step)"),
+    Mutant("trainer-grad-drops-buffers", "fedrun/algorithms/trainer.py",
+           "return g, loss, ({**local, key: {**local[key], **buffers}} if buffers else local)",
+           "return g, loss, local",
+           (TRAINER, "-k", "batchnorm"),
+           "the local trainer drops a BatchNorm model's updated running statistics"),
+    Mutant("trainer-bn-train-mode-off", "fedrun/engine/base.py",
+           "        return self.train_grad(params, buffers, x, y)\n",
+           "        return (*self.grad({**params, **buffers}, x, y), buffers)\n",
+           (TRAINER, "-k", "batchnorm"),
+           "a BatchNorm model's local steps in eval mode (running statistics instead of the batch's)"),
 ]
 
 

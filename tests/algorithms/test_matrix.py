@@ -65,7 +65,8 @@ def problem(unseen: bool):
     x = torch.randn(n, 1 * SIDE * SIDE, generator=g, dtype=torch.float64)
     y = torch.randint(0, CLASSES, (n,), generator=g)
     xt = torch.randn(n, 1 * SIDE * SIDE, generator=g, dtype=torch.float64)
-    return FederatedData("matrix", ClientSplit.from_flat(x, y, sizes, 4), ClientSplit.from_flat(xt, y.clone(), sizes, 4),
+    train, test = ClientSplit.from_flat(x, y, sizes, 4), ClientSplit.from_flat(xt, y.clone(), sizes, 4)
+    return FederatedData("matrix", train, test,
                          CLASSES, num_holdout=1 if unseen else 0)
 
 
