@@ -84,16 +84,19 @@ def job_metrics(runs_dir):
 def test_figure1_quick(data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "fig"
-    text = script("perfedavg_figure1.py", ["--quick", "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
+    # two of the paper's three (tau, r) panels (--pairs), each with another tau and r: 6 -> 4 jobs (9.6 -> 7.8 s of CPU)
+    text = script("perfedavg_figure1.py", ["--quick", "--pairs", "10:0.2,4:0.5", "--data-root", root, "--out",
+                                           str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and "data: MNIST from" in text
     if not real:
         assert re.search(r"note: a=\d+ does not fit this MNIST with n=10 users; using a=\d+", text)
     assert (out / "figure1.png").stat().st_size > 10000
     assert (out / "summary.md").exists() and (out / "summary.csv").exists()
     table = pd.read_csv(out / "figure1.csv")
-    assert len(table) == 9 and set(table["curve"]) == {"FedAvg", "FedAvg + update", "Per-FedAvg (FO)"}
+    assert len(table) == 6 and set(table["curve"]) == {"FedAvg", "FedAvg + update", "Per-FedAvg (FO)"}
     assert (table["rounds"] == 3).all()
-    for tau, r in ((10, 0.2), (4, 0.5), (10, 0.5)):
+    assert not (out / "runs" / "tau10_r0.5").exists()
+    for tau, r in ((10, 0.2), (4, 0.5)):
         jobs = job_metrics(out / "runs" / f"tau{tau}_r{r:g}")
         assert len(jobs) == 2
         for key, m in jobs.items():
@@ -179,7 +182,7 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
 # one data set a test (the script's --datasets): two halves that the test workers run side by side
 # instead of one 24-job test that ended the suite alone (79 s of the loaded 2-core run). MNIST with the
 # DNN only (--models): both models' rows are synthetic's, MNIST's MLR presets run in the authors'-split
-# test above (12 -> 6 jobs: 17.4 -> 8.6 s, docs/suite_durations.md)
+# test above (12 -> 6 jobs: 12.6 -> 7.0 s of CPU, docs/suite_durations.md)
 @pytest.mark.parametrize("d, models, paper_pm_dnn", [("synthetic", "mlr,dnn", "86.36"), ("mnist", "dnn", "99.46")])
 def test_pfedme_table1_quick(d, models, paper_pm_dnn, data_root, tmp_path, monkeypatch):
     root, real = data_root
@@ -349,7 +352,7 @@ def test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher(tmp_p
     for launcher in ("batched", "basic"):
         out = tmp_path / launcher
         # pFedMe alone (--algos): its two rows (GM, PM) are a global and a personalized model's; the seeds
-        # of every algorithm batched against alone: tests/test_batched.py (12 -> 4 jobs: 10.3 -> 4.2 s)
+        # of every algorithm batched against alone: tests/test_batched.py (12 -> 4 jobs: 12.2 -> 5.0 s of CPU)
         text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--models", "mlr", "--algos", "pfedme",
                                            "--seeds", "0,1", "--protocols", "official", "--launcher", launcher,
                                            "--out", str(out)], tmp_path, monkeypatch)
