@@ -733,6 +733,11 @@ MUTANTS += [
            "if takes is None or option.split(\".\")[0] in takes:", "if True:",
            ("tests/test_scripts.py", "-k", "another_model"),
            "baselines.py passes the setting's model/partition options to a model or partition that has none such"),
+    # issue 47 item 6: the paper scripts' --launcher, checked by the (cheaper) batched-vs-basic scripts test
+    Mutant("paper-launcher-ignored", "scripts/_paper.py",
+           'f"hydra/launcher={args.launcher}"', '"hydra/launcher=batched"',
+           ("tests/test_scripts.py::test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher",),
+           "the paper scripts' --launcher basic still runs the batched launcher"),
 ]
 MUTANTS += [
     Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",
