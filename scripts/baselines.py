@@ -274,10 +274,10 @@ def plan(args, entries: list[str], seeds: list[int]) -> dict[str, str]:
             if why is None:
                 try:
                     spec = RunSpec.from_config(cfg, cache)
-                except DataMissingError as err:
-                    _paper.fail(f"{_one_line(err)} (--setting {args.setting} reads its files from --dataset.root "
-                                f"{os.path.abspath(args.data_root)})")
-                except ConfigError as err:
+                except (ConfigError, DataMissingError) as err:
+                    if isinstance(err, DataMissingError) or isinstance(err.__cause__, DataMissingError):
+                        # (fedrun.config.instantiate_checked gives it as a ConfigError): every entry's, so one line
+                        _paper.fail(f"--plan: {_one_line(err.__cause__ or err)}")
                     why = _one_line(err)
             if why is not None:
                 refused[e] = why
