@@ -33,6 +33,14 @@ the new choice takes them (docs/baselines.md "Another model, dataset or partitio
     python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --quick \
         --data-overrides "model=fedavg_cnn"      # another model (or dataset=, partition=) for the setting's
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
+    python scripts/baselines.py --setting cifar100_dir01_resnet18 --dataset.root <root> --eval-every 10 \
+        --device cuda --plan         # each entry's s/round, timed here, and the table's projected time; no training
+
+--plan times every entry (one warm-up round, then --plan-rounds rounds, each evaluated, one seed) in this
+process on the setting's data and --device, set up as fedrun's round loop sets it up, and prints per entry
+its s/round, s/evaluation and rounds x seeds x s/round + evaluations x seeds x s/evaluation, then the sum
+with the device's name. A run without --quick prints the same plan before it trains (--no-plan: not);
+entries fedrun refuses are listed with their one line and left out of the training.
 
 Writes baselines.csv, baselines.md and baselines.png into the output folder it prints.
 """

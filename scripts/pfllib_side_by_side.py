@@ -4,11 +4,15 @@
     python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --dataset.root /work/shared/data --out DIR
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
 
-1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
+1. Builds fedrun's data for --setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
    client's training and test rows, already normalized, into PFLlib's dataset layout:
    DIR/pfllib/dataset/<name>/{train,test}/<client>.npz, each holding {'data': {'x', 'y'}} as
    PFLlib's generators write them (its read_client_data loads them; this script never reads them).
+   `--setting cifar100_dir01_resnet18`: baselines.py's CIFAR-100, Dirichlet 0.1, 100 clients, 10 a round
+   on both sides, the rows as images; fedrun trains the table's ResNet-18 (CIFAR stem, GroupNorm), PFLlib
+   its own (main.py's ResNet18: torchvision's, BatchNorm), so that setting compares time per round, not
+   one network's accuracy; tau is the mean client's epoch (sizes differ under Dirichlet).
 2. fedrun: `fedrun -m algo=<a> ... seed=<seeds> hydra/launcher=basic` (seeds one after another, so
    each job's own wall time is one run's), `sampling=epochs` (a shuffled pass through the client's
    rows, as PFLlib's DataLoader) with tau = floor(n / B) steps = one epoch when every client holds

@@ -523,6 +523,19 @@ def test_baselines_plan_times_every_entry_and_projects_on_tiny_cifar100(tmp_path
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --plan: CIFAR-100 not found"), err
 
+
+def test_baselines_run_without_plan_leaves_refused_entries_out_in_one_line(monkeypatch, capsys):
+    """--no-plan: fedrun's checks of each entry's options (no data read); a refused entry is named with its one
+    line, the others pass."""
+    import argparse
+
+    monkeypatch.setitem(baselines.ENTRIES, "FedRep-h2", ("fedrep", ["algo.lr=0.05", "algo.head_steps=2"], "pers"))
+    args = argparse.Namespace(setting="cifar100_dir01_resnet18", data_root="/nowhere", no_download=True, quick=True,
+                              data_overrides="", rounds=None, eval_every=None, device="cpu")
+    assert list(baselines.refusals(args, ["FedAvg", "FedRep-h2"], [0])) == ["FedRep-h2"]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("refused FedRep-h2: ") and "head_steps" in out[0], out
+
 # ----------------------------------------------------------------------------------------------
 # pFedMe Figures 1-4 (scripts/pfedme_figures.py) and paper 004's toy (scripts/pfl_toy.py)
 # ----------------------------------------------------------------------------------------------
