@@ -65,9 +65,8 @@ def test_bad_options_are_one_line_before_any_work(argv, words, tmp_path, capsys)
 def test_cifar100_setting_exports_images_of_its_partition(tmp_path):
     """--setting cifar100_dir01_resnet18: every client's rows into PFLlib's layout as images (3 x 32 x 32, for
     PFLlib's ResNet-18), all of the partition's training rows; the MNIST setting's stay flat (the MLP)."""
-    import numpy as np
-
     import _paper
+    import numpy as np
 
     root = _paper.write_tiny_cifar(str(tmp_path / "data"), 100, 2, 1)
     opts = sbs.setting_options(root, "cifar100_dir01_resnet18") + ["partition.num_clients=3", "partition.min_size=2"]
