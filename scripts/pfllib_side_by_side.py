@@ -201,7 +201,8 @@ def main(argv=None) -> int:
           " for a client of the mean size (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
     results = json.load(open(res_path)) if os.path.exists(res_path) else {}
     results.update(meta={"setting": args.setting, "data": data_opts, "rounds": args.rounds,
-                         "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau, "n_train": n_train, "lr": LR,
+                         "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau,
+                         "n_train": n_train, "lr": LR,
                          "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs})
     if args.jobs == 1:
         for a in algos:
