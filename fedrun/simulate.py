@@ -382,6 +382,7 @@ def simulate_group(
     client_chunk: int | None = None,
     steps: Callable | None = None,
     start_chunk: int | None = None,
+    clock: RoundClock | None = None,
 ) -> None:
     """Runs several replicas (seeds) of one configuration as one computation: each round, every
     replica samples its own clients and minibatches from its own (seed, round) streams, and the
@@ -392,6 +393,8 @@ def simulate_group(
     Replicas may start at different rounds (resumed from different checkpoints); each joins when
     the loop reaches its round. A replica that diverges stops with its `error` set; the others go on.
     After the first rounds, one line on stderr estimates the time left (fedrun.clock.RoundReporter).
+    `clock`: the RoundClock the rounds' seconds go to (the caller reads them after: scripts/baselines.py
+    --plan); None: one of its own.
     """
     algo.set_schedule(sched)
     algo.set_data(data)
@@ -404,7 +407,7 @@ def simulate_group(
         ctx.chunked = train.map  # (set, not dataclasses.replace: a context subclass keeps its own __init__)
         r.at = r.done = Progress(algo.prepare(engine, algo.init(r.params, data.num_clients), ctx))
     first = min(r.at.round for r in runs)
-    report = RoundReporter(RoundClock(sched.rounds, sched.eval_every), data.train.x.device.type,
+    report = RoundReporter(clock or RoundClock(sched.rounds, sched.eval_every), data.train.x.device.type,
                            algo.name if len(runs) == 1 else f"{algo.name} x{len(runs)} seeds", first, progress)
     for rnd in range(first + 1, sched.rounds + 1):
         active = [r for r in runs if r.error is None and r.at.round < rnd]

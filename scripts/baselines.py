@@ -33,6 +33,14 @@ the new choice takes them (docs/baselines.md "Another model, dataset or partitio
     python scripts/baselines.py --setting mnist_dir01 --dataset.root /work/shared/data --quick \
         --data-overrides "model=fedavg_cnn"      # another model (or dataset=, partition=) for the setting's
     python scripts/baselines.py --replot outputs/papers/baselines/<run>   # table and figure only
+    python scripts/baselines.py --setting cifar100_dir01_resnet18 --dataset.root <root> --eval-every 10 \
+        --device cuda --plan         # each entry's s/round, timed here, and the table's projected time; no training
+
+--plan times every entry (one warm-up round, then --plan-rounds rounds, each evaluated, one seed) in this
+process on the setting's data and --device, set up as fedrun's round loop sets it up, and prints per entry
+its s/round, s/evaluation and rounds x seeds x s/round + evaluations x seeds x s/evaluation, then the sum
+with the device's name. A run without --quick prints the same plan before it trains (--no-plan: not);
+entries fedrun refuses are listed with their one line and left out of the training.
 
 Writes baselines.csv, baselines.md and baselines.png into the output folder it prints.
 """
@@ -129,7 +137,8 @@ QUICK = dict(data=["data.num_clients=6", "data.size_factor=1", "data.seed=9"], r
              entries={"FedRep": ["algo.head_steps=1"], "FedPAC": ["algo.head_steps=1"]})
 
 
-def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
+def _setting_options(args) -> tuple[list[str], list[str], int]:
+    """The setting's data and model options (with --data-overrides), its run options and its rounds."""
     s = SETTINGS[args.setting]
     data = list(s["data"])
     if s["root"]:
@@ -140,16 +149,173 @@ def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
     own = args.data_overrides.split() if args.data_overrides else []
     data = fitted(data, own, os.path.abspath(args.data_root), args.no_download) + own
     rounds = args.rounds or (QUICK["rounds"] if args.quick else s["rounds"])
-    run = s["run"] + (QUICK["run"] if args.quick else [])
+    return data, s["run"] + (QUICK["run"] if args.quick else []), rounds
+
+
+def _entry_options(args, e: str) -> list[str]:
+    """algo= and the entry's own options (--quick's replacing the entry's value of the same option)."""
+    algo, opts, _ = ENTRIES[e]
+    if args.quick:
+        quick = QUICK["entries"].get(e, [])
+        opts = [o for o in opts if o.split("=")[0] not in {q.split("=")[0] for q in quick}] + quick
+    return [f"algo={algo}", *opts]
+
+
+def train(args, out: str, entries: list[str], seeds: list[int]) -> None:
+    data, run, rounds = _setting_options(args)
     for e in entries:
-        algo, opts, _ = ENTRIES[e]
-        if args.quick:  # (each replaces the entry's own value of its option)
-            quick = QUICK["entries"].get(e, [])
-            opts = [o for o in opts if o.split("=")[0] not in {q.split("=")[0] for q in quick}] + quick
         secs = _paper.run_sweep(args, os.path.join(out, "runs", _slug(e)), [
-            f"algo={algo}", *opts, *data, *run, f"rounds={rounds}", f"seed={','.join(map(str, seeds))}",
+            *_entry_options(args, e), *data, *run, f"rounds={rounds}", f"seed={','.join(map(str, seeds))}",
             f"device={args.device}", "on_diverge=record"], _paper.HIDDEN_IN_NAMES + ["algo.*", "model.hidden"])
         print(f"{e}: training took {secs:.0f}s")
+
+
+PLAN_WARMUP = 1  # rounds run before the timed ones (one-time costs: the first kernels, caches, allocations)
+
+
+def _one_line(err: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
+def _device_name(device, threads: int | None) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"CPU{f' {model}' if model else ''}, {threads or torch.get_num_threads()} torch threads"
+
+
+def _compose_entries(args, entries: list[str], seed: int):
+    """(entry, its config as fedrun composes it for seed `seed`, or the one line why composing it failed)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from fedrun.config import CONF_DIR, with_dataset_root, with_env_searchpath
+
+    data, run, rounds = _setting_options(args)
+    every = [f"eval_every={args.eval_every}"] if args.eval_every else []
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for e in entries:
+            argv = [*_entry_options(args, e), *data, *run, f"rounds={rounds}", f"seed={seed}", f"device={args.device}",
+                    "on_diverge=record", *every, "progress=false", "plot=false"]
+            try:
+                yield e, compose("config", overrides=with_env_searchpath(with_dataset_root(argv))), None
+            except HydraException as err:
+                yield e, None, _one_line(err)
+
+
+def refusals(args, entries: list[str], seeds: list[int]) -> dict[str, str]:
+    """{entry: the one line fedrun refuses it with} from its options alone (fedrun.run.checks.job_problems,
+    no data loaded): what a run without the plan leaves out."""
+    from fedrun.run.checks import job_problems
+
+    out = {}
+    for e, cfg, why in _compose_entries(args, entries, seeds[0]):
+        why = why or "; ".join(job_problems(cfg))
+        if why:
+            out[e] = why
+            print(f"refused {e}: {why}")
+    return out
+
+
+def _time_entry(spec, timed: int) -> tuple[float, float]:
+    """Seconds per training round and per evaluation of `spec`'s run, set up as fedrun's round loop sets it
+    up (fedrun.run.runner._train: engine, compile=/precision=, memory plan), the means over `timed` rounds
+    after PLAN_WARMUP, each round evaluated (one seed)."""
+    import dataclasses
+
+    import torch
+
+    from fedrun.clock import RoundClock
+    from fedrun.engine import ENGINES, params_of
+    from fedrun.run.acceleration import LocalSteps
+    from fedrun.run.memory import budget_bytes
+    from fedrun.run.memory import plan as plan_memory
+    from fedrun.simulate import Replica, simulate_group
+
+    dev = spec.device
+    if dev.device.type == "cpu" and dev.threads is not None:
+        torch.set_num_threads(dev.threads)
+    data, model = spec.data.to(dev.device), spec.model.to(dev.device)
+    torch.manual_seed(spec.seed)
+    torch.set_rng_state(spec.rng)
+    engine = ENGINES[dev.engine](model, max_chunks=dev.max_chunks)
+    steps = LocalSteps(dev.compile, dev.precision)
+    budget = budget_bytes(dev.memory, dev.device)
+    fitted = None if budget is None else plan_memory(
+        spec.algo, engine, data, spec.schedule, params_of(model), spec.seed, budget, 1, steps, dev.client_chunk,
+        f"model={spec.model_name}", dev.memory)
+    sched = dataclasses.replace(spec.schedule, rounds=PLAN_WARMUP + timed, eval_every=1)
+    clock = RoundClock(sched.rounds, 1, told=True)  # (told: no estimate line of its own)
+    run = Replica(spec.seed, params_of(model))
+    simulate_group(spec.algo, engine, data, [run], sched, client_chunk=dev.client_chunk, steps=steps,
+                   start_chunk=None if fitted is None else fitted.clients, clock=clock)
+    if run.error is not None:
+        raise run.error
+    train, evals = clock.train[PLAN_WARMUP:], clock.evals[PLAN_WARMUP:]
+    return sum(train) / len(train), sum(evals) / len(evals)
+
+
+def plan(args, entries: list[str], seeds: list[int]) -> dict[str, str]:
+    """Prints, per entry, its measured seconds per round and per evaluation (`--plan-rounds` rounds timed in
+    this process after PLAN_WARMUP, on the setting's data and device) and the projection rounds x seeds x
+    s/round + evaluations x seeds x s/evaluation, then the whole table's; returns {entry: why refused}."""
+    import torch
+
+    from fedrun.clock import RoundClock, hms
+    from fedrun.errors import ConfigError, DataMissingError
+    from fedrun.run.spec import RunSpec
+
+    _, _, rounds = _setting_options(args)
+    timed, n = args.plan_rounds, len(seeds)
+    every = args.eval_every or 1
+    evals = RoundClock(rounds, every).evaluations_after(0)
+    threads, t0 = torch.get_num_threads(), time.time()
+    cache, refused, total, device = {}, {}, 0.0, None
+    try:
+        for e, cfg, why in _compose_entries(args, entries, seeds[0]):
+            if why is None:
+                try:
+                    spec = RunSpec.from_config(cfg, cache)
+                except (ConfigError, DataMissingError) as err:
+                    if isinstance(err, DataMissingError) or isinstance(err.__cause__, DataMissingError):
+                        # (fedrun.config.instantiate_checked gives it as a ConfigError): every entry's, so one line
+                        _paper.fail(f"--plan: {_one_line(err.__cause__ or err)}")
+                    why = _one_line(err)
+            if why is not None:
+                refused[e] = why
+                print(f"plan {e}: refused: {why}", flush=True)
+                continue
+            if device is None:
+                device = spec.device.device
+                name = _device_name(device, spec.device.threads)
+                print(f"plan: --setting {args.setting}, {rounds} rounds x {n} seed{'s' * (n > 1)} per entry, "
+                      f"evaluated every {every} round{'s' * (every > 1)} ({evals} evaluations a seed), on {device} "
+                      f"({name}). A projection from {timed} timed round{'s' * (timed > 1)} per entry "
+                      f"(after {PLAN_WARMUP} warm-up), each evaluated, one seed, in this process: seeds counted one "
+                      f"after another (the batched launcher trains them together)", flush=True)
+            s_round, s_eval = _time_entry(spec, timed)
+            proj = n * (rounds * s_round + evals * s_eval)
+            total += proj
+            print(f"plan {e}: {s_round:.4f} s/round, {s_eval:.4f} s/evaluation; projected {rounds} rounds x {n} seeds "
+                  f"x {s_round:.4f} + {evals} evaluations x {n} seeds x {s_eval:.4f} = {proj:.1f} s ({hms(proj)})",
+                  flush=True)
+            del spec
+    finally:
+        torch.set_num_threads(threads)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # (the training runs are other processes)
+    done = len(entries) - len(refused)
+    where = f"on {device} ({name})" if device is not None else "(no entry timed)"
+    print(f"plan total: {total:.1f} s ({hms(total)}) projected for {done} entries x {n} seeds {where}, from {timed} "
+          f"timed round{'s' * (timed > 1)} each; {len(refused)} refused; the plan took {time.time() - t0:.0f} s",
+          flush=True)
+    return refused
 
 
 # the config groups of the data and the model: a setting's choice of one gives way to --data-overrides'
@@ -315,6 +481,14 @@ def main(argv=None) -> int:
     ap.add_argument("--data-overrides", default="", help="extra fedrun options for the data (e.g. a partition)")
     ap.add_argument("--plot-format", default="png", choices=FIGURE_FORMATS,
                     help="the figure's file type (default: png)")
+    ap.add_argument("--plan", action="store_true",
+                    help="time each entry's rounds here (--plan-rounds after a warm-up round, on the setting's data "
+                         "and --device), print its s/round and the whole table's projected time, and exit without "
+                         "training; a run without --quick or --no-plan prints the same plan before it trains")
+    ap.add_argument("--plan-rounds", type=int, default=2, metavar="N",
+                    help="rounds the plan times per entry, after one warm-up round (default: 2)")
+    ap.add_argument("--no-plan", action="store_true",
+                    help="train without timing the entries first (refused entries are still left out, in one line)")
     args = ap.parse_args(argv)
     if args.setting not in SETTINGS:
         print(f"error: --setting {args.setting!r} is not a setting; choose one of {', '.join(SETTINGS)}",
@@ -326,13 +500,28 @@ def main(argv=None) -> int:
         print(f"error: --entries {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ENTRIES)}",
               file=sys.stderr)
         return 2
+    if args.plan_rounds < 1:
+        print(f"error: --plan-rounds {args.plan_rounds} must be at least 1", file=sys.stderr)
+        return 2
+    if args.replot and (args.plan or args.no_plan):
+        print("error: --plan and --no-plan time or check entries to train; --replot trains none", file=sys.stderr)
+        return 2
     t0 = time.time()
     out = _paper.out_dir(args, NAME)
     if not args.replot:
+        seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
+        refused = {}
+        if args.plan or not (args.quick or args.no_plan):
+            refused = plan(args, entries, seeds)
+            if args.plan:
+                return 0
+        elif not args.quick:
+            refused = refusals(args, entries, seeds)
         _paper.make_out(out)
         print(f"outputs: {out}")
-        seeds = _paper.seeds_of(args) if args.seeds else ([0] if args.quick else [0, 1, 2])
-        train(args, out, entries, seeds)
+        train(args, out, [e for e in entries if e not in refused], seeds)
+        for e, why in refused.items():
+            print(f"not run, refused by fedrun: {e}: {why}")
     table(out, args.plot_format)
     print(f"outputs: {out} (baselines.md, baselines.csv, baselines.{args.plot_format}); {time.time() - t0:.0f}s")
     return 0

@@ -775,6 +775,20 @@ MUTANTS += [
            "a BatchNorm model's local steps in eval mode (running statistics instead of the batch's)"),
 ]
 
+PLAN_TEST = ("tests/test_scripts.py", "-k", "plan_times")
+MUTANTS += [
+    Mutant("baselines-plan-one-seed", "scripts/baselines.py",
+           "proj = n * (rounds * s_round + evals * s_eval)", "proj = rounds * s_round + evals * s_eval",
+           PLAN_TEST, "baselines.py --plan projects one seed's time for the table's seeds"),
+    Mutant("baselines-plan-no-evaluation", "scripts/baselines.py",
+           "proj = n * (rounds * s_round + evals * s_eval)", "proj = n * rounds * s_round",
+           PLAN_TEST, "baselines.py --plan leaves the evaluations out of the projection"),
+    Mutant("baselines-plan-missing-data-refused", "scripts/baselines.py",
+           "if isinstance(err, DataMissingError) or isinstance(err.__cause__, DataMissingError):",
+           "if isinstance(err, DataMissingError):",
+           PLAN_TEST, "baselines.py --plan lists missing files as every entry's refusal, not one line, exit 2"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -4,11 +4,15 @@
     python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --dataset.root /work/shared/data --out DIR
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
 
-1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
+1. Builds fedrun's data for --setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
    client's training and test rows, already normalized, into PFLlib's dataset layout:
    DIR/pfllib/dataset/<name>/{train,test}/<client>.npz, each holding {'data': {'x', 'y'}} as
    PFLlib's generators write them (its read_client_data loads them; this script never reads them).
+   `--setting cifar100_dir01_resnet18`: baselines.py's CIFAR-100, Dirichlet 0.1, 100 clients, 10 a round
+   on both sides, the rows as images; fedrun trains the table's ResNet-18 (CIFAR stem, GroupNorm), PFLlib
+   its own (main.py's ResNet18: torchvision's, BatchNorm), so that setting compares time per round, not
+   one network's accuracy; tau is the mean client's epoch (sizes differ under Dirichlet).
 2. fedrun: `fedrun -m algo=<a> ... seed=<seeds> hydra/launcher=basic` (seeds one after another, so
    each job's own wall time is one run's), `sampling=epochs` (a shuffled pass through the client's
    rows, as PFLlib's DataLoader) with tau = floor(n / B) steps = one epoch when every client holds
@@ -100,6 +104,14 @@ EVAL_AFTER_TRAINING = {"fedphp"}
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
 SETTING = "mnist_shards2"
 DATASET_NAME = "MNIST_fedrun_shards2"  # "MNIST" in the name: PFLlib's helpers read it so
+# --setting (baselines.py's, its data and fedrun model as the table defines them) -> PFLlib's side: the dataset
+# folder's name, classes, clients trained a round, the model PFLlib trains
+SETTINGS = {
+    SETTING: dict(dataset=DATASET_NAME, classes=10, per_round=20, model="mlp"),
+    # PFLlib's own ResNet-18 (its main.py's ResNet18: torchvision's, ImageNet stem, BatchNorm) beside fedrun's
+    # (CIFAR stem, GroupNorm): the same data, partition and local work, not the same network
+    "cifar100_dir01_resnet18": dict(dataset="Cifar100_fedrun_dir01", classes=100, per_round=10, model="resnet18"),
+}
 
 
 def main(argv=None) -> int:
@@ -111,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset.root", "--dataset.root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
                     metavar="DIR",
                     help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
+    ap.add_argument("--setting", default=SETTING, metavar="NAME",
+                    help=f"one of {', '.join(SETTINGS)} (default: {SETTING})")
     ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)
@@ -130,6 +144,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return pfllib_worker(json.loads(args.worker))
+    if args.setting not in SETTINGS:
+        print(f"error: --setting {args.setting!r} is not allowed; choose one of {', '.join(SETTINGS)}", file=sys.stderr)
+        return 2
     algos = [a for a in args.algos.split(",") if a]
     bad = [a for a in algos if a not in ALGOS]
     if bad or not algos:
@@ -154,7 +171,8 @@ def main(argv=None) -> int:
         for d in dirs[1:]:
             more = json.load(open(os.path.join(d, "side_by_side.json")))
             same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
-            more["meta"].setdefault("jobs", 1)  # (results written before --jobs and --device existed)
+            more["meta"].setdefault("jobs", 1)
+            more["meta"].setdefault("setting", SETTING)  # (results written before --jobs and --device existed)
             results["meta"].setdefault("jobs", 1)
             # (the same files elsewhere)
             where = lambda m: {**m, "data": [o for o in m["data"] if not o.startswith("dataset.root=")]}
@@ -172,16 +190,19 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(out, exist_ok=True)
     print(f"outputs: {out}")
-    data_opts = setting_options(args.data_root)
-    n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", DATASET_NAME))
-    tau = min(n_train) // args.batch_size
+    side = SETTINGS[args.setting]
+    data_opts = setting_options(args.data_root, args.setting)
+    n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", side["dataset"]), flat=side["model"] == "mlp")
     equal = len(set(n_train)) == 1
+    # one epoch: floor(n / B) steps when every client holds n rows; else the clients' mean epoch
+    tau = max(1, min(n_train) // args.batch_size if equal else round(sum(n_train) / len(n_train) / args.batch_size))
     print(f"clients: {len(n_train)}, training rows per client: min {min(n_train)}, max {max(n_train)}; "
           f"one epoch at B={args.batch_size}: {tau} steps" + ("" if equal else
-          " for the smallest client (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
+          " for a client of the mean size (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
     results = json.load(open(res_path)) if os.path.exists(res_path) else {}
-    results.update(meta={"setting": SETTING, "data": data_opts, "rounds": args.rounds, "eval_every": args.eval_every,
-                         "batch_size": args.batch_size, "tau_epoch": tau, "n_train": n_train, "lr": LR,
+    results.update(meta={"setting": args.setting, "data": data_opts, "rounds": args.rounds,
+                         "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau,
+                         "n_train": n_train, "lr": LR,
                          "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs})
     if args.jobs == 1:
         for a in algos:
@@ -221,16 +242,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def setting_options(root: str) -> list[str]:
+def setting_options(root: str, setting: str = SETTING) -> list[str]:
     sys.path.insert(0, HERE)
     import baselines  # the table's setting, as it defines it
 
-    s = baselines.SETTINGS[SETTING]
+    s = baselines.SETTINGS[setting]
     return s["data"] + [f"dataset.root={os.path.abspath(root)}", "dataset.download=false"]
 
 
-def export(data_opts: list[str], folder: str) -> list[int]:
-    """fedrun's partition of the setting into PFLlib's per-client .npz files; returns the training rows per client."""
+def export(data_opts: list[str], folder: str, flat: bool = True) -> list[int]:
+    """fedrun's partition of the setting into PFLlib's per-client .npz files (`flat`: each row a vector, for the MLP;
+    else as fedrun holds it, images C x H x W); returns the training rows per client."""
     import numpy as np
     from hydra import compose, initialize_config_dir
 
@@ -244,7 +266,8 @@ def export(data_opts: list[str], folder: str) -> list[int]:
         os.makedirs(os.path.join(folder, part), exist_ok=True)
         for c in range(split.num_clients):
             rows = split.client_rows(c)
-            x = split.x[rows].reshape(rows.stop - rows.start, -1).numpy().astype(np.float32)
+            x = split.x[rows]
+            x = (x.reshape(rows.stop - rows.start, -1) if flat else x).numpy().astype(np.float32)
             y = split.y[rows].numpy().astype(np.int64)
             if part == "train":
                 sizes.append(len(y))
@@ -263,7 +286,8 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
     tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
     sweep = os.path.join(out, "fedrun", algo) + ("" if args.jobs == 1 else f"_seed{seeds[0]}")
     cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
-           "sampling=epochs", "aggregate=samples", "clients_per_round=20", f"rounds={args.rounds}",
+           "sampling=epochs", "aggregate=samples",
+           f"clients_per_round={SETTINGS[args.setting]['per_round']}", f"rounds={args.rounds}",
            f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}",
            "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
@@ -290,7 +314,7 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
 def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
     work = os.path.join(out, "pfllib")
     job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
-           "device": args.device,
+           "device": args.device, "setting": args.setting,
            "eval_every": args.eval_every, "batch_size": args.batch_size,
            "log": os.path.join(work, f"{algo}_seed{seed}.log")}
     cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
@@ -339,18 +363,28 @@ def pfllib_worker(job: dict) -> int:
     _, _, module, cls, extra = ALGOS[job["algo"]]
     server_cls = getattr(__import__(f"flcore.servers.{module}", fromlist=[cls]), cls)
     a = types.SimpleNamespace(**main_py_defaults(job["pfllib"]))
-    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = job["device"], DATASET_NAME, 10, 20, 1.0
+    side = SETTINGS[job.get("setting", SETTING)]
+    clients = len(os.listdir(os.path.join(job["work"], "dataset", side["dataset"], "train")))
+    a.device, a.dataset, a.num_classes, a.num_clients = job["device"], side["dataset"], side["classes"], clients
+    a.join_ratio = side["per_round"] / clients
     a.local_learning_rate, a.batch_size, a.local_epochs = LR, job["batch_size"], 1
     a.global_rounds, a.eval_gap, a.times, a.algorithm = job["rounds"], job["eval_every"], 1, cls
-    a.model_str = "fedrun_mlp"
+    a.model_str = "fedrun_mlp" if side["model"] == "mlp" else "ResNet18"
     for k, v in extra.items():
         setattr(a, k, v)
     torch.set_num_threads(1)  # as fedrun's side (threads=1): one core each, the same for both
     torch.manual_seed(job["seed"])
     np.random.seed(job["seed"])
     random.seed(job["seed"])
-    head = nn.Linear(100, 10)
-    a.model = BaseHeadSplit(nn.Sequential(nn.Flatten(), nn.Linear(784, 100), nn.ReLU()), head)
+    if side["model"] == "mlp":
+        head = nn.Linear(100, 10)
+        a.model = BaseHeadSplit(nn.Sequential(nn.Flatten(), nn.Linear(784, 100), nn.ReLU()), head)
+    else:  # PFLlib main.py's ResNet18, split into base and head as its main.py splits every model
+        import torchvision
+
+        base = torchvision.models.resnet18(weights=None, num_classes=side["classes"])
+        head, base.fc = base.fc, nn.Identity()
+        a.model = BaseHeadSplit(base, head)
     a.head = head
     with open(job["log"], "w", buffering=1) as log, contextlib.redirect_stdout(log):
         t0 = time.time()

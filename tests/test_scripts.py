@@ -493,6 +493,59 @@ def test_baselines_bad_setting_or_entry_is_one_line_before_any_work(tmp_path, mo
     assert {"mnist_dir01", "mnist_shards2", "cifar10_dir01", "cifar10_shards2"} <= set(baselines.SETTINGS)
 
 
+PLAN_ROW = re.compile(r"^plan (\S+): ([\d.]+) s/round, ([\d.]+) s/evaluation; projected (\d+) rounds x (\d+) seeds x "
+                      r"([\d.]+) \+ (\d+) evaluations x (\d+) seeds x ([\d.]+) = ([\d.]+) s", re.M)
+
+
+def test_baselines_plan_times_every_entry_and_projects_on_tiny_cifar100(tmp_path, monkeypatch, capsys):
+    """--plan on generated CIFAR-100 files (the real format): a row per entry, timed or refused in one line,
+    each projection = rounds x seeds x s/round + evaluations x seeds x s/evaluation as printed, the total
+    their sum; nothing trained, nothing written. Without the files: one line, exit 2."""
+    root = _paper.write_tiny_cifar(str(tmp_path / "data"), 100, 2, 1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
+    # an entry fedrun refuses: FedRep's head steps fill --quick's tau=2
+    monkeypatch.setitem(baselines.ENTRIES, "FedRep-h2", ("fedrep", ["algo.lr=0.05", "algo.head_steps=2"], "pers"))
+    argv = ["--setting", "cifar100_dir01_resnet18", "--dataset.root", root, "--no-download", "--quick", "--device",
+            "cpu", "--rounds", "3", "--seeds", "0,1", "--eval-every", "2", "--plan-rounds", "1", "--entries",
+            "FedAvg,FedRep-h2", "--data-overrides", "partition.num_clients=4 partition.min_size=2 model.width=2"]
+    assert baselines.main(argv + ["--plan"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[0]: m for m in PLAN_ROW.findall(out)}
+    assert set(rows) == {"FedAvg"}, out
+    refused = re.findall(r"^plan FedRep-h2: refused: (.+)$", out, re.M)
+    assert len(refused) == 1 and "head_steps" in refused[0], out
+    _, s_round, s_eval, rounds, seeds, s_round2, evals, seeds2, s_eval2, proj = rows["FedAvg"]
+    assert (rounds, seeds, seeds2, evals) == ("3", "2", "2", "2")  # evaluated at rounds 2 and 3, 2 seeds
+    assert s_round == s_round2 and s_eval == s_eval2 and float(s_round) > 0 and float(s_eval) > 0
+    # the printed s/round and s/evaluation are rounded to 4 decimals, the projection to 1
+    want = 3 * 2 * float(s_round) + 2 * 2 * float(s_eval)
+    assert abs(float(proj) - want) <= (3 * 2 + 2 * 2) * 0.5e-4 + 0.05 + 1e-9, (proj, want)
+    total = re.search(r"^plan total: ([\d.]+) s .* projected for 1 entries x 2 seeds on cpu \(CPU.*\), from 1 timed "
+                      r"round each; 1 refused", out, re.M)
+    assert total and abs(float(total[1]) - float(proj)) <= 0.05 + 1e-9, out
+    assert re.search(r"^plan: .* 3 rounds x 2 seeds per entry, evaluated every 2 rounds \(2 evaluations a seed\)",
+                     out, re.M), out
+    assert not os.path.exists(tmp_path / "outputs")  # --plan trains nothing, writes nothing
+    missing = [a if a != root else str(tmp_path / "none") for a in argv]
+    with pytest.raises(SystemExit) as stop:
+        baselines.main(missing + ["--plan"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --plan: CIFAR-100 not found"), err
+
+
+def test_baselines_run_without_plan_leaves_refused_entries_out_in_one_line(monkeypatch, capsys):
+    """--no-plan: fedrun's checks of each entry's options (no data read); a refused entry is named with its one
+    line, the others pass."""
+    import argparse
+
+    monkeypatch.setitem(baselines.ENTRIES, "FedRep-h2", ("fedrep", ["algo.lr=0.05", "algo.head_steps=2"], "pers"))
+    args = argparse.Namespace(setting="cifar100_dir01_resnet18", data_root="/nowhere", no_download=True, quick=True,
+                              data_overrides="", rounds=None, eval_every=None, device="cpu")
+    assert list(baselines.refusals(args, ["FedAvg", "FedRep-h2"], [0])) == ["FedRep-h2"]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("refused FedRep-h2: ") and "head_steps" in out[0], out
+
 # ----------------------------------------------------------------------------------------------
 # pFedMe Figures 1-4 (scripts/pfedme_figures.py) and paper 004's toy (scripts/pfl_toy.py)
 # ----------------------------------------------------------------------------------------------

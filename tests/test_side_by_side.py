@@ -53,9 +53,32 @@ def test_replot_refuses_runs_of_another_setting(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [(["--jobs", "0"], "--jobs 0"), (["--device", "tpu"], "--device tpu"),
-                                         (["--algos", "fedx"], "--algos fedx")])
+                                         (["--algos", "fedx"], "--algos fedx"),
+                                         (["--setting", "cifar10"], "--setting 'cifar10'")])
 def test_bad_options_are_one_line_before_any_work(argv, words, tmp_path, capsys):
     assert sbs.main(argv + ["--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_cifar100_setting_exports_images_of_its_partition(tmp_path):
+    """--setting cifar100_dir01_resnet18: every client's rows into PFLlib's layout as images (3 x 32 x 32, for
+    PFLlib's ResNet-18), all of the partition's training rows; the MNIST setting's stay flat (the MLP)."""
+    import _paper
+    import numpy as np
+
+    root = _paper.write_tiny_cifar(str(tmp_path / "data"), 100, 2, 1)
+    opts = sbs.setting_options(root, "cifar100_dir01_resnet18") + ["partition.num_clients=3", "partition.min_size=2"]
+    folder = str(tmp_path / "Cifar100_fedrun_dir01")
+    sizes = sbs.export(opts, folder, flat=False)
+    assert len(sizes) == 3 and len(os.listdir(os.path.join(folder, "train"))) == 3
+    rows = 0
+    for c, n in enumerate(sizes):
+        d = np.load(os.path.join(folder, "train", f"{c}.npz"), allow_pickle=True)["data"].item()
+        assert d["x"].shape == (n, 3, 32, 32) and d["x"].dtype == np.float32 and len(d["y"]) == n
+        rows += n
+    test_rows = sum(len(np.load(os.path.join(folder, "test", f"{c}.npz"), allow_pickle=True)["data"].item()["y"])
+                    for c in range(3))
+    assert rows + test_rows == 300  # 2 + 1 images of each of the 100 classes, every one dealt to a client
+    assert sbs.SETTINGS["cifar100_dir01_resnet18"]["per_round"] == 10  # the table's 10 of 100 a round
