@@ -192,7 +192,8 @@ def test_defaults_that_used_to_disagree_now_come_from_the_yaml():
     (["sampling=shuffle"],
      "fedrun: error: sampling='shuffle' is not allowed; choose one of: replacement, epochs, steps"),
     (["+algo.gamma=1"], "fedrun: error: algo.gamma is not an option of PerFedAvg; its options: alpha, beta, delta, "
-                        "finetune_epochs, finetune_lr, finetune_steps, local_epochs, lr, outer_step_from, test_time, variant"),
+                        "finetune_epochs, finetune_lr, finetune_steps, local_epochs, lr, outer_step_from, test_time, "
+                        "variant"),
 ])
 def test_wrong_types_and_unknown_keys_get_one_line(args, expected, tmp_path, capsys):
     import fedrun.config  # noqa: F401 - registers the resolvers the config uses

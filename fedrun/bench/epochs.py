@@ -44,7 +44,8 @@ def _setting(name: str, device: str, mnist_root: str | None):
         root = mnist_root or os.environ.get("FEDRUN_DATA", "data")
         _, data, sched, model_fn = _compose(["dataset=mnist", f"dataset.root={root}", "dataset.download=false",
                                              "partition=dirichlet", "partition.alpha=0.1", "partition.num_clients=20",
-                                             "clients_per_round=20", "batch_size=10", "model=fedavg_cnn", "cache_dir=null"],
+                                             "clients_per_round=20", "batch_size=10", "model=fedavg_cnn",
+                                             "cache_dir=null"],
                                             device)
         return data, sched, model_fn
     raise ValueError(f"unknown --epochs setting {name!r}; choose from synthetic, mnist")
