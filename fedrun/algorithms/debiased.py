@@ -55,8 +55,8 @@ from ..engine.tree import Params, clip_per_client, gather, scatter, stack, weigh
 from ..errors import ConfigError
 from .adaptation import make_adaptation
 from .base import Algorithm, EvalContext, Local, ServerState
-from .optim import LocalOptim
 from .checks import check_choice, check_positive, require_body
+from .optim import LocalOptim
 
 EVAL_MODELS = ("server", "clients_mean")
 # paper 004's options for the engines' agreement check (fedrun.bench.agreement): a clip that clips, a
@@ -109,7 +109,8 @@ class DebiasedSGD(Algorithm):
                               f"are both the local step's weight decay (algo={self.name}); set one of them to 0")
         if self.lr_decay != 1 and optim.schedule != "constant":
             raise ConfigError(f"algo.lr_decay={self.lr_decay} and optim.schedule={optim.schedule} both schedule the "
-                              f"local lr over rounds (algo={self.name}); set algo.lr_decay=1 or optim.schedule=constant")
+                              f"local lr over rounds (algo={self.name}); set algo.lr_decay=1 or "
+                              "optim.schedule=constant")
         super().set_optim(optim)
 
     def check_params(self, params: Params) -> None:
@@ -117,8 +118,8 @@ class DebiasedSGD(Algorithm):
         if split_buffers(params)[1] and self.adaptation == "maml":
             raise ConfigError(f"algo={self.name} with algo.adaptation=maml does not handle BatchNorm layers: a "
                               "second-order meta-gradient through the inner steps' batch statistics, and the running "
-                              "statistics those inner forwards update, are not implemented; use algo.adaptation=none or proto, or "
-                              "model.norm=group")
+                              "statistics those inner forwards update, are not implemented; use "
+                              "algo.adaptation=none or proto, or model.norm=group")
         if self.adaptation == "proto":
             require_body(self.name, params, "with algo.adaptation=proto embeds with the model's last hidden layer",
                          ", or algo.adaptation=maml or none")

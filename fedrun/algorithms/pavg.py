@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Local, ServerState
 from ..errors import ConfigError
+from .base import Local, ServerState
 from .checks import check_choice
 from .debiased import AGREEMENT_META, DebiasedSGD
 from .optim import LocalOptim
