@@ -37,6 +37,7 @@ class Mutant:
 
 
 AGREE = "tests/algorithms/test_branches_agree.py"
+TDEBIAS = "tests/algorithms/test_trainer_debias.py"
 EPOCH_TRACES = "tests/test_golden_pfllib.py::test_local_work_in_epochs_replays_pfllib"
 FEAT_TRACES = "tests/test_golden_pfllib_feat.py"
 PARTS, PAPER, SHARED = ("fedrun/data/partitioners/generic.py", "fedrun/data/partitioners/paper.py",
@@ -115,8 +116,8 @@ MUTANTS = [
            ("tests/test_host_syncs.py", "-k", "fake"), "a CPU index tensor mixed into the device's minibatch gather"),
     # paper 004's debiased family against the authors' traces (tests/test_golden_pfl.py, 3 rounds)
     Mutant("feddyn-state-sign", "fedrun/algorithms/pfldyn.py",
-           'g_new = {k: local["g"][k][selected] - self.alpha * delta[k] for k in w}',
-           'g_new = {k: local["g"][k][selected] + self.alpha * delta[k] for k in w}',
+           'g_new = {k: local["g"][k][selected] - self.alpha * delta[k] for k in delta}',
+           'g_new = {k: local["g"][k][selected] + self.alpha * delta[k] for k in delta}',
            ("tests/test_golden_pfl.py", "-k", "feddyn"), "FedDyn/PFLDyn: g_i update sign flipped"),
     Mutant("scaffold-ci-sign", "fedrun/algorithms/pflscaf.py",
            'ci_new = {k: ci[k] - state.extra["c"][k] + (state.params[k] - w[k]) / per_client(scale',
@@ -127,6 +128,26 @@ MUTANTS = [
            "return self.lr * self.lr_decay ** min(rnd - 1, 1)",
            ("tests/test_golden_pfl.py", "-k", "feddyn"), "paper-004 lr decay applied once, not compounded "
                                                         "(first wrong number in round 3)"),
+    # the debiased family on the local trainer (issue 44): optim.*, BatchNorm
+    Mutant("debias-optim-steps-unused", "fedrun/algorithms/debiased.py",
+           'out = self.descend(local, "params", g, lr, rnd, names=[k for k in g if k not in skip])',
+           'out = self.descend(local, "params", g, lr, rnd, names=list(g))',
+           (TDEBIAS, "-k", "unused"), "P-Avg (Proto): optim.* decays/steps the output layer the loss does not use"),
+    Mutant("debias-bn-stats-dropped", "fedrun/algorithms/debiased.py",
+           'g, _, local = self.value_and_grad(engine, local, "params", meta_loss',
+           'g, _, _ = self.value_and_grad(engine, local, "params", meta_loss',
+           (TDEBIAS, "-k", "batchnorm and scaffold"), "debiased local step: BatchNorm running statistics not updated"),
+    Mutant("scaffold-linear-term-sign", "fedrun/algorithms/pflscaf.py",
+           'return {k: local["c"][k] - local["ci"][k] for k in local["c"]}',
+           'return {k: local["ci"][k] - local["c"][k] for k in local["c"]}',
+           (TDEBIAS, "-k", "batchnorm and scaffold"), "SCAFFOLD/PFLScaf: correction c_i - c instead of c - c_i"),
+    Mutant("pfldyn-server-drops-buffers", "fedrun/algorithms/pfldyn.py",
+           "params = {**avg, **{k: avg[k] - h[k] / self.alpha for k in h}}",
+           "params = {k: avg[k] - h[k] / self.alpha for k in h}",
+           (TDEBIAS, "-k", "server and pfldyn"), "FedDyn/PFLDyn's server model loses its BatchNorm statistics"),
+    Mutant("debias-wd-pair-allowed", "fedrun/algorithms/debiased.py",
+           "if not optim.plain and self.weight_decay and optim.weight_decay:", "if False:",
+           (TDEBIAS, "-k", "refused"), "algo.weight_decay with optim.weight_decay taken (decay applied twice)"),
     # every partitioner (issue 38 item 15): what defines it, one mutant each at least
     Mutant("iid-in-order", PARTS, "owner[rng.permutation(len(labels))] = np.arange(len(labels))",
            "owner[np.arange(len(labels))] = np.arange(len(labels))", (PTESTS,),
@@ -182,7 +203,7 @@ MUTANTS = [
            "            static[i].copy_(leaves[i])", "            pass",
            ("tests/test_acceleration.py", "-k", "graph"), "compile=graphs replays without refilling its static inputs"),
     Mutant("step-uses-round-false", "fedrun/algorithms/debiased.py",
-           "        return self.lr_decay != 1", "        return False",
+           "        return self.lr_decay != 1 or super().step_uses_round", "        return False",
            ("tests/test_acceleration.py", "-k", "round"),
            "FedDyn/SCAFFOLD/PFL's decaying lr not declared round-dependent"),
     Mutant("compiled-step-round-fixed", "fedrun/run/acceleration.py",

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..data.federated import ClientSplit
 from ..engine import Engine
+from ..engine.batchnorm import is_buffer
 from ..engine.proto import class_means, proto_logits
 from ..engine.tree import Params, clip_per_client, sgd_each, stack
 from .checks import check_choice, check_int, check_positive
@@ -140,9 +141,10 @@ class Proto(NoAdaptation):
         inputs [m, ...] are given; the first client's first row is used)."""
         key = (id(engine.model), logits)
         if key not in self._unused:
-            p = {k: v[0].detach().requires_grad_(True) for k, v in params.items()}
+            p = {k: v[0].detach().requires_grad_(True) for k, v in params.items() if not is_buffer(k)}
+            b = {k: v[0] for k, v in params.items() if is_buffer(k)}  # (BatchNorm: eval mode, running statistics)
             with torch.enable_grad():
-                out = (engine.logits if logits else engine.features)(p, x[0][:1])
+                out = (engine.logits if logits else engine.features)({**p, **b}, x[0][:1])
                 grads = torch.autograd.grad(out.sum(), list(p.values()), allow_unused=True)
             self._unused[key] = frozenset(k for k, g in zip(p, grads) if g is None)
         return self._unused[key]

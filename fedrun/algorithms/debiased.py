@@ -50,11 +50,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..engine import Engine
+from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, clip_per_client, gather, scatter, stack, weighted_mean
 from ..errors import ConfigError
 from .adaptation import make_adaptation
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_positive, require_body
+from .optim import LocalOptim
 
 EVAL_MODELS = ("server", "clients_mean")
 # paper 004's options for the engines' agreement check (fedrun.bench.agreement): a clip that clips, a
@@ -71,6 +73,14 @@ class DebiasedSGD(Algorithm):
 
     name = "pavg"
     protocol = {"eval_model": dict(honest="server", official="clients_mean")}  # what the authors' code scored
+    # optim.* is the optimizer of the (outer) local step: the authors' code runs it with torch.optim.SGD
+    # (lr decayed per round, weight decay) after clipping the gradient of the loss with its regularizer
+    # (the linear and proximal terms, SCAFFOLD's c - c_i, are part of that gradient); MAML's inner steps
+    # stay plain SGD of inner_lr (with algo.weight_decay, as their inner optimizer)
+    optim_ok = True
+    # running statistics in the model's state, updated by the meta-loss's forwards (adaptation none or
+    # proto; maml: check_params refuses); control variates and FedDyn's state over the parameters only
+    batchnorm_ok = True
 
     def __init__(self, lr: float, lr_decay: float, weight_decay: float, clip: float | None, adaptation: str,
                  inner_lr: float, inner_steps: int, first_order: bool, test_steps: int | None,
@@ -90,8 +100,26 @@ class DebiasedSGD(Algorithm):
             raise ConfigError("algo.adaptation=proto serves class prototypes, which SGD does not fine-tune; "
                               "set algo.finetune_steps=0 algo.finetune_epochs=null, or algo.adaptation=maml or none")
 
+    def set_optim(self, optim: LocalOptim) -> None:
+        """`optim` on top of the method's own options, refusing (one line) the pairs that say the same
+        thing twice: algo.weight_decay and optim.weight_decay (both an L2 decay added to the step's
+        gradient), algo.lr_decay and optim.schedule (both the lr over rounds)."""
+        if not optim.plain and self.weight_decay and optim.weight_decay:
+            raise ConfigError(f"algo.weight_decay={self.weight_decay} and optim.weight_decay={optim.weight_decay} "
+                              f"are both the local step's weight decay (algo={self.name}); set one of them to 0")
+        if self.lr_decay != 1 and optim.schedule != "constant":
+            raise ConfigError(f"algo.lr_decay={self.lr_decay} and optim.schedule={optim.schedule} both schedule the "
+                              f"local lr over rounds (algo={self.name}); set algo.lr_decay=1 or "
+                              "optim.schedule=constant")
+        super().set_optim(optim)
+
     def check_params(self, params: Params) -> None:
         super().check_params(params)
+        if split_buffers(params)[1] and self.adaptation == "maml":
+            raise ConfigError(f"algo={self.name} with algo.adaptation=maml does not handle BatchNorm layers: a "
+                              "second-order meta-gradient through the inner steps' batch statistics, and the running "
+                              "statistics those inner forwards update, are not implemented; use "
+                              "algo.adaptation=none or proto, or model.norm=group")
         if self.adaptation == "proto":
             require_body(self.name, params, "with algo.adaptation=proto embeds with the model's last hidden layer",
                          ", or algo.adaptation=maml or none")
@@ -102,7 +130,7 @@ class DebiasedSGD(Algorithm):
     @property
     def step_uses_round(self) -> bool:
         """The local step reads the round number when the learning rate decays over rounds."""
-        return self.lr_decay != 1
+        return self.lr_decay != 1 or super().step_uses_round
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         clients = {"last": stack(params, num_clients)} if self.eval_model == "clients_mean" else {}
@@ -110,7 +138,7 @@ class DebiasedSGD(Algorithm):
 
     def eval_params(self, state: ServerState) -> Params:
         if self.eval_model == "clients_mean":
-            return {k: v.mean(0) for k, v in state.clients["last"].items()}
+            return weighted_mean(state.clients["last"])  # (BatchNorm's integer step counter: the largest)
         return state.params
 
     def keep_last(self, clients_state: dict, ids: Tensor, w: Params) -> dict:
@@ -131,23 +159,38 @@ class DebiasedSGD(Algorithm):
         return False
 
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
-        w = local["params"]
         logits = self.logits_embedding(local)
         meta_loss = self.adapt.meta_loss(engine, logits=True) if logits else self.adapt.meta_loss(engine)
-        g, _ = engine.value_and_grad(meta_loss, w, *[t for b in batches for t in b])
+        g, _, local = self.value_and_grad(engine, local, "params", meta_loss, *[t for b in batches for t in b])
+        w = local["params"]
         terms = [t for t in (self.linear_term(local), self.proximal_term(local)) if t is not None]
         for term in terms:
             g = {k: g[k] + term[k] for k in g}
         g = clip_per_client(g, self.clip)
+        # as torch.optim, which skips parameters without a gradient: a layer the loss does not use
+        # (Proto's output layer when no regularizer touches all parameters) is neither decayed nor stepped
+        skip = frozenset()
+        if not terms and (self.weight_decay or not self.optim.plain):
+            skip = self.adapt.unused(engine, w, batches[0][0], logits)
         if self.weight_decay:
-            # as torch.optim.SGD, which skips parameters without a gradient: a layer the loss does
-            # not use (Proto's output layer when no regularizer touches all parameters) is not decayed
-            skip = self.adapt.unused(engine, w, batches[0][0], logits) if not terms else frozenset()
             g = {k: g[k] + self.weight_decay * w[k] if k not in skip else g[k] for k in g}
         lr = self.lr_at(rnd)
-        out = {**local, "params": {k: w[k] - lr * g[k] for k in w}}
+        if self.optim.plain:  # (the authors' arithmetic, bit for bit: tests/test_golden_pfl.py)
+            out = {**local, "params": {**w, **{k: w[k] - lr * g[k] for k in g}}}
+        else:
+            out = self.descend_used(local, g, lr, rnd, skip)
         if "steps" in local:
             out["steps"] = local["steps"] + 1
+        return out
+
+    def descend_used(self, local: Local, g: Params, lr: float, rnd: int, skip: frozenset) -> Local:
+        """`descend` of the model's parameters but `skip` (the optimizer's state of those kept as it was)."""
+        if not skip:
+            return self.descend(local, "params", g, lr, rnd)
+        out = self.descend(local, "params", g, lr, rnd, names=[k for k in g if k not in skip])
+        before, after = local.get("opt"), out.get("opt")
+        if before and after:
+            out["opt"] = {kind: {**before[kind], **v} if isinstance(v, dict) else v for kind, v in after.items()}
         return out
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import Local, ServerState
 from .checks import check_choice
 from .debiased import AGREEMENT_META, DebiasedSGD
+from .optim import LocalOptim
 
 
 class PAvg(DebiasedSGD):
@@ -28,6 +30,13 @@ class PAvg(DebiasedSGD):
         check_choice("algo.proto_first_step_only", proto_first_step_only, [True, False, None])
         super().__init__(**options)
         self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
+
+    def set_optim(self, optim: LocalOptim) -> None:
+        if self.proto_first_step_only and optim.name != "sgd":
+            raise ConfigError(f"algo.proto_first_step_only=true trains the output layer from each round's second step "
+                              f"only, which an Adam step count shared by the model's parameters (optim.name="
+                              f"{optim.name}) cannot follow; set optim.name=sgd or algo.proto_first_step_only=false")
+        super().set_optim(optim)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)
