@@ -36,7 +36,7 @@ from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_m
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
-from .representation import client_features
+from .representation import client_features, features_and_logits
 
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # PFLlib's MMD(..., 'rbf') bandwidths
 
@@ -110,10 +110,10 @@ class FedPHP(Algorithm):
             z_hist = client_features(engine, local["historical"], x)
 
         def loss(p, x, y, *hist):
-            ce = torch.nn.functional.cross_entropy(engine.logits(p, x), y)
             if not lam:
-                return ce
-            return (1 - lam) * ce + lam * mmd_rbf(engine.features(p, x), hist[0])
+                return torch.nn.functional.cross_entropy(engine.logits(p, x), y)
+            z, logits = features_and_logits(engine, p, x)  # (one forward: BatchNorm's statistics move once)
+            return (1 - lam) * torch.nn.functional.cross_entropy(logits, y) + lam * mmd_rbf(z, hist[0])
 
         g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, *((z_hist,) if lam else ()))
         return self.descend(local, "params", g, self.lr, rnd)
