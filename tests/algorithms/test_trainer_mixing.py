@@ -74,7 +74,7 @@ def test_weight_decay_reaches_every_trained_model(name):
             tol = 8 * EPS * (w.abs() + (plain[key][k] - w).abs() + 1).max()
             assert (decayed[key][k] - want).abs().max() <= tol, (key, k)
             assert not torch.equal(decayed[key][k], plain[key][k]), (key, k)
-        assert f"opt.{key}" if key != "params" else "opt" in decayed
+        assert (f"opt.{key}" if key != "params" else "opt") in decayed  # the model's own optimizer state
 
 
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
