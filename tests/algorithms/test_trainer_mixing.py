@@ -85,7 +85,9 @@ def test_batchnorm_statistics_move_as_one_torch_training_forward(name, engine_cl
     carries the statistics of the mixture it trains through."""
     model = _model(True)
     algo, engine, local, x, y = _setup(name, model, dict(momentum=0.9), engine_cls)
+    before = copy.deepcopy(local)  # (a step that wrote into its input's statistics would hide here)
     out = algo.client_step(engine, local, [(x, y)], 1)
+    local = before
     key = "v" if name == "apfl" else "params"
     for c in range(M):
         mine = copy.deepcopy(model)
