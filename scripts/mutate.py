@@ -235,7 +235,8 @@ MUTANTS = [
            (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
     Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
            "z = step_features(engine, local[\"params\"], x)",
-           "z = step_features(engine, sgd(local[\"params\"], engine.grad(local[\"params\"], x, y)[0], self.lr), x)",
+           "z = step_features(engine, self.descend(local, \"params\", engine.grad(local[\"params\"], x, y)[0], self.lr, "
+           "rnd)[\"params\"], x)",
            (FEAT_TRACES, "-k", "fedproto"),
            "FedProto: local prototypes from the model after the step (a plain CE step)"),
     Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
