@@ -235,8 +235,8 @@ MUTANTS = [
            (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
     Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
            "z = step_features(engine, local[\"params\"], x)",
-           "z = step_features(engine, self.descend(local, \"params\", engine.grad(local[\"params\"], x, y)[0], self.lr, "
-           "rnd)[\"params\"], x)",
+           "z = step_features(engine, self.descend(local, \"params\", engine.grad(local[\"params\"], x, y)[0], "
+           "self.lr, rnd)[\"params\"], x)",
            (FEAT_TRACES, "-k", "fedproto"),
            "FedProto: local prototypes from the model after the step (a plain CE step)"),
     Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
@@ -356,7 +356,8 @@ MUTANTS += [
            (TRAINER_MIX, "-k", "weight_decay and fedamp"), "FedAMP: plain SGD whatever optim.* says"),
     Mutant("fedphp-two-forwards", "fedrun/algorithms/fedphp.py",
            "z, logits = features_and_logits(engine, p, x)", "z, logits = engine.features(p, x), engine.logits(p, x)",
-           (TRAINER_MIX, "-k", "batchnorm and fedphp"), "FedPHP: two training forwards a step (statistics moved twice)"),
+           (TRAINER_MIX, "-k", "batchnorm and fedphp"),
+           "FedPHP: two training forwards a step (statistics moved twice)"),
 ]
 
 MUTANTS += [  # the pFedMe authors' traces at their derived tolerance (issue 46)
