@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
+from ..engine.batchnorm import is_buffer
 from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
@@ -109,10 +110,15 @@ class FedPHP(Algorithm):
         if lam:  # (a constant of the step: no gradient flows to v_i)
             z_hist = client_features(engine, local["historical"], x)
 
+        batchnorm = any(is_buffer(k) for k in local["params"])
+
         def loss(p, x, y, *hist):
             if not lam:
                 return torch.nn.functional.cross_entropy(engine.logits(p, x), y)
-            z, logits = features_and_logits(engine, p, x)  # (one forward: BatchNorm's statistics move once)
+            if batchnorm:  # one forward: BatchNorm's running statistics move once a step
+                z, logits = features_and_logits(engine, p, x)
+            else:  # (the two passes the traces ran: features="both" rounds the logits differently)
+                logits, z = engine.logits(p, x), engine.features(p, x)
             return (1 - lam) * torch.nn.functional.cross_entropy(logits, y) + lam * mmd_rbf(z, hist[0])
 
         g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, *((z_hist,) if lam else ()))
