@@ -24,10 +24,12 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, per_client, scatter, sgd, stack, weighted_mean
+from ..engine.batchnorm import is_buffer
+from ..engine.tree import Params, expand, gather, param_names, per_client, scatter, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
+from .trainer import slot_of
 
 
 class APFL(Algorithm):
@@ -59,32 +61,50 @@ class APFL(Algorithm):
 
     @staticmethod
     def _mix(v: Params, w: Params, alpha: Tensor) -> Params:
-        """alpha v + (1 - alpha) w per client (alpha [m, 1])."""
-        return {k: torch.lerp(w[k], v[k], per_client(alpha, v[k])) for k in v}
+        """alpha v + (1 - alpha) w per client (alpha [m, 1]) over the parameters; a BatchNorm model's
+        running statistics are v's (those of the mixture's own forwards, or with follow=pfllib of v's:
+        PFLlib mixes `parameters()` only)."""
+        return {k: v[k] if is_buffer(k) else torch.lerp(w[k], v[k], per_client(alpha, v[k])) for k in v}
+
+    # Two models, two optimizers (PFLlib's clientAPFL: optimizer for w, optimizer_per for v); alpha's own
+    # step (alpha_lr, clipped to [0, 1], PFLlib's alpha_update by hand) is not an optim.* step.
+    optim_ok = True
+    # v's running statistics are those of the mixture's forwards (the model served), w's its own
+    batchnorm_ok = True
+
+    def optim_slots(self, local: Local) -> dict:
+        return {**super().optim_slots(local), slot_of("v"): ("v", param_names(local["v"]))}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        w, v, alpha = local["params"], local["v"], local["alpha"]
-        g, _ = engine.grad(w, x, y)
+        g, _, local = self.grad(engine, local, "params", x, y)
         if self.follow == "pfllib":
-            return self._pfllib_step(engine, w, v, alpha, g, x, y)
-        gbar, _ = engine.grad(self._mix(v, w, alpha), x, y)
-        new_v = {k: v[k] - self.lr * per_client(alpha, v[k]) * gbar[k] for k in v}
+            return self._pfllib_step(engine, local, g, x, y, rnd)
+        w, v, alpha = local["params"], local["v"], local["alpha"]
+        # grad f(vbar) at the mixture vbar (v's running statistics updated by its forward)
+        gbar, _, mixed = self.grad(engine, {"vbar": self._mix(v, w, alpha)}, "vbar", x, y)
+        buffers = {k: t for k, t in mixed["vbar"].items() if is_buffer(k)}
         if self.alpha_lr:
-            dot = sum(((v[k] - w[k]) * gbar[k]).flatten(1).sum(1) for k in v)
+            dot = sum(((v[k] - w[k]) * gbar[k]).flatten(1).sum(1) for k in gbar)
             alpha = (alpha - self.alpha_lr * dot.view(-1, 1)).clamp(0.0, 1.0)
-        return {"params": sgd(w, g, self.lr), "v": new_v, "alpha": alpha}
+        if self.optim.plain:  # (the arithmetic of the traces: lr alpha grad, bit for bit)
+            local = {**local, "v": {**v, **buffers, **{k: v[k] - self.lr * per_client(local["alpha"], v[k]) * gbar[k]
+                                                       for k in gbar}}}
+        else:  # grad_v f(alpha v + (1 - alpha) w) = alpha grad f(vbar)
+            gv = {k: per_client(local["alpha"], gbar[k]) * gbar[k] for k in gbar}
+            local = self.descend({**local, "v": {**v, **buffers}}, "v", gv, self.lr, rnd)
+        return {**self.descend(local, "params", g, self.lr, rnd), "alpha": alpha}
 
-    def _pfllib_step(self, engine: Engine, w: Params, v: Params, alpha: Tensor, g: Params, x: Tensor,
-                     y: Tensor) -> Local:
-        gv, _ = engine.grad(v, x, y)
-        new_w, new_v = sgd(w, g, self.lr), sgd(v, gv, self.lr)
+    def _pfllib_step(self, engine: Engine, local: Local, g: Params, x: Tensor, y: Tensor, rnd: int) -> Local:
+        gv, _, local = self.grad(engine, local, "v", x, y)
+        alpha = local["alpha"]
+        local = self.descend(self.descend(local, "params", g, self.lr, rnd), "v", gv, self.lr, rnd)
         if self.alpha_lr:
-            a = alpha.view(-1)
+            new_w, new_v, a = local["params"], local["v"], alpha.view(-1)
             dot = sum(((new_v[k] - new_w[k]) * (per_client(a, gv[k]) * gv[k] + per_client(1 - a, g[k]) * g[k]))
-                      .flatten(1).sum(1) for k in v)
+                      .flatten(1).sum(1) for k in gv)
             alpha = (alpha - self.alpha_lr * (dot + 0.02 * a).view(-1, 1)).clamp(0.0, 1.0)
-        return {"params": new_w, "v": new_v, "alpha": alpha}
+        return {**local, "alpha": alpha}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

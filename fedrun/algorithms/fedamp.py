@@ -29,7 +29,7 @@ The shared model (`global_*` metrics) stays the initial model: FedAMP has no glo
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back, so unsampled clients keep theirs): each client's model
-`clients["params"]` and its last cloud model `clients["u"]`, both started from the initial model;
+`clients["params"]` and its last cloud model `clients["u"]` (parameters only), both started from the initial model;
 `extra["sent"]`, a [C] mask of the clients whose models the previous round uploaded.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, scatter, sgd, stack
+from ..engine.tree import Params, gather, only, param_names, prox_grad, scatter, stack
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
@@ -83,12 +83,15 @@ class FedAMP(Algorithm):
         first = next(iter(params.values()))
         return ServerState(params=params,
                            extra={"sent": torch.zeros(num_clients, dtype=torch.bool, device=first.device)},
-                           clients={"params": stack(params, num_clients), "u": stack(params, num_clients)})
+                           clients={"params": stack(params, num_clients),
+                                    "u": stack(only(params, param_names(params)), num_clients)})
 
     def cloud_models(self, state: ServerState, w: Params, ids: Tensor) -> Params:
         """u_i for the clients `ids` whose models are `w` (stacked), from the models the previous round
         uploaded (all of them zero-weighted on the first round: u_i = w_i)."""
-        models, sent = state.clients["params"], state.extra["sent"]
+        sent = state.extra["sent"]
+        names = param_names(w)  # (the parameters: a distance or mixture of running statistics is not the method)
+        models, w = only(state.clients["params"], names), only(w, names)
         d = squared_distances(w, models)  # [m, C]
         others = sent.unsqueeze(0) & (ids.view(-1, 1) != torch.arange(len(sent), device=sent.device))
         coef = torch.where(others, self.alpha_k * torch.exp(-d / self.sigma) / self.sigma, torch.zeros_like(d))
@@ -99,13 +102,15 @@ class FedAMP(Algorithm):
         w = gather(state.clients["params"], clients)
         return {"params": w, "u": self.cloud_models(state, w, clients)}
 
+    optim_ok = True  # one optimizer of the client's model on f_i + lam / (2 alpha_k) ||w - u_i||^2
+    batchnorm_ok = True  # u_i and the server's distances over the parameters; each w_i keeps its statistics
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        w, u = local["params"], local["u"]
-        g, _ = engine.grad(w, x, y)
-        if self.follow == "paper" and self.lam:  # PFLlib's regularizer carries no gradient
-            g = {k: g[k] + (self.lam / self.alpha_k) * (w[k] - u[k]) for k in w}
-        return {**local, "params": sgd(w, g, self.lr)}
+        g, _, local = self.grad(engine, local, "params", x, y)
+        if self.follow == "paper":  # PFLlib's regularizer carries no gradient
+            g = prox_grad(g, local["params"], local["u"], self.lam / self.alpha_k)
+        return self.descend(local, "params", g, self.lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -25,11 +25,13 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, head_names, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
-from .representation import apply_head, client_features, features_and_logits, head_of, require_linear_head
+from .representation import apply_head, features_and_logits, head_of, require_linear_head, \
+    step_features
+from .trainer import slot_of
 
 BIAS = "dbe.bias"  # the client's representation bias among a step's differentiated params
 
@@ -79,18 +81,24 @@ class FedDBE(Algorithm):
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         m, g = len(clients), state.extra["global_mean"]
-        return {"params": stack(state.params, m), "bias": state.clients["dbe"]["bias"][clients],
+        return {"params": stack(state.params, m), "dbe": {"bias": state.clients["dbe"]["bias"][clients]},
                 "running": torch.zeros(m, *g.shape, dtype=g.dtype, device=g.device), "global": g.expand(m, *g.shape)}
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._step(engine, local, batches, dbe=True)
+    optim_ok = True  # the model's optimizer and the bias's (PFLlib's clientDBE: optimizer, opt_client_mean)
+    batchnorm_ok = True  # the running mean r from the step's training-mode forward (batch statistics)
 
-    def _step(self, engine: Engine, local: Local, batches, dbe: bool) -> Local:
+    def optim_slots(self, local: Local) -> dict:
+        return {**super().optim_slots(local), slot_of("dbe"): ("dbe", ["bias"])}
+
+    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+        return self._step(engine, local, batches, dbe=True, rnd=rnd)
+
+    def _step(self, engine: Engine, local: Local, batches, dbe: bool, rnd: int = 0) -> Local:
         """One SGD step of lr on the model and the bias (`dbe`: FedDBE's loss; else plain
         cross-entropy without the bias, the constructor's round), the running mean moved."""
         (x, y), = batches
         mom, kappa = self.momentum, self.kappa
-        both = {**local["params"], BIAS: local["bias"]}
+        bias = local["dbe"]["bias"]
 
         def loss(p: Params, x: Tensor, y: Tensor, running: Tensor, g: Tensor) -> Tensor:
             model = {k: v for k, v in p.items() if k != BIAS}
@@ -104,14 +112,18 @@ class FedDBE(Algorithm):
         with torch.no_grad():  # the running mean of the round's minibatch representation means
             z = client_means(engine, local["params"], x)
             running = (1 - mom) * local["running"] + mom * z
-        g, _ = engine.value_and_grad(loss, both, x, y, local["running"], local["global"])
-        params = sgd(local["params"], {k: g[k] for k in local["params"]}, self.lr)
-        return {**local, "params": params, "bias": local["bias"] - self.lr * g[BIAS], "running": running}
+        g, _, both = self.value_and_grad(engine, {"both": {**local["params"], BIAS: bias}}, "both", loss, x, y,
+                                         local["running"], local["global"])
+        local = {**local, "params": {k: both["both"][k] for k in local["params"]}, "running": running}
+        local = self.descend(local, "params", {k: g[k] for k in g if k != BIAS}, self.lr, rnd)
+        if self.optim.plain:  # (the traces' arithmetic, bit for bit)
+            return {**local, "dbe": {"bias": bias - self.lr * g[BIAS]}}
+        return self.descend(local, "dbe", {"bias": g[BIAS]}, self.lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         new = weighted_mean(gather(local["params"], selected), weights)
-        bias = state.clients["dbe"]["bias"].index_copy(0, clients, local["bias"])
+        bias = state.clients["dbe"]["bias"].index_copy(0, clients, local["dbe"]["bias"])
         return ServerState(params=new, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
@@ -129,7 +141,7 @@ class FedDBE(Algorithm):
         local = self.client_init(state, new, 0)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self._step(engine, local, batches, dbe=True)
-        bias = state.clients["dbe"]["bias"].index_copy(0, new, local["bias"])
+        bias = state.clients["dbe"]["bias"].index_copy(0, new, local["dbe"]["bias"])
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
 
 
@@ -141,5 +153,6 @@ def init_rows(ctx: EvalContext, clients: Tensor, steps: int | None) -> Tensor:
 
 
 def client_means(engine: Engine, params: Params, x: Tensor) -> Tensor:
-    """Every client's mean representation [m, d] of its minibatch x [m, B, ...]."""
-    return client_features(engine, params, x).mean(1)
+    """Every client's mean representation [m, d] of its minibatch x [m, B, ...], as its training step's
+    forward computes it (a BatchNorm model: batch statistics; `step_features`)."""
+    return step_features(engine, params, x).mean(1)

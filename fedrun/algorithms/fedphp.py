@@ -32,10 +32,12 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, per_client, scatter, sgd, stack, weighted_mean
+from ..engine.batchnorm import is_buffer
+from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
+from .representation import client_features, features_and_logits
 
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # PFLlib's MMD(..., 'rbf') bandwidths
 
@@ -97,26 +99,38 @@ class FedPHP(Algorithm):
         return {"params": stack(state.params, len(clients)), "historical": gather(state.clients["historical"], clients),
                 "mu": torch.full((len(clients),), self.mu_at(rnd), dtype=first.dtype, device=first.device)}
 
+    optim_ok = True  # one optimizer of the client's model (PFLlib's clientPHP)
+    # v_i, a constant teacher, gives its features by an eval-mode forward (its running statistics); it
+    # inherits w_i's statistics as its parameters (mixed by mu_t; the step counter: w_i's)
+    batchnorm_ok = True
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        v = local["historical"]
-        names = list(v)
+        lam = self.lam
+        if lam:  # (a constant of the step: no gradient flows to v_i)
+            z_hist = client_features(engine, local["historical"], x)
+
+        batchnorm = any(is_buffer(k) for k in local["params"])
 
         def loss(p, x, y, *hist):
-            ce = torch.nn.functional.cross_entropy(engine.logits(p, x), y)
-            if not self.lam:
-                return ce
-            return (1 - self.lam) * ce + self.lam * mmd_rbf(engine.features(p, x),
-                                                            engine.features(dict(zip(names, hist)), x))
+            if not lam:
+                return torch.nn.functional.cross_entropy(engine.logits(p, x), y)
+            if batchnorm:  # one forward: BatchNorm's running statistics move once a step
+                z, logits = features_and_logits(engine, p, x)
+            else:  # (the two passes the traces ran: features="both" rounds the logits differently)
+                logits, z = engine.logits(p, x), engine.features(p, x)
+            return (1 - lam) * torch.nn.functional.cross_entropy(logits, y) + lam * mmd_rbf(z, hist[0])
 
-        g, _ = engine.value_and_grad(loss, local["params"], x, y, *[v[k] for k in names])
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, *((z_hist,) if lam else ()))
+        return self.descend(local, "params", g, self.lr, rnd)
 
     @staticmethod
     def inherit(local: Local) -> Params:
-        """v_i <- (1 - mu_t) w_i + mu_t v_i (mu_t: the round's, set by client_init)."""
+        """v_i <- (1 - mu_t) w_i + mu_t v_i (mu_t: the round's, set by client_init); of a BatchNorm
+        model, the running statistics as the parameters, the integer step counter w_i's."""
         w, v, mu = local["params"], local["historical"], local["mu"]
-        return {k: w[k] * per_client(1 - mu, w[k]) + v[k] * per_client(mu, w[k]) for k in w}
+        return {k: w[k] * per_client(1 - mu, w[k]) + v[k] * per_client(mu, w[k]) if w[k].is_floating_point()
+                else w[k] for k in w}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -34,12 +34,12 @@ from torch import Tensor
 
 from ..data.federated import ClientSplit
 from ..engine import Engine
-from ..engine.tree import Params, gather, head_names, scatter, sgd, stack
+from ..engine.tree import Params, gather, head_names, scatter, stack
 from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_optional_int, check_positive, require_body
 from .personalize import onboarding_batches
-from .representation import client_features, features_and_logits
+from .representation import features_and_logits, step_features
 
 
 @dataclass
@@ -94,6 +94,10 @@ class FedProto(Algorithm):
                 "sums": torch.zeros(m, *protos.shape, dtype=protos.dtype, device=protos.device),
                 "counts": torch.zeros(m, protos.shape[0], dtype=protos.dtype, device=protos.device)}
 
+    optim_ok = True  # one optimizer of the client's model (PFLlib's clientProto)
+    # prototypes from the training forward (batch statistics), as clientProto collects them in train()
+    batchnorm_ok = True
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
         lam = self.lam
@@ -106,12 +110,12 @@ class FedProto(Algorithm):
                 out = out + lam * ((target - z) ** 2).mean()
             return out
 
-        with torch.no_grad():  # the rows' representations before the step, summed per class
-            z = client_features(engine, local["params"], x)
+        with torch.no_grad():  # the rows' representations as the step computes them, summed per class
+            z = step_features(engine, local["params"], x)
             onehot = (y.unsqueeze(-1) == torch.arange(local["counts"].shape[1], device=y.device)).to(z.dtype)
             sums, counts = local["sums"] + onehot.transpose(1, 2) @ z, local["counts"] + onehot.sum(1)
-        g, _ = engine.value_and_grad(loss, local["params"], x, y, local["protos"], local["present"])
-        return {**local, "params": sgd(local["params"], g, self.lr), "sums": sums, "counts": counts}
+        g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, local["protos"], local["present"])
+        return {**self.descend(local, "params", g, self.lr, rnd), "sums": sums, "counts": counts}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, scatter, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, scatter, stack, weighted_mean
 from .base import Algorithm, Local, ServerState
 from .checks import check_positive, require_body
-from .representation import features_and_logits, flat
+from .representation import client_features, features_and_logits
 
 
 class MOON(Algorithm):
@@ -57,24 +57,28 @@ class MOON(Algorithm):
         return {"params": stack(state.params, m), "global": expand(state.params, m),
                 "prev": gather(state.clients["prev"], clients)}
 
+    optim_ok = True  # one optimizer of the client's model on CE + mu l_con (PFLlib's clientMOON)
+    # the global and previous models are constants: their representations come from eval-mode forwards
+    # (their running statistics), as the MOON authors' code keeps global_net and previous_nets in eval()
+    batchnorm_ok = True
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        names, glob = flat(local["global"])
-        prev = [local["prev"][k] for k in names]
-        n, mu, T = len(names), self.mu, self.temperature
+        mu, T = self.mu, self.temperature
+        if mu:  # (constants of the step: no gradient flows through them)
+            z_glob, z_prev = client_features(engine, local["global"], x), client_features(engine, local["prev"], x)
 
         def loss(p: Params, x: Tensor, y: Tensor, *others: Tensor) -> Tensor:
             z, logits = features_and_logits(engine, p, x)
             out = engine.criterion(logits, y)
             if mu:
-                z_glob = engine.features(dict(zip(names, others[:n])), x).detach()
-                z_prev = engine.features(dict(zip(names, others[n:])), x).detach()
+                z_glob, z_prev = others
                 sims = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)]) / T
                 out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()
             return out
 
-        g, _ = engine.value_and_grad(loss, local["params"], x, y, *glob, *prev)
-        return {**local, "params": sgd(local["params"], g, self.lr)}
+        g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, *((z_glob, z_prev) if mu else ()))
+        return self.descend(local, "params", g, self.lr, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.func import functional_call, vmap
 
 from ..engine import Engine
+from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, head_names
 from ..errors import ConfigError
 from .checks import require_body
@@ -55,3 +56,17 @@ def client_features(engine: Engine, params: Params, x: Tensor) -> Tensor:
     if engine.name == "loop" or getattr(engine, "_conv_on_cpu", lambda x: False)(x):
         return torch.stack([engine.features({k: v[i] for k, v in params.items()}, x[i]) for i in range(len(x))])
     return vmap(engine.features)(params, x)
+
+
+def step_features(engine: Engine, state: Params, x: Tensor) -> Tensor:
+    """`client_features` as a training step's forward computes them: for a model state with BatchNorm,
+    in training mode (each client's batch statistics; the running statistics it would update are
+    copies, dropped: the step's own forward updates the state's); without BatchNorm, client_features."""
+    params, buffers = split_buffers(state)
+    if not buffers:
+        return client_features(engine, state, x)
+    engine.model.train()
+    try:
+        return client_features(engine, {**params, **{k: v.clone() for k, v in buffers.items()}}, x)
+    finally:
+        engine.model.eval()  # (fedrun keeps a BatchNorm model in eval mode outside a step)

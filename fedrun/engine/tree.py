@@ -148,6 +148,7 @@ def params_of(model: nn.Module) -> Params:
 def head_names(params: Params) -> list[str]:
     """The parameters of the model's output layer (the "head" of FedPer, FedRep, LG-FedAvg, FedBABU):
     those of the module that owns the last parameter (fedrun's models: MLR `linear`, MLP the last
-    `net.<i>`, CNN `head`). The rest is the "body" (the representation)."""
-    last = list(params)[-1].rsplit(".", 1)[0] + "."
+    `net.<i>`, CNN `head`; of a model state, the last parameter, not a BatchNorm buffer, which
+    `params_of` lists after them). The rest is the "body" (the representation)."""
+    last = param_names(params)[-1].rsplit(".", 1)[0] + "."
     return [k for k in params if k.startswith(last)]

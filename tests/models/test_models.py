@@ -205,6 +205,7 @@ def test_every_model_names_its_head_where_the_split_algorithms_cut(name):
     prefix = next(n for n, m in model.named_modules() if m is model.head)
     mine = [f"{prefix}.{k}" for k, _ in model.head.named_parameters()]
     assert head_names(split_buffers(params_of(model))[0]) == mine  # (as the algorithms call it)
+    assert head_names(params_of(model)) == mine  # a model state (BatchNorm buffers listed last), as FedDBE calls it
     x = (torch.randint(1, 30, (2, LENGTH)) if "vocab_size" in cfg else torch.randn(2, 256, dtype=torch.float64))
     with torch.no_grad():
         feats, logits = model(x, features="both")
