@@ -216,3 +216,29 @@ def test_bn_policy_is_refused_in_one_line_for_a_bad_value():
         FedAvg(beta=0.3, alpha=None).set_bn("shared")
     msg = str(e.value)
     assert "\n" not in msg and "bn" in msg and "averaged" in msg and "local" in msg and "shared" in msg
+
+
+def test_bn_local_fine_tunes_each_client_from_its_own_statistics():
+    from fedrun.algorithms.base import EvalContext
+    from fedrun.algorithms.personalize import finetune
+    from fedrun.data import synthetic
+    from fedrun.engine.tree import stack
+
+    data = synthetic(num_clients=M, dim=4, num_classes=3, seed=1, cache_dir=None, chunk_len=16)
+    model, _, _, x, y = setup(VmapEngine, k=1)
+    model, x = model.float(), x.float()  # (the synthetic rows are float32)
+    engine, init = VmapEngine(model), params_of(model)
+    algo = FedAvg(beta=0.3, alpha=0.1)
+    algo.set_bn("local")
+    _, state = _round(algo, engine, algo.init(init, M), torch.tensor([1, 0, 2]), x, y)
+    own = state.clients["bn_local"]
+
+    def ctx():
+        return EvalContext(data=data, gen=torch.Generator().manual_seed(3), batch_size=B, tau=1, personalize_batch=B)
+
+    served, _ = algo.personalize(engine, state, ctx())
+    want, _ = finetune(engine, {**stack(algo.eval_params(state), M), **own}, ctx(), 0.1, 1, stacked=True)
+    shared, _ = finetune(engine, algo.eval_params(state), ctx(), 0.1, 1)
+    for k, v in want.items():
+        assert torch.equal(served[k], v)
+    assert not torch.equal(served["net.1.running_mean"][0], shared["net.1.running_mean"][0])
