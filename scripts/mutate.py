@@ -381,6 +381,36 @@ MUTANTS += [
            "FedPHP: two training forwards a step (statistics moved twice)"),
 ]
 
+META = "tests/algorithms/test_trainer_meta.py"
+MUTANTS += [  # the local trainer under Per-FedAvg, pFedMe, FedBN and FedAvg's bn=local (issue 44)
+    Mutant("perfedavg-outer-step-loses-statistics", "fedrun/algorithms/perfedavg.py",
+           'else {**w, **only(w_tilde, [k for k in w if k not in g])}', "else w",
+           (META, "-k", "perfedavg_outer"), "Per-FedAvg: the new w keeps the statistics before D', not after"),
+    Mutant("perfedavg-outer-step-of-alpha", "fedrun/algorithms/perfedavg.py",
+           'return self.descend({**local, "params": start}, "params", g2, self.beta, rnd)',
+           'return self.descend({**local, "params": start}, "params", g2, self.alpha, rnd)',
+           (META, "-k", "perfedavg_outer"), "Per-FedAvg: the outer step's optimizer at lr alpha, not beta"),
+    Mutant("pfedme-envelope-gradient-unscaled", "fedrun/algorithms/pfedme.py",
+           "t.mul_(self.lam)  # the Moreau envelope's gradient", "t.mul_(1.0)  # the Moreau envelope's gradient",
+           (META, "-k", "pfedme_envelope"), "pFedMe: the optimizer steps along w - theta, not lam (w - theta)"),
+    Mutant("pfedme-server-mixes-statistics", "fedrun/algorithms/pfedme.py",
+           "if k in mixed else avg[k] for k in avg}", "if k in mixed or 'running' in k else avg[k] for k in avg}",
+           (META, "-k", "pfedme_server"), "pFedMe: running statistics mixed with beta like the parameters"),
+    Mutant("pfedme-bn-local-theta-server-stats", "fedrun/algorithms/pfedme.py",
+           '"theta": {**local["theta"], **buffers}}', '"theta": local["theta"]}',
+           (META, "-k", "pfedme_bn_local"), "pFedMe bn=local: theta starts from the server's statistics"),
+    Mutant("fedbn-bn-local-server-mean", "fedrun/algorithms/fedbn.py",
+           'if self.bn == "local":  # the server', 'if self.bn == "never":  # the server',
+           (META, "-k", "bn_local_keeps and fedbn"), "FedBN bn=local: the server's statistics the mean"),
+    Mutant("bn-local-server-last-client", "fedrun/algorithms/trainer.py",
+           "first = {k: v[selected[0]] for k, v in buffers.items()}",
+           "first = {k: v[selected[-1]] for k, v in buffers.items()}",
+           (META, "-k", "bn_local_keeps and fedavg"), "bn=local: the server carries the last aggregated client's"),
+    Mutant("bn-local-not-kept", "fedrun/algorithms/trainer.py",
+           'if self.bn == "local" and "bn_local" in state.clients:',
+           'if self.bn == "never" and "bn_local" in state.clients:',
+           (META, "-k", "bn_local"), "bn=local: a client restarts from the server's statistics"),
+]
 MUTANTS += [  # the pFedMe authors' traces at their derived tolerance (issue 46)
     Mutant("pfedme-inner-steps-one-less", "fedrun/algorithms/pfedme.py",
            "for _ in range(self.K):  # the inner problem", "for _ in range(self.K - 1):  # the inner problem",

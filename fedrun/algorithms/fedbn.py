@@ -13,6 +13,12 @@ are the (weighted) mean of the round's clients' (parameters as FedAvg averages t
 `engine.batchnorm.mean_buffers`): clients never receive them; only the `global_*` metrics score them.
 
 The layers are found by their buffers (any module owning a running_mean), not by name.
+
+The local trainer: `optim.*` applies to the local steps (one optimizer per client over all its
+parameters, its own BatchNorm layers' included, as PFLlib's clientBN has; slot "opt") and to a
+held-out client's fit of its BatchNorm layers (a fresh state). `bn=local`: every client keeps its
+BatchNorm layers either way; the server's model (the `global_*` metrics) carries the first aggregated
+client's running statistics instead of their mean, as PFLlib's serverbn copies its first uploaded model.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ from .personalize import onboarding_batches
 
 class FedBN(BatchNormState, Algorithm):
     name = "fedbn"
+    optim_ok = True  # BatchNormState.client_step: one step of the client's optimizer
+    batchnorm_ok = True
 
     def __init__(self, lr: float, new_client_steps: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
@@ -65,7 +73,14 @@ class FedBN(BatchNormState, Algorithm):
         mine = state.clients["bn"]
         trained = {**local["params"], **local["buffers"]}
         bn = scatter(mine, clients, {k: trained[k] for k in mine})
-        return ServerState(params=new.params, extra=new.extra, clients={**state.clients, "bn": bn})
+        extra = new.extra
+        if self.bn == "local":  # the server's statistics: the first aggregated client's (PFLlib's serverbn)
+            extra = {**extra, "buffers": {k: v[selected[0]] for k, v in local["buffers"].items()}}
+        return ServerState(params=new.params, extra=extra, clients={**state.clients, "bn": bn})
+
+    def shared_buffers(self, local: Local) -> Params:
+        """{}: no statistics are shared (each client's are in `clients["bn"]`; `bn=local`: server_update)."""
+        return {}
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         mine = state.clients["bn"]
@@ -79,9 +94,14 @@ class FedBN(BatchNormState, Algorithm):
         mine = state.clients["bn"]
         local = self.client_init(state, new, 0)
         p, buffers = local["params"], local["buffers"]
+        own = [k for k in p if k in mine]
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _, buffers = engine.train_grad(p, buffers, x, y)
-            p = {k: torch.add(v, g[k], alpha=-self.lr) if k in mine else v for k, v in p.items()}
+            if self.optim.plain:
+                p = {k: torch.add(v, g[k], alpha=-self.lr) if k in mine else v for k, v in p.items()}
+            else:  # (the round-0 rate; a fresh optimizer state, carried over these steps)
+                local = self.descend({**local, "params": p}, "params", g, self.lr, 0, names=own)
+                p = local["params"]
         fitted = {**p, **buffers}
         return ServerState(params=state.params, extra=state.extra,
                            clients={**state.clients, "bn": scatter(mine, new, {k: fitted[k] for k in mine})})

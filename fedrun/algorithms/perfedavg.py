@@ -23,11 +23,28 @@ reproduce it (`protocol=official_2020` sets both):
                             restores w before it since March 2021, commit 71ae947);
   test_time=test_then_train the test-time steps: lr alpha on a TEST minibatch, then lr beta on a
                             TRAINING minibatch (both on test minibatches since Nov 2020, ed8e909).
+
+The local trainer (fedrun.algorithms.trainer):
+- `optim.*` applies to the outer (meta) step: it is a gradient step of the meta-objective
+  F(w) = f(w - alpha grad f(w)), whose gradient is (I - alpha H) grad f(w~) (fo drops the Hessian
+  term, hf approximates it), so momentum, weight decay (at w), Adam and the schedules act on F, with
+  one optimizer state per client (slot "opt"). The inner step stays plain SGD of alpha: it is part of
+  F's definition (the same step the test-time update takes), not a step of training. (PFLlib's
+  clientperavg runs both steps with one plain-SGD optimizer, FL-bench's its configurable optimizer
+  on the inner step and plain SGD on the outer; neither has momentum on the meta-objective.)
+- BatchNorm: every forward runs in training mode; the model's running statistics are moved by the
+  forwards at w (D) and at w~ (D'), as PFLlib's model in train() is (its restore copies parameters
+  only); hf's forwards at w +- delta g are auxiliary points of the finite difference and leave them
+  unchanged. variant=exact refuses BatchNorm models (`engine.hvp` differentiates the eval-mode loss).
+- `algo.local_epochs` is refused (one line in `set_local_epochs`): a meta-step takes 2 (3) minibatches,
+  and an epoch of the local trainer is floor(n_c / batch_size) steps, each minibatch from its own
+  shuffle: twice (three times) the meta-steps of PFLlib's epoch, floor(n_c / (2 batch_size)) over one
+  shuffle.
 """
 from __future__ import annotations
 
 from ..engine import Engine
-from ..engine.tree import sgd, stack
+from ..engine.tree import axpy, only, sgd, stack
 from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_int, check_positive
@@ -43,6 +60,8 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
                 "outer_step_from": dict(honest="w", official="w", official_2020="w_tilde")}
     agreement_options = dict(alpha=0.05, beta=0.05)  # fedrun.bench.agreement: over the yaml's
     agreement_variants = ({"variant": "hf"}, {"variant": "exact"})  # Hessian-free's extra gradients, HVPs
+    optim_ok = True  # the outer (meta) step, one optimizer per client; the inner step is plain SGD of alpha
+    batchnorm_ok = True  # (variant=exact: refused, see __init__)
 
     def __init__(self, lr: float, alpha: float, beta: float | None, variant: str, delta: float, test_time: str | None,
                  outer_step_from: str | None, finetune_steps: int, finetune_epochs: int | None,
@@ -74,6 +93,19 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
         self.test_time = test_time or "train"
         self.outer_step_from = outer_step_from
         self.batches_per_step = 2 if variant == "fo" else 3
+        if variant == "exact":
+            self.batchnorm_ok = False
+            self.batchnorm_why = ("algo.variant=exact's Hessian-vector product (engine.hvp) differentiates the "
+                                  "eval-mode loss, not the training-mode loss through the batch statistics; "
+                                  "use algo.variant=fo or hf")
+
+    def set_local_epochs(self, epochs: int | None) -> None:
+        super().set_local_epochs(epochs)
+        if epochs is not None:
+            raise ConfigError(f"algo=perfedavg takes no algo.local_epochs (got {epochs}): a meta-step draws "
+                              f"{self.batches_per_step} minibatches, so an epoch of floor(n_c / batch_size) steps "
+                              f"would be {self.batches_per_step}x PFLlib's floor(n_c / ({self.batches_per_step} "
+                              "batch_size)) meta-steps; set algo.local_epochs=null (tau steps)")
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.test_time == "train":
@@ -85,23 +117,29 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             batches = [ctx.test_batch(ctx.batch_size), ctx.train_batch(ctx.batch_size)]
         p = stack(state.params, ctx.data.num_clients)
         for (x, y), lr in zip(batches, (self.alpha, self.beta)):
-            g, _ = engine.grad(p, x, y)
-            p = sgd(p, g, lr)
+            g, _, buffers = engine.state_grad(p, x, y)  # (BatchNorm: training mode, its statistics moved)
+            p = {**p, **sgd(only(p, g), g, lr), **buffers}
         return p, None
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        params = local["params"]
+        """w~ = w - alpha grad f(w; D); w <- w - beta (I - alpha H(w; D'')) grad f(w~; D') (the outer step:
+        one step of the client's optimizer along that gradient, from w, or from w~ with
+        outer_step_from=w_tilde)."""
         (x, y), (x2, y2) = batches[:2]
-        g, _ = engine.grad(params, x, y)
-        w_tilde = sgd(params, g, self.alpha)
-        g2, _ = engine.grad(w_tilde, x2, y2)
+        g, _, local = self.grad(engine, local, "params", x, y)  # (the statistics: moved by D's forward)
+        w = local["params"]
+        adapted = {"w_tilde": {**w, **sgd(only(w, g), g, self.alpha)}}
+        g2, _, adapted = self.grad(engine, adapted, "w_tilde", x2, y2)  # (and by D''s, at w~)
+        w_tilde = adapted["w_tilde"]
         if self.variant == "hf":
             x3, y3 = batches[2]
-            gp, _ = engine.grad({k: params[k] + self.delta * g2[k] for k in params}, x3, y3)
-            gm, _ = engine.grad({k: params[k] - self.delta * g2[k] for k in params}, x3, y3)
-            g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in params}
-        elif self.variant == "exact":
+            at = only(w, g2)  # the finite difference's points: their statistics are left unused
+            gp, _, _ = self.grad(engine, {"p": {**w, **axpy(self.delta, g2, at)}}, "p", x3, y3)
+            gm, _, _ = self.grad(engine, {"p": {**w, **{k: at[k] - self.delta * g2[k] for k in g2}}}, "p", x3, y3)
+            g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in g2}
+        elif self.variant == "exact":  # (no BatchNorm: refused)
             x3, y3 = batches[2]
-            hv = engine.hvp(params, g2, x3, y3)
-            g2 = {k: g2[k] - self.alpha * hv[k] for k in params}
-        return {**local, "params": sgd(w_tilde if self.outer_step_from == "w_tilde" else params, g2, self.beta)}
+            hv = engine.hvp(w, g2, x3, y3)
+            g2 = {k: g2[k] - self.alpha * hv[k] for k in g2}
+        start = w_tilde if self.outer_step_from == "w_tilde" else {**w, **only(w_tilde, [k for k in w if k not in g])}
+        return self.descend({**local, "params": start}, "params", g2, self.beta, rnd)

@@ -32,9 +32,13 @@ class OneStepPersonalization:
         return served, loss  # `personalize` is the fine-tuning
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
+        start, stacked = self.eval_params(state), False
+        own = state.clients.get("bn_local") if getattr(self, "bn", "averaged") == "local" else None
+        if own is not None:  # bn=local: each client's model is the shared parameters with its own statistics
+            start, stacked = {**stack(start, ctx.data.num_clients), **own}, True
         if self.finetune_epochs:
-            return finetune_epochs(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_epochs)
-        return finetune(engine, self.eval_params(state), ctx, self.test_lr, self.finetune_steps)
+            return finetune_epochs(engine, start, ctx, self.test_lr, self.finetune_epochs, stacked=stacked)
+        return finetune(engine, start, ctx, self.test_lr, self.finetune_steps, stacked=stacked)
 
 
 def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,

@@ -19,6 +19,24 @@ effect (CharlieDinh/pFedMe). With `train_all` every client runs its local rounds
 authors' code; only the sampled ones are aggregated) and the PM served is the one that training
 produced; otherwise each client's PM is computed at test time by the same R local rounds from w on
 the client's own training minibatches (drawn from the evaluation's random stream).
+
+The local trainer (fedrun.algorithms.trainer):
+- `optim.*` applies to the local model's step w_i <- w_i - eta lam (w_i - theta_i): it is a gradient
+  step of the Moreau envelope F_i(w) = min_theta f_i(theta) + lam/2 ||theta - w||^2, whose gradient is
+  lam (w - theta*(w)) (eq. 6; theta_i, the K inner steps' approximation of theta*), so momentum,
+  weight decay (on w_i), Adam and the schedules act on F_i, one optimizer state per client (slot
+  "opt"). The K inner steps stay the paper's solver of the prox problem (plain steps of personal_lr,
+  warm-started), not steps of training: an optimizer's state there would carry across different
+  prox problems. `mu` (the official code's L2 term on theta, inside the prox problem) and
+  optim.weight_decay (on w_i, in the envelope's step) act on different variables. The server's
+  mixing step with beta is not a local step.
+- BatchNorm: the inner steps' forwards run in training mode and move theta_i's running statistics,
+  which the local model w_i carries too (PFLlib's clientpFedMe trains one model, theta, whose
+  buffers the restored w keeps). The server mixes the parameters with beta and takes the clients'
+  mean statistics (`bn=averaged`: a mix with beta > 1 could make a variance negative), or each client
+  keeps its own (`bn=local`).
+- `algo.local_epochs=E`: E passes over each client's rows, one local round (K inner steps) per
+  minibatch, as PFLlib's clientpFedMe loops over its DataLoader.
 """
 from __future__ import annotations
 
@@ -26,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, weighted_mean
+from ..engine.tree import Params, gather, param_names, weighted_mean
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_choice, check_int, check_positive
 
@@ -38,6 +56,8 @@ class PFedMe(Algorithm):
                 "mu": dict(honest=0.0, official=0.001),  # extra L2 term mu*theta in the inner problem
                 "personalized": dict(honest="theta", official="local")}  # the PM: each client's local model
     agreement_options = dict(lam=15.0, eta=0.05, personal_lr=0.05, K=2, beta=1.5)  # fedrun.bench.agreement
+    optim_ok = True  # the local model's step along the Moreau envelope's gradient; the inner solver is the paper's
+    batchnorm_ok = True
 
     def __init__(self, lr: float, lam: float, eta: float | None, personal_lr: float, K: int, beta: float,
                  mu: float | None, personalized: str | None, train_all: bool | None,
@@ -63,17 +83,32 @@ class PFedMe(Algorithm):
         local = super().client_init(state, clients, rnd)
         return {**local, "theta": {k: v.clone() for k, v in local["params"].items()}}
 
+    def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
+        """(`bn=local`) the client's own statistics in its local model and in theta, which starts as its copy."""
+        return {**local, "params": {**local["params"], **buffers}, "theta": {**local["theta"], **buffers}}
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        names = list(local["params"])
+        names = param_names(local["params"])
         shapes = [local["params"][k].shape for k in names]
         w, theta = _flat([local["params"][k] for k in names]), _flat([local["theta"][k] for k in names])
+        state = local["theta"]  # theta's model state (with a BatchNorm model's running statistics)
         for _ in range(self.K):  # the inner problem, on the same minibatch
-            g, _ = engine.grad(dict(zip(names, _views(theta, shapes))), x, y)
+            at = {"theta": {**state, **dict(zip(names, _views(theta, shapes)))}}
+            g, _, at = self.grad(engine, at, "theta", x, y)
+            state = at["theta"]
             theta = theta - self._inner_step(theta, w, _flat([g[k] for k in names]))
+        buffers = {k: v for k, v in state.items() if k not in names}  # (moved by the inner steps' forwards)
+        new_theta = {**state, **dict(zip(names, _views(theta, shapes)))}
+        if self.optim.plain:  # (this order of operations: the golden traces' numbers)
+            t = w - theta
+            t.mul_(self.eta * self.lam)
+            return {**local, "params": {**local["params"], **buffers, **dict(zip(names, _views(w - t, shapes)))},
+                    "theta": new_theta}
         t = w - theta
-        t.mul_(self.eta * self.lam)
-        return {"params": dict(zip(names, _views(w - t, shapes))), "theta": dict(zip(names, _views(theta, shapes)))}
+        t.mul_(self.lam)  # the Moreau envelope's gradient lam (w - theta)
+        local = {**local, "params": {**local["params"], **buffers}, "theta": new_theta}
+        return self.descend(local, "params", dict(zip(names, _views(t, shapes))), self.eta, rnd)
 
     def _inner_step(self, theta: Tensor, w: Tensor, g: Tensor) -> Tensor:
         """personal_lr * (g + lam (theta - w) + mu theta), elementwise over all clients' parameters
@@ -95,7 +130,8 @@ class PFedMe(Algorithm):
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         avg = weighted_mean(gather(local["params"], selected), weights)
-        new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] for k in avg}
+        mixed = set(param_names(avg))  # (BatchNorm's running statistics: the clients' mean, not mixed)
+        new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] if k in mixed else avg[k] for k in avg}
         extra = dict(state.extra)
         if self.train_all:  # every client trained: what it would serve is at hand
             extra["served"] = local["params" if self.personalized == "local" else "theta"]
@@ -107,6 +143,8 @@ class PFedMe(Algorithm):
         everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
         x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(ctx.tau,))
         local = self.client_init(state, everyone, 0)
+        if self.bn == "local" and "bn_local" in state.clients:  # each client's own running statistics
+            local = self.with_shared_buffers(local, state.clients["bn_local"])
         for r in range(ctx.tau):
             local = self.client_step(engine, local, [(x[:, r], y[:, r])], 0)
         return local["params" if self.personalized == "local" else "theta"], None
