@@ -29,8 +29,7 @@ from ..engine.tree import Params, expand, gather, head_names, stack, weighted_me
 from .base import Algorithm, EvalContext, Local, ServerState
 from .checks import check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
-from .representation import apply_head, features_and_logits, head_of, require_linear_head, \
-    step_features
+from .representation import apply_head, features_and_logits, head_of, require_linear_head, step_features
 from .trainer import slot_of
 
 BIAS = "dbe.bias"  # the client's representation bias among a step's differentiated params
