@@ -69,14 +69,15 @@ CASES = [  # (arguments, the option the error line names)
     (["model.hidden=[0]"], "model.hidden"),
     (["model.hidden=abc"], "model.hidden"),
     (["model=cnn", "model.in_channels=-1"], "model.in_channels"),  # torch refuses the layer: one line too
-    (["algo=fedavg", "model=mlp_bn"], "algo.alpha=null"),  # FedAvg's test-time update on BatchNorm
+    (["algo=perfedavg", "algo.variant=exact", "model=mlp_bn"], "algo.variant=exact"),  # an HVP through batch stats
+    (["bn=shared"], "bn"),
     (["experiment=nope"], "experiment"),
     (["+bogus=1"], "bogus"),
     (["bogus=1"], "bogus"),
     (["algo=fedper", "model=mlr"], "algo=fedper"),       # a one-layer model has no body to share
     (["algo=lgfedavg", "model=mlr"], "algo=lgfedavg"),
     (["algo=fedbn"], "algo=fedbn"),                      # FedBN needs BatchNorm layers to keep local
-    (["algo=fedprox", "model=mlp_bn"], "algo=fedprox"),  # an algorithm that does not handle BatchNorm
+    (["algo=fedcp", "model=mlp_bn"], "algo=fedcp"),      # an algorithm that does not handle BatchNorm
 ]
 
 

@@ -9,11 +9,12 @@ import torch
 
 from fedrun.algorithms import algorithm_class, build, names
 from fedrun.algorithms.optim import LocalOptim
+from fedrun.algorithms.options import signature_options
 from fedrun.algorithms.trainer import LocalTrainer
 from fedrun.bench.agreement import declared_options
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import VmapEngine, params_of
-from fedrun.models import MLP
+from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, one_step, simulate
 
 D, K, B = 5, 3, 2
@@ -46,7 +47,8 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
 
     def spy(self, local, key, g, lr, rnd, names=None, slot=None, live=None):
         out = real(self, local, key, g, lr, rnd, names, slot, live)
-        calls.append(dict(slot=slot or ("opt" if key == "params" else f"opt.{key}"), key=key,
+        name = slot or ("opt" if key == "params" else f"opt.{key}")
+        calls.append(dict(slot=name, key=key, fresh=name not in local and not in_round,  # (evaluation's own steps)
                           before={k: v.detach().clone() for k, v in local[key].items()},
                           after={k: v.detach().clone() for k, v in out[key].items()},
                           g={k: v.detach().clone() for k, v in g.items()}, lr=self.optim.lr_at(lr, rnd),
@@ -55,16 +57,31 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
 
     real_start = LocalTrainer.start_local
 
+    real_end = LocalTrainer.end_round
+    in_round = False
+
     def start(self, state, clients, rnd):  # a round starts: a fresh optimizer (optim.state=restart)
+        nonlocal in_round
         calls.append(dict(slot=None, round=rnd))
+        in_round = True
         return real_start(self, state, clients, rnd)
+
+    def end(self, *args):
+        nonlocal in_round
+        in_round = False
+        calls.append(dict(slot=None, round=None))  # (steps after it, e.g. evaluation's, start afresh)
+        return real_end(self, *args)
 
     monkeypatch.setattr(LocalTrainer, "descend", spy)
     monkeypatch.setattr(LocalTrainer, "start_local", start)
-    algo = build(algo_name, **declared_options(algo_name))
+    monkeypatch.setattr(LocalTrainer, "end_round", end)
+    options = declared_options(algo_name)
+    if "weight_decay" in signature_options(algorithm_class(algo_name)) and optim.weight_decay:
+        options["weight_decay"] = 0.0  # (the debiasing methods' own L2 term: one of the two, refused together)
+    algo = build(algo_name, **options)
     algo.set_optim(optim)
     torch.manual_seed(0)
-    model = MLP(D, K, hidden=[4]).double()
+    model = (MLPBN if algo_name == "fedbn" else MLP)(D, K, hidden=[4]).double()  # (FedBN needs BatchNorm)
     data = problem()
     sched = Schedule(rounds=2, tau=2, clients_per_round=len(SIZES), batch_size=B)
     state, _ = simulate(algo, engine_cls(model), data, params_of(model), sched, 0)
@@ -98,7 +115,7 @@ def test_each_models_optimizer_steps_are_torch_optims_per_client(algo_name, opti
             if c["live"] is not None and not bool(c["live"][i]):
                 continue
             slot_key = (round_tag, c["slot"], i)
-            if slot_key not in torch_opts:
+            if slot_key not in torch_opts or (c["fresh"] and not ours.plain):
                 ps = [torch.nn.Parameter(c["before"][k][i].clone()) for k in names_]
                 torch_opts[slot_key] = (ps, torch_make(ps))
             ps, opt = torch_opts[slot_key]
