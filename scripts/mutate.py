@@ -889,6 +889,37 @@ MUTANTS += [
 ]
 
 
+PFLGROUP = "tests/algorithms/test_trainer_pflgroup.py"
+MUTANTS += [  # the local trainer for FedALA, FedFomo, APPLE, FedCP, GPFL, FedPAC (issue 44)
+    Mutant("fedfomo-distance-over-buffers", "fedrun/algorithms/fedfomo.py",
+           "names = param_names(base)  # the distance", "names = list(base)  # the distance",
+           (PFLGROUP, "-k", "fedfomo_weighs"), "FedFomo: distances and the mixture over running statistics too"),
+    Mutant("fedfomo-local-epochs-ignored", "fedrun/algorithms/fedfomo.py",
+           "epochs=self.local_epochs) if self.local_epochs is not None", "epochs=self.local_epochs) if False",
+           (PFLGROUP, "-k", "fedfomo_local_epochs"), "FedFomo: algo.local_epochs ignored (tau steps)"),
+    Mutant("fedala-mixes-buffers", "fedrun/algorithms/fedala.py",
+           "names = param_names(params)\n        return names[-self.layer_idx:]",
+           "names = list(params)\n        return names[-self.layer_idx:]",
+           (PFLGROUP, "-k", "fedala_mixes"), "FedALA: W over running statistics too"),
+    Mutant("apple-p-held-out-columns-move", "fedrun/algorithms/apple.py",
+           '{"p": torch.where(local["member"], grad, 0)}', '{"p": grad}',
+           (PFLGROUP, "-k", "apple"), "APPLE: p's held-out columns take optimizer steps"),
+    Mutant("apple-core-gradient-unscaled", "fedrun/algorithms/apple.py",
+           "pii.view(-1, *[1] * (gk.dim() - 1)) * gk for k, gk", "gk for k, gk",
+           (PFLGROUP, "-k", "apple"), "APPLE: the core's optimizer gradient without p_ii C"),
+    Mutant("fedcp-cpn-skips-optimizer", "fedrun/algorithms/fedcp.py",
+           'local = self.descend(local, "cpn", {k: g[f"c.{k}"] for k in local["cpn"]}, lr, rnd)',
+           'local = {**local, "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}}',
+           (PFLGROUP, "-k", "fedcp"), "FedCP: the CPN takes plain SGD under optim.*"),
+    Mutant("gpfl-gce-mu-dropped", "fedrun/algorithms/gpfl.py",
+           '{"e": g["gce"] + mu * local["gce"]}', '{"e": g["gce"]}',
+           (PFLGROUP, "-k", "gpfl"), "GPFL: the GCE's weight decay mu dropped under optim.*"),
+    Mutant("fedpac-head-in-body-slot", "fedrun/algorithms/fedpac.py",
+           'names=head_names(p), slot="opt.head")', "names=head_names(p))",
+           (PFLGROUP, "-k", "fedpac"), "FedPAC: the head's steps in the body's optimizer slot"),
+]
+
+
 def _copy(dst: str) -> None:
     for name in COPY:
         src = os.path.join(REPO, name)

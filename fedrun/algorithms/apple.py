@@ -46,6 +46,7 @@ from ..engine.tree import Params, gather, scatter, stack
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
+from .trainer import slot_of
 
 
 def mix(p: Tensor, cores: Params) -> Params:
@@ -137,7 +138,8 @@ class APPLE(Algorithm):
     def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> Local:
         m, C = len(clients), len(state.extra["p0"])
         first = next(iter(core.values()))
-        return {"p": p, "params": core, "theta": mix(p, state.clients["params"]),
+        return {"p": p, "shape.p": {"p": p},  # (p's shape for its optimizer slot, a dict as the trainer's slots take)
+                "params": core, "theta": mix(p, state.clients["params"]),
                 "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
                 "own": (clients.unsqueeze(1) == torch.arange(C, device=clients.device)).to(first.dtype),  # (one_hot
                 # checks its indices on the host)
@@ -164,13 +166,32 @@ class APPLE(Algorithm):
         theta = self.theta(local)
         g, _ = engine.grad(theta, x, y)
         pii = (p * own).sum(1) * local["scale"]
-        core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
+        if self.optim.plain:  # (the arithmetic the golden traces pin)
+            core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
+        else:  # the core's gradient: d theta_i / d c_i = p_ii (times C, the scale of its rate)
+            core = self.descend(local, "params", {k: pii.view(-1, *[1] * (gk.dim() - 1)) * gk for k, gk in g.items()},
+                                self.lr, rnd)
+            local, core = core, core["params"]
         dots = _dots(g, local["cores"])
         mine = sum((g[k] * core[k]).flatten(1).mean(1) for k in g) / len(g)  # <g, c_i>~ with the updated c_i
         dots = torch.where(own.bool(), mine.unsqueeze(1), dots)
         grad = dots + (local["lam"] * self.mu).unsqueeze(1) * (p - local["p0"])
-        p = torch.where(local["member"], p - self.dr_lr * grad, p)
+        if self.optim.plain:
+            p = torch.where(local["member"], p - self.dr_lr * grad, p)
+        else:  # (held-out clients' columns: no gradient, so no step, under any optimizer of optim.*)
+            out = self.descend({**local, "p": {"p": p}}, "p", {"p": torch.where(local["member"], grad, 0)},
+                               self.dr_lr, rnd)
+            local, p = out, out["p"]["p"]
         return {**local, "theta": theta, "params": core, "p": p}
+
+    # PFLlib's clientAPPLE takes SGD steps of its own core (lr) and of its p_i (dr_lr): optim.* applies to
+    # each, two slots ("opt" for the core, "opt.p" for p)
+    optim_ok = True
+    batchnorm_why = ("its model theta_i = sum_j p_ij c_j mixes every client's core model, and the cores, never run "
+                     "on their own, have no running statistics to mix")
+
+    def optim_slots(self, local: Local) -> dict:
+        return {"opt": ("params", list(local["params"])), slot_of("p"): ("shape.p", ["p"])}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
+from ..engine.tree import Params, gather, param_names, per_client, scatter, stack, weighted_mean
 from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_int, check_optional_int, check_positive
@@ -64,12 +64,20 @@ class FedALA(Algorithm):
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)
-        if self.layer_idx > len(params):  # (names[-k:] would mix all of them, as layer_idx=0 says)
-            raise ConfigError(f"algo.layer_idx={self.layer_idx} exceeds this model's {len(params)} parameter tensors; "
-                              f"allowed: 0..{len(params)} (the last layer_idx tensors are mixed; 0: all)")
+        n = len(param_names(params))
+        if self.layer_idx > n:  # (names[-k:] would mix all of them, as layer_idx=0 says)
+            raise ConfigError(f"algo.layer_idx={self.layer_idx} exceeds this model's {n} parameter tensors; "
+                              f"allowed: 0..{n} (the last layer_idx tensors are mixed; 0: all)")
+
+    # its training after the ALA is local SGD (PFLlib's clientALA optimizer): `optim.*` applies there;
+    # the ALA's own step on W (clipped to [0, 1], rate eta) is not an optimizer step of the model
+    optim_ok = True
+    batchnorm_ok = True
 
     def higher(self, params: Params) -> list[str]:
-        names = list(params)
+        """The mixed tensors: the last layer_idx PARAMETER tensors (a BatchNorm model's running
+        statistics are not mixed: they go with the lower layers, the server model's)."""
+        names = param_names(params)
         return names[-self.layer_idx:] if self.layer_idx else names
 
     def phases(self) -> tuple[Phase, ...]:
@@ -102,7 +110,7 @@ class FedALA(Algorithm):
         g = state.params
         l = gather(state.clients["params"], clients)
         weights = gather(state.clients["weights"], clients)
-        first = next(iter(g))
+        first = param_names(g)[0]
         active = (g[first].unsqueeze(0) - l[first]).flatten(1).sum(1) != 0
         start = active & ~state.clients["ala"]["started"][clients]
         high = self.higher(g)
@@ -117,7 +125,10 @@ class FedALA(Algorithm):
         """One ALA step for the clients `on` ([m] bool); the others keep their Local."""
         (x, y), = batches
         theta, L, G = local["params"], local["local"], local["global"]
-        g, _ = engine.grad(theta, x, y)
+        # (a BatchNorm model: the forward in training mode; its running statistics are not kept, as
+        # PFLlib's ALA trains a throwaway copy of the model and copies back its parameters only)
+        g = engine.state_grad(theta, x, y)[0] if len(param_names(theta)) < len(theta) \
+            else engine.grad(theta, x, y)[0]
         weights, params = dict(local["weights"]), dict(theta)
         for k in L:
             w = torch.clamp(local["weights"][k] - self.eta * (g[k] * (G[k] - L[k])), 0, 1)

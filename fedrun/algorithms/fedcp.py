@@ -47,6 +47,7 @@ from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
 from .gpfl import per_client_pass
 from .personalize import onboarding_batches
+from .trainer import slot_of
 
 CPN_KEYS = ("fc.weight", "fc.bias", "ln.weight", "ln.bias")
 M32 = 0xFFFFFFFF
@@ -56,7 +57,12 @@ BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 class FedCP(PartSharing):
     name = "fedcp"
     personal_part = "head"
-    optim_ok = False  # its step trains the model and the CPN together
+    # its step is one SGD step of PFLlib's one optimizer over the model and the CPN: optim.* applies to both,
+    # as two slots (`optim_slots`: the model's "opt", the CPN's "opt.cpn") that step together; every
+    # optimizer of optim.* keeps per-parameter state only, so one slot over both would give the same numbers
+    optim_ok = True
+    batchnorm_why = ("its loss runs the trained body and the round's frozen copy (the MMD term) through the CPN's "
+                     "features, not yet written with the local trainer's value_and_grad")
     models_per_round = 1
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}
@@ -162,8 +168,15 @@ class FedCP(PartSharing):
 
         g, _ = engine.value_and_grad(loss, q, x, y, local["ctx"], noise)
         lr = self.lr
-        return {**local, "params": {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()},
-                "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}, "step": local["step"] + 1}
+        if self.optim.plain:  # (the arithmetic the golden traces pin)
+            return {**local, "params": {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()},
+                    "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}, "step": local["step"] + 1}
+        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in local["params"]}, lr, rnd)
+        local = self.descend(local, "cpn", {k: g[f"c.{k}"] for k in local["cpn"]}, lr, rnd)
+        return {**local, "step": local["step"] + 1}
+
+    def optim_slots(self, local: Local) -> dict:
+        return {**super().optim_slots(local), slot_of("cpn"): ("cpn", list(local["cpn"]))}
 
     # -- the server -------------------------------------------------------------------------------
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,

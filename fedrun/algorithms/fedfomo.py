@@ -10,7 +10,8 @@ adds the raw w_n into its row P[i, n] (kept by the server), and replaces its mod
 
     theta_i <- sum_n max(w_n, 0) theta_n / sum_n max(w_n, 0)      (kept unchanged when no w_n > 0),
 
-then trains it by `tau` steps of local SGD. Neighbours are only clients whose models the server holds
+then trains it by `tau` steps (`local_epochs` set: passes over its rows) of local SGD (`optim.*`).
+Neighbours are only clients whose models the server holds
 from the previous round's uploads: min(M, that count) of them (none on the first round), as PFLlib's
 server counts them; their models are the stacked per-client models.
 
@@ -47,7 +48,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, per_client, scatter, stack
+from ..engine.tree import Params, gather, param_names, per_client, scatter, stack
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_int, check_optional_int, check_positive
 
@@ -61,20 +62,23 @@ def weigh(engine: Engine, base: Params, own: Params, nbrs: Params, live: Tensor,
     models = {k: torch.cat([base[k].unsqueeze(1), nbrs[k]], 1).flatten(0, 1) for k in base}  # [m (M + 1), ...]
     rep = lambda t: t.unsqueeze(1).expand(m, M + 1, *t.shape[1:]).flatten(0, 1)
     # the mean of the minibatches' mean losses, summed in float64: w_n's numerator is a difference of
-    # close losses, which float32 sums would leave with a few digits (PFLlib sums Python floats)
-    losses = (sum(engine.grad(models, rep(x), rep(y))[1].detach().double() for x, y in batches).view(m, M + 1)
-              / len(batches))
-    dist = sum((nbrs[k] - base[k].unsqueeze(1)).flatten(2).square().sum(2) for k in base).sqrt()  # [m, M]
+    # close losses, which float32 sums would leave with a few digits (PFLlib sums Python floats). A
+    # BatchNorm model's losses are its training-mode forward's (PFLlib's received models score in
+    # train(): batch statistics); the scored copies' running statistics are dropped
+    names = param_names(base)  # the distance of parameters only (PFLlib's, over model.parameters())
+    score = engine.grad if len(names) == len(base) else engine.state_grad
+    losses = sum(score(models, rep(x), rep(y))[1].detach().double() for x, y in batches).view(m, M + 1) / len(batches)
+    dist = sum((nbrs[k] - base[k].unsqueeze(1)).flatten(2).square().sum(2) for k in names).sqrt()  # [m, M]
     gain = (losses[:, :1] - losses[:, 1:]).to(dist.dtype)
     w = torch.where(live, gain / (dist + 1e-5), torch.zeros_like(dist))
     pos = w.clamp(min=0)
     total = pos.sum(1, keepdim=True)
     coef = pos / torch.where(total > 0, total, torch.ones_like(total))
     mixed = {}
-    for k in own:
+    for k in names:  # a BatchNorm model's running statistics stay the client's own (PFLlib mixes parameters)
         mix = (coef.view(m, M, *[1] * (own[k].dim() - 1)) * nbrs[k]).sum(1)
         mixed[k] = torch.where(per_client(total.view(-1) > 0, own[k]).bool(), mix, own[k])
-    return mixed, w
+    return {k: mixed.get(k, own[k]) for k in own}, w
 
 
 class FedFomo(Algorithm):
@@ -102,8 +106,16 @@ class FedFomo(Algorithm):
     def set_schedule(self, sched) -> None:
         self.tau_steps = sched.tau
 
+    # its training is local SGD (PFLlib's clientFomo optimizer) on the client's model after its mixture
+    optim_ok = True
+    batchnorm_ok = True
+
     def phases(self) -> tuple[Phase, ...]:
-        return (Phase(self.weigh_step, steps=1, batches=self.val_batches), Phase(self.train_step, steps=self.tau_steps))
+        """The weighing (one step of val_batches minibatches), then the training: `tau` steps, or with
+        algo.local_epochs E passes over the client's rows (PFLlib's -ls)."""
+        train = Phase(self.train_step, epochs=self.local_epochs) if self.local_epochs is not None \
+            else Phase(self.train_step, steps=self.tau_steps)
+        return Phase(self.weigh_step, steps=1, batches=self.val_batches), train
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         first = next(iter(params.values()))

@@ -49,7 +49,15 @@ EPS = 1e-3  # head weights below this are dropped (the authors' code)
 class FedPAC(PartSharing):
     name = "fedpac"
     personal_part = "head"
-    optim_ok = False  # its steps train the head, then the body, with the alignment term (not sgd_step)
+    # its steps train the head, then the body (with the alignment term), each by its own SGD optimizer as
+    # PFLlib's clientPAC (opt_head, optimizer): optim.* applies to each, two slots ("opt.head", "opt")
+    optim_ok = True
+    batchnorm_why = ("its statistics and prototype passes read features without a gradient, not yet written "
+                     "for a model state with running statistics")
+
+    def optim_slots(self, local: Local) -> dict:
+        head = head_names(local["params"])
+        return {"opt": ("params", [k for k in local["params"] if k not in head]), "opt.head": ("params", head)}
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
     agreement_options = dict(lr=0.05, head_steps=1)  # fedrun.bench.agreement: both parts in tau=2
@@ -110,8 +118,13 @@ class FedPAC(PartSharing):
                                      local["present"])
         head = set(head_names(g))  # (its head gradient is the cross-entropy's: the alignment needs no head)
         p = local["params"]
-        new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] for k in p}
-        return {**stats, "params": new, "step": local["step"] + 1}
+        if self.optim.plain:  # (the arithmetic the golden traces pin)
+            new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] for k in p}
+            return {**stats, "params": new, "step": local["step"] + 1}
+        on = on_head.view(-1)
+        stats = self.descend(stats, "params", g, self.lr, rnd, names=head, slot="opt.head", live=on)
+        stats = self.descend(stats, "params", g, self.lr, rnd, names=[k for k in p if k not in head], live=~on)
+        return {**stats, "step": local["step"] + 1}
 
     def _aligned_loss(self, engine: Engine):
         lam = self.lam
@@ -134,15 +147,14 @@ class FedPAC(PartSharing):
         (x, y), = batches
         p = local["params"]
         g, _ = engine.grad(p, x, y)
-        head = set(head_names(p))
-        return {**local, "params": {k: torch.add(v, g[k], alpha=-self.lr) if k in head else v for k, v in p.items()}}
+        return self.descend(local, "params", g, self.lr, rnd, names=head_names(p), slot="opt.head")
 
     def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
         p = local["params"]
         g, _ = engine.value_and_grad(self._aligned_loss(engine), p, x, y, local["centers"], local["present"])
         head = set(head_names(p))
-        return {**local, "params": {k: v if k in head else torch.add(v, g[k], alpha=-self.lr) for k, v in p.items()}}
+        return self.descend(local, "params", g, self.lr, rnd, names=[k for k in p if k not in head])
 
     # -- the server -------------------------------------------------------------------------------
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,

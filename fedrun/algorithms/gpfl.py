@@ -47,6 +47,7 @@ from .base import EvalContext, Local, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
+from .trainer import slot_of
 
 COV_KEYS = ("gamma.weight", "gamma.bias", "gamma.ln.weight", "gamma.ln.bias",
             "beta.weight", "beta.bias", "beta.ln.weight", "beta.ln.bias")
@@ -55,7 +56,22 @@ COV_KEYS = ("gamma.weight", "gamma.bias", "gamma.ln.weight", "gamma.ln.bias",
 class GPFL(PartSharing):
     name = "gpfl"
     personal_part = "head"
-    optim_ok = False  # its step trains the model, the CoV and the GCE together
+    # PFLlib's clientGPFL steps three SGD optimizers together, the model's (lr) and the CoV's and GCE's (lr,
+    # weight decay mu): optim.* applies to each, three slots ("opt", "opt.cov", "opt.gce")
+    optim_ok = True
+    batchnorm_why = ("its loss runs the body's features through the CoV and the GCE, not yet written with the "
+                     "local trainer's value_and_grad")
+
+    def set_optim(self, optim) -> None:
+        super().set_optim(optim)
+        if self.mu and optim.weight_decay:
+            from ..errors import ConfigError
+            raise ConfigError(f"algo.mu={self.mu} is the CoV's and GCE's weight decay (PFLlib's CoV_opt, GCE_opt); "
+                              f"with optim.weight_decay={optim.weight_decay} two decays: set one to 0")
+
+    def optim_slots(self, local: Local) -> dict:
+        return {**super().optim_slots(local), slot_of("cov"): ("cov", list(local["cov"])),
+                slot_of("gce"): ("shape.gce", ["e"])}
     models_per_round = 1
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}
@@ -112,7 +128,9 @@ class GPFL(PartSharing):
         m = len(clients)
         E = state.extra["gce"]
         emb = gather({"e": state.clients["emb"]}, clients)["e"] if self.follow == "pfllib" else expand({"e": E}, m)["e"]
-        return {**local, "cov": stack(state.extra["cov"], m), "gce": stack({"e": E}, m)["e"],
+        gce = stack({"e": E}, m)["e"]
+        # ("shape.gce": the GCE's shape for its optimizer slot, a dict as the trainer's slots take)
+        return {**local, "cov": stack(state.extra["cov"], m), "gce": gce, "shape.gce": {"e": gce},
                 "frozen": expand({"e": E}, m)["e"], "emb": emb,
                 "counts": torch.zeros(m, E.shape[0], dtype=E.dtype, device=E.device)}
 
@@ -151,9 +169,14 @@ class GPFL(PartSharing):
 
         g, _ = engine.value_and_grad(loss, q, x, y, local["frozen"], cond_g, cond_p)
         lr, mu = self.lr, self.mu
-        params = {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()}
-        cov = {k: v - lr * (g[f"cov.{k}"] + mu * v) for k, v in local["cov"].items()}
-        return {**local, "params": params, "cov": cov, "gce": local["gce"] - lr * (g["gce"] + mu * local["gce"])}
+        if self.optim.plain:  # (the arithmetic the golden traces pin)
+            params = {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()}
+            cov = {k: v - lr * (g[f"cov.{k}"] + mu * v) for k, v in local["cov"].items()}
+            return {**local, "params": params, "cov": cov, "gce": local["gce"] - lr * (g["gce"] + mu * local["gce"])}
+        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in local["params"]}, lr, rnd)
+        local = self.descend(local, "cov", {k: g[f"cov.{k}"] + mu * v for k, v in local["cov"].items()}, lr, rnd)
+        out = self.descend({**local, "gce": {"e": local["gce"]}}, "gce", {"e": g["gce"] + mu * local["gce"]}, lr, rnd)
+        return {**out, "gce": out["gce"]["e"]}
 
     # -- the server -------------------------------------------------------------------------------
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
