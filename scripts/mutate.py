@@ -743,6 +743,31 @@ MUTANTS += [
            ("tests/models/test_models.py", "-k", "lstm"),
            "the LSTM's fused per-client gradients: full passes' row weights (padding masks) ignored"),
 ]
+BODYHEAD = "tests/algorithms/test_trainer_bodyhead.py"
+MUTANTS += [  # issue 44: the body/head family on the local trainer
+    Mutant("fedrep-optim-frozen-part-steps", "fedrun/algorithms/fedrep.py",
+           'names=slots[slot][1], slot=slot, live=live)', 'names=slots[slot][1], slot=slot)',
+           (BODYHEAD, "-k", "fedrep and False and Vmap"),
+           "FedRep's tau path with optim.*: the frozen part's optimizer steps too (weight decay, momentum)"),
+    Mutant("fedrep-one-optimizer", "fedrun/algorithms/fedrep.py",
+           'slot = "opt.head" if head else "opt"', 'slot = "opt"',
+           (BODYHEAD, "-k", "fedrep and True and Vmap"), "FedRep's head steps take the body's optimizer slot"),
+    Mutant("fedbabu-head-in-optimizer", "fedrun/algorithms/fedbabu.py",
+           "{k: v for k, v in g.items() if k not in head}", "g",
+           (BODYHEAD, "-k", "fedbabu"), "FedBABU: the frozen head stepped with the body"),
+    Mutant("fedrod-statistics-dropped", "fedrun/algorithms/fedrod.py",
+           '{k: out["both"][k] for k in local["params"]}', '{k: local["params"][k] for k in local["params"]}',
+           (BODYHEAD, "-k", "fedrod and Vmap"), "FedRoD: the step's BatchNorm statistics not kept"),
+    Mutant("partsharing-personal-statistics-shared", "fedrun/algorithms/bodyhead.py",
+           "split_buffers(local[\"params\"])[1].items() if k not in mine}",
+           "split_buffers(local[\"params\"])[1].items()}",
+           (BODYHEAD, "-k", "personal_statistics and lgfedavg"),
+           "LG-FedAvg bn=local: the personal body's statistics put on the server's model"),
+    Mutant("local-statistics-shared", "fedrun/algorithms/local.py",
+           "nothing to keep\n        return {}", "nothing to keep\n        return super().shared_buffers(local)",
+           (BODYHEAD, "-k", "personal_statistics and local"),
+           "Local bn=local: a client's statistics put on the server's (initial) model"),
+]
 
 
 def _copy(dst: str) -> None:
@@ -815,28 +840,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-BODYHEAD = "tests/algorithms/test_trainer_bodyhead.py"
-MUTANTS += [  # issue 44: the body/head family on the local trainer
-    Mutant("fedrep-optim-frozen-part-steps", "fedrun/algorithms/fedrep.py",
-           'names=slots[slot][1], slot=slot, live=live)', 'names=slots[slot][1], slot=slot)',
-           (BODYHEAD, "-k", "fedrep and False and Vmap"),
-           "FedRep's tau path with optim.*: the frozen part's optimizer steps too (weight decay, momentum)"),
-    Mutant("fedrep-one-optimizer", "fedrun/algorithms/fedrep.py",
-           'slot = "opt.head" if head else "opt"', 'slot = "opt"',
-           (BODYHEAD, "-k", "fedrep and True and Vmap"), "FedRep's head steps take the body's optimizer slot"),
-    Mutant("fedbabu-head-in-optimizer", "fedrun/algorithms/fedbabu.py",
-           "{k: v for k, v in g.items() if k not in head}", "g",
-           (BODYHEAD, "-k", "fedbabu"), "FedBABU: the frozen head stepped with the body"),
-    Mutant("fedrod-statistics-dropped", "fedrun/algorithms/fedrod.py",
-           '{k: out["both"][k] for k in local["params"]}', '{k: local["params"][k] for k in local["params"]}',
-           (BODYHEAD, "-k", "fedrod and Vmap"), "FedRoD: the step's BatchNorm statistics not kept"),
-    Mutant("partsharing-personal-statistics-shared", "fedrun/algorithms/bodyhead.py",
-           "split_buffers(local[\"params\"])[1].items() if k not in mine}",
-           "split_buffers(local[\"params\"])[1].items()}",
-           (BODYHEAD, "-k", "personal_statistics and lgfedavg"),
-           "LG-FedAvg bn=local: the personal body's statistics put on the server's model"),
-    Mutant("local-statistics-shared", "fedrun/algorithms/local.py",
-           "nothing to keep\n        return {}", "nothing to keep\n        return super().shared_buffers(local)",
-           (BODYHEAD, "-k", "personal_statistics and local"),
-           "Local bn=local: a client's statistics put on the server's (initial) model"),
-]
