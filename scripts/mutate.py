@@ -518,7 +518,7 @@ MUTANTS += [
            ("tests/algorithms/test_baselines.py", "-k", "fedrep_or_fedpac"),
            "FedRep/FedPAC: head_steps=tau (no body step)"),
     Mutant("fedala-layer-idx-one-past", "fedrun/algorithms/fedala.py",
-           "if self.layer_idx > len(params):", "if self.layer_idx > len(params) + 1:",
+           "if self.layer_idx > n:  #", "if self.layer_idx > n + 1:  #",
            ("tests/algorithms/test_mixing.py", "-k", "layer_idx"), "FedALA: layer_idx one past the tensors accepted"),
     Mutant("epochs-draws-uncounted", "fedrun/run/spec.py",
            "    return total, passes if in_passes else step", "    return 0, passes if in_passes else step",
@@ -676,8 +676,7 @@ MUTANTS += [
            (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
                                                                   "not personal_lr"),
     Mutant("bodyhead-onboard-fits-shared-part", "fedrun/algorithms/bodyhead.py",
-           "params = {k: torch.add(v, g[k], alpha=-lr) if k in names else v for k, v in params.items()}",
-           "params = {k: torch.add(v, g[k], alpha=-lr) if k not in names else v for k, v in params.items()}",
+           "names = param_names(part)", 'names = [k for k in param_names(local["params"]) if k not in part]',
            (BY_HAND, "-k", "held_out_client_by_hand"), "FedPer/LG-FedAvg/FedRep/FedPAC: a held-out client fits the "
                                                        "shared part, its own part frozen"),
 ]
@@ -919,6 +918,32 @@ MUTANTS += [  # the local trainer for FedALA, FedFomo, APPLE, FedCP, GPFL, FedPA
            (PFLGROUP, "-k", "fedpac"), "FedPAC: the head's steps in the body's optimizer slot"),
 ]
 
+BODYHEAD = "tests/algorithms/test_trainer_bodyhead.py"
+MUTANTS += [  # issue 44: the body/head family on the local trainer
+    Mutant("fedrep-optim-frozen-part-steps", "fedrun/algorithms/fedrep.py",
+           'names=slots[slot][1], slot=slot, live=live)', 'names=slots[slot][1], slot=slot)',
+           (BODYHEAD, "-k", "fedrep and False and Vmap"),
+           "FedRep's tau path with optim.*: the frozen part's optimizer steps too (weight decay, momentum)"),
+    Mutant("fedrep-one-optimizer", "fedrun/algorithms/fedrep.py",
+           'slot = "opt.head" if head else "opt"', 'slot = "opt"',
+           (BODYHEAD, "-k", "fedrep and True and Vmap"), "FedRep's head steps take the body's optimizer slot"),
+    Mutant("fedbabu-head-in-optimizer", "fedrun/algorithms/fedbabu.py",
+           "{k: v for k, v in g.items() if k not in head}", "g",
+           (BODYHEAD, "-k", "fedbabu"), "FedBABU: the frozen head stepped with the body"),
+    Mutant("fedrod-statistics-dropped", "fedrun/algorithms/fedrod.py",
+           '{k: out["both"][k] for k in local["params"]}', '{k: local["params"][k] for k in local["params"]}',
+           (BODYHEAD, "-k", "fedrod and Vmap"), "FedRoD: the step's BatchNorm statistics not kept"),
+    Mutant("partsharing-personal-statistics-shared", "fedrun/algorithms/bodyhead.py",
+           "split_buffers(local[\"params\"])[1].items() if k not in mine}",
+           "split_buffers(local[\"params\"])[1].items()}",
+           (BODYHEAD, "-k", "personal_statistics and lgfedavg"),
+           "LG-FedAvg bn=local: the personal body's statistics put on the server's model"),
+    Mutant("local-statistics-shared", "fedrun/algorithms/local.py",
+           "nothing to keep\n        return {}", "nothing to keep\n        return super().shared_buffers(local)",
+           (BODYHEAD, "-k", "personal_statistics and local"),
+           "Local bn=local: a client's statistics put on the server's (initial) model"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:
@@ -990,4 +1015,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -127,7 +127,8 @@ def test_fedcp_model_and_cpn_take_the_optimizer():
     algo = build("fedcp", lr=0.1, lam=1.0)
     local = _start(algo, p)
     check_steps(algo, local, lambda l, b, s: algo.train_step(engine, l, b, 1),
-                {"opt": [(("params", k), algo.lr) for k in p], "opt.cpn": [(("cpn", k), algo.lr) for k in local["cpn"]]},
+                {"opt": [(("params", k), algo.lr) for k in p],
+                 "opt.cpn": [(("cpn", k), algo.lr) for k in local["cpn"]]},
                 others=[("head_g", "weight")])
 
 
