@@ -91,14 +91,18 @@ def replay(trace: dict, engine: str = "vmap", bn: str = "local") -> tuple[list, 
 
 
 def compare(trace: dict, states: list, algorithm) -> dict[str, float]:
-    """name -> worst |d| - ATOL - RTOL |ref| over every compared entry of that kind (> 0: a mismatch)."""
+    """name -> worst |d| - ATOL - RTOL |ref| over every compared entry of that kind (> 0: a mismatch);
+    `compare.max_abs` gets the largest |d| seen."""
     algo, (rtol, atol), worst = trace["algorithm"], TOL64, {}
+    compare.max_abs = 0.0
     in_client = (lambda n: "base." + n) if algo == "fedrep" else (lambda n: n)  # a server entry's client name
 
     def close(key, ref, val):
         ref, val = np.asarray(ref, dtype=np.float64), val.detach().double().numpy()
         assert ref.shape == val.shape, key
-        worst[key] = max(worst.get(key, -np.inf), float((np.abs(ref - val) - atol - rtol * np.abs(ref)).max()))
+        d = np.abs(ref - val)
+        compare.max_abs = max(compare.max_abs, float(d.max(initial=0)))
+        worst[key] = max(worst.get(key, -np.inf), float((d - atol - rtol * np.abs(ref)).max()))
 
     assert len(states) == len(trace["iterations"])
     for it, state in zip(trace["iterations"], states):
