@@ -8,14 +8,18 @@ The personal part lives in `ServerState.clients["part"]` (stacked over ALL clien
 initial model, checkpointed; unsampled clients keep theirs). Served models: the server's shared
 part with each client's personal part. The `global_*` metrics score the server model, whose
 personal part stays the initial one.
+
+The local optimizer (`optim.*`) steps the whole model, one optimizer per client as PFLlib's
+clientPer / clientLG keep. A BatchNorm model's running statistics go with their layer: in the body,
+shared and averaged by FedPer (`bn=local`: each client keeps its own), personal in LG-FedAvg.
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
+from ..engine.batchnorm import split_buffers
+from ..engine.tree import Params, expand, gather, head_names, only, param_names, scatter, stack, weighted_mean
 from .base import EvalContext, Local, LocalLR, ServerState
 from .checks import require_body
 from .personalize import onboarding_batches
@@ -27,6 +31,7 @@ class PartSharing(LocalLR):
 
     personal_part = "head"  # which part each client keeps: head | body
     optim_ok = True  # (optim.*: its local step is sgd_step)
+    batchnorm_ok = True  # the statistics ride in the model's state, shared or kept as their layer is
 
     def personal_names(self, params: Params) -> list[str]:
         head = head_names(params)
@@ -61,20 +66,21 @@ class PartSharing(LocalLR):
         C = next(iter(mine.values())).shape[0]
         return {k: mine[k] if k in mine else v for k, v in expand(state.params, C).items()}, None
 
+    def shared_buffers(self, local: Local) -> Params:  # (trainer, bn=local): the SHARED part's statistics
+        mine = set(self.personal_names(local["params"]))
+        return {k: v for k, v in split_buffers(local["params"])[1].items() if k not in mine}
+
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client's personal part, fitted with the shared part frozen: new_client_steps
-        (null: tau) SGD steps of lr on minibatches of its training rows, from its (initial) part."""
+        (null: tau) steps of the optimizer (a fresh one; default SGD) of lr on minibatches of its
+        training rows, from its (initial) part; the forward in training mode (BatchNorm: the part's
+        running statistics updated; the shared part's are not kept)."""
         part = state.clients["part"]
-        p = {**stack(state.params, len(new)), **gather(part, new)}
-        p = fit_part(engine, p, list(part), onboarding_batches(ctx, new, self.new_client_steps), self.lr)
+        local = {"params": {**stack(state.params, len(new)), **gather(part, new)}}
+        names = param_names(part)
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            g, _, local = self.grad(engine, local, "params", x, y)
+            local = self.descend(local, "params", only(g, names), self.lr, 0)  # (round 0: the schedule's first rate)
+        p = local["params"]
         return ServerState(params=state.params, extra=state.extra,
                            clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})})
-
-
-def fit_part(engine: Engine, params: Params, names: list[str], batches, lr: float) -> Params:
-    """Stacked `params` after SGD steps of `lr` on the entries `names` only, the rest frozen (one
-    step per entry of `batches`)."""
-    for (x, y), in batches:
-        g, _ = engine.grad(params, x, y)
-        params = {k: torch.add(v, g[k], alpha=-lr) if k in names else v for k, v in params.items()}
-    return params

@@ -5,14 +5,18 @@ training rows. The `global_*` metrics score the server model (its head the initi
 
 With `local_epochs` set, a round is `local_epochs` passes over each client's own rows (PFLlib's
 clientBABU.train, local_epochs 1 by default; `base.Phase`; tau is not used); its fine-tuning in
-epochs is `finetune_epochs` (PFLlib's fine_tuning_epochs, 10 by default, lr alpha)."""
+epochs is `finetune_epochs` (PFLlib's fine_tuning_epochs, 10 by default, lr alpha).
+
+The local optimizer (`optim.*`) steps the body only (the frozen head has no gradient, so PFLlib's
+SGD over all parameters skips it, weight decay included); test-time fine-tuning stays plain SGD of
+alpha (`personalize.finetune`, as FedAvg's). A BatchNorm model's running statistics (in the body)
+are averaged with it (`bn=local`: kept by each client); fine-tuning runs in training mode."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, head_names, weighted_mean
+from ..engine.tree import Params, gather, head_names, param_names, weighted_mean
 from .base import Local, Phase, ServerState
 from .checks import check_optional_int, require_body
 from .fedavg import AveragedSGD
@@ -21,6 +25,8 @@ from .fedavg import AveragedSGD
 class FedBABU(AveragedSGD):
     name = "fedbabu"
     agreement_options = dict(beta=0.1, alpha=0.1, finetune_steps=3)  # fedrun.bench.agreement
+    optim_ok = True  # one optimizer, over the body (the head is frozen)
+    batchnorm_ok = True
 
     def __init__(self, lr: float, beta: float | None, alpha: float | None, local_epochs: int | None,
                  finetune_steps: int, finetune_epochs: int | None, finetune_lr: float | None):
@@ -35,12 +41,15 @@ class FedBABU(AveragedSGD):
         super().check_params(params)
         require_body(self.name, params, "trains the model's body with its head frozen")
 
+    def optim_slots(self, local: Local) -> dict:
+        head = set(head_names(local["params"]))
+        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head])}
+
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        p = local["params"]
-        g, _ = engine.grad(p, x, y)
-        head = set(head_names(p))
-        return {**local, "params": {k: p[k] if k in head else torch.add(p[k], g[k], alpha=-self.beta) for k in p}}
+        g, _, local = self.grad(engine, local, "params", x, y)
+        head = set(head_names(local["params"]))
+        return self.descend(local, "params", {k: v for k, v in g.items() if k not in head}, self.beta, rnd)
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:

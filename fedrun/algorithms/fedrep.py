@@ -11,6 +11,13 @@ training the body (`base.Phase`; tau is not used).
 A step computes every parameter's gradient from one backward pass and masks the update of the part
 the phase freezes (a per-client step counter in the round's state, compared on the device; no host
 synchronization). The frozen part's update is multiplied by 0, so it stays bit-exact.
+
+The local optimizer (`optim.*`): the head and the body each have their own (slots "opt.head" and
+"opt"), as PFLlib's clientRep keeps `poptimizer` for the head and `optimizer` for the body; a step
+moves only the part its phase trains and only that part's optimizer state. BatchNorm: every step's
+forward runs in training mode (the frozen part's running statistics are updated too, as a torch
+model in `train()` with requires_grad off), the body's statistics are averaged with it (`bn=local`:
+kept by each client).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import head_names, per_client
+from ..engine.tree import head_names, param_names, per_client
 from .base import Local, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_int, check_optional_int, check_phase_passes, check_split_round
@@ -27,7 +34,8 @@ from .checks import check_int, check_optional_int, check_phase_passes, check_spl
 class FedRep(PartSharing):
     name = "fedrep"
     personal_part = "head"
-    optim_ok = False  # its steps alternate head and body (not sgd_step)
+    optim_ok = True  # two optimizers: the head's and the body's (PFLlib's poptimizer, optimizer)
+    batchnorm_ok = True
     agreement_options = dict(lr=0.1, head_steps=1)  # fedrun.bench.agreement: both phases in tau=2
 
     def __init__(self, lr: float, head_steps: int, local_epochs: int | None, head_epochs: int,
@@ -48,20 +56,23 @@ class FedRep(PartSharing):
             return None
         return Phase(self.head_step, epochs=self.head_epochs), Phase(self.body_step, epochs=self.local_epochs)
 
+    def optim_slots(self, local: Local) -> dict:
+        head = head_names(local["params"])
+        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head]),
+                "opt.head": ("params", head)}
+
     def head_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._part_step(engine, local, batches, head=True)
+        return self._part_step(engine, local, batches, rnd, head=True)
 
     def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._part_step(engine, local, batches, head=False)
+        return self._part_step(engine, local, batches, rnd, head=False)
 
-    def _part_step(self, engine: Engine, local: Local, batches, head: bool) -> Local:
-        """One SGD step of lr on the head (or the body) only, the other part frozen."""
+    def _part_step(self, engine: Engine, local: Local, batches, rnd: int, head: bool) -> Local:
+        """One step of the head's (or the body's) optimizer of lr, the other part frozen."""
         (x, y), = batches
-        p = local["params"]
-        g, _ = engine.grad(p, x, y)
-        names = set(head_names(p))
-        return {**local, "params": {k: torch.add(p[k], g[k], alpha=-self.lr) if (k in names) == head else p[k]
-                                    for k in p}}
+        g, _, local = self.grad(engine, local, "params", x, y)
+        slot = "opt.head" if head else "opt"
+        return self.descend(local, "params", g, self.lr, rnd, names=self.optim_slots(local)[slot][1], slot=slot)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)
@@ -69,12 +80,18 @@ class FedRep(PartSharing):
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        p, step = local["params"], local["step"]
-        g, _ = engine.grad(p, x, y)
-        head = set(head_names(p))
+        step = local["step"]
+        g, _, local = self.grad(engine, local, "params", x, y)
+        p = local["params"]
         on_head = step < self.head_steps  # [m, 1]: this step trains the head (else the body)
-        new = {}
-        for k in p:
-            mask = per_client(on_head if k in head else ~on_head, p[k])
-            new[k] = p[k] - self.lr * mask * g[k]
-        return {"params": new, "step": step + 1}
+        if self.optim.plain:
+            head = set(head_names(p))
+            new = {}
+            for k in g:
+                mask = per_client(on_head if k in head else ~on_head, p[k])
+                new[k] = p[k] - self.lr * mask * g[k]
+            return {**local, "params": {**p, **new}, "step": step + 1}
+        slots = self.optim_slots(local)
+        for slot, live in (("opt.head", on_head[:, 0]), ("opt", ~on_head[:, 0])):
+            local = self.descend(local, "params", g, self.lr, rnd, names=slots[slot][1], slot=slot, live=live)
+        return {**local, "step": step + 1}

@@ -14,6 +14,11 @@ same logits); `global_*` scores the generic model.
 Per-client state (stacked over ALL clients): `clients["head"]`, the personal heads (the initial head
 until a client trains), and `clients["counts"]`, every client's class counts of its training rows
 [C, K] (`prepare`, from the data; `init` alone leaves them 1, i.e. plain cross-entropy).
+
+The local optimizer (`optim.*`): the generic model and the personal head each have their own (slots
+"opt" and "opt.head"), as PFLlib's clientROD keeps `optimizer` and `opt_head`. BatchNorm (in the
+body): the step's one forward of the body runs in training mode and updates the generic model's
+running statistics, averaged with it (`bn=local`: kept by each client).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, scatter, sgd, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, head_names, param_names, scatter, stack, weighted_mean
 from .base import EvalContext, Local, LocalLR, ServerState
 from .personalize import onboarding_batches
 from .representation import apply_head, features_and_logits, require_linear_head
@@ -32,6 +37,11 @@ PERSONAL = "personal."  # the personal head's entries among a step's differentia
 class FedRoD(LocalLR):
     name = "fedrod"
     agreement_options = dict(lr=0.1)  # fedrun.bench.agreement
+    optim_ok = True  # two optimizers: the generic model's and the personal head's (PFLlib's opt_head)
+    batchnorm_ok = True
+
+    def optim_slots(self, local: Local) -> dict:
+        return {"opt": ("params", param_names(local["params"])), "opt.head": ("head", list(local["head"]))}
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)
@@ -56,10 +66,10 @@ class FedRoD(LocalLR):
                 "counts": state.clients["counts"]["n"][clients]}
 
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._step(engine, local, batches, generic=True)
+        return self._step(engine, local, batches, rnd, generic=True)
 
-    def _step(self, engine: Engine, local: Local, batches, generic: bool) -> Local:
-        """One SGD step of lr on the generic model's balanced softmax loss (unless not `generic`: the
+    def _step(self, engine: Engine, local: Local, batches, rnd: int, generic: bool) -> Local:
+        """One optimizer step of lr on the generic model's balanced softmax loss (unless not `generic`: the
         model stays) and of the personal head on the cross-entropy of the summed logits."""
         (x, y), = batches
         both = {**local["params"], **{PERSONAL + k: v for k, v in local["head"].items()}}
@@ -72,10 +82,11 @@ class FedRoD(LocalLR):
                               z.detach())
             return balanced + engine.criterion(logits.detach() + mine, y)
 
-        g, _ = engine.value_and_grad(loss, both, x, y, local["counts"])
-        head = sgd(local["head"], {k: g[PERSONAL + k] for k in local["head"]}, self.lr)
-        params = sgd(local["params"], {k: g[k] for k in local["params"]}, self.lr) if generic else local["params"]
-        return {**local, "params": params, "head": head}
+        g, _, out = self.value_and_grad(engine, {"both": both}, "both", loss, x, y, local["counts"])
+        if generic:  # (the forward's BatchNorm statistics: the generic model's)
+            local = {**local, "params": {k: out["both"][k] for k in local["params"]}}
+        local = self.descend(local, "head", {k: g[PERSONAL + k] for k in local["head"]}, self.lr, rnd)
+        return self.descend(local, "params", g, self.lr, rnd) if generic else local
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
@@ -96,6 +107,6 @@ class FedRoD(LocalLR):
         its training rows, from the initial head, the generic model (the server's) held fixed."""
         local = self.client_init(state, new, 0)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
-            local = self._step(engine, local, batches, generic=False)
+            local = self._step(engine, local, batches, 0, generic=False)
         return ServerState(params=state.params, extra=state.extra,
                            clients={**state.clients, "head": scatter(state.clients["head"], new, local["head"])})

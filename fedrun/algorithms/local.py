@@ -4,7 +4,8 @@ model (the `global_*` metrics score it); `pers_*` score the clients' models.
 
 Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
 round's clients and scattered back, so unsampled clients keep theirs): each client's model,
-`clients["params"]`, started from the initial model.
+`clients["params"]`, started from the initial model (a BatchNorm model's with its running
+statistics: `bn=` changes nothing, they are each client's own).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .personalize import onboarding_batches
 class LocalOnly(LocalLR):
     name = "local"
     optim_ok = True  # (optim.*: its local step is sgd_step)
+    batchnorm_ok = True  # each client's model carries its own running statistics
     models_per_round = 0  # nothing is transmitted
 
     def init(self, params: Params, num_clients: int) -> ServerState:
@@ -35,6 +37,9 @@ class LocalOnly(LocalLR):
         return ServerState(params=state.params, extra=state.extra,
                            clients={**state.clients,
                                     "params": scatter(state.clients["params"], clients, local["params"])})
+
+    def shared_buffers(self, local: Local) -> Params:  # (trainer, bn=local): no shared model, nothing to keep
+        return {}
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         return state.clients["params"], None

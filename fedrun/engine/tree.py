@@ -148,6 +148,7 @@ def params_of(model: nn.Module) -> Params:
 def head_names(params: Params) -> list[str]:
     """The parameters of the model's output layer (the "head" of FedPer, FedRep, LG-FedAvg, FedBABU):
     those of the module that owns the last parameter (fedrun's models: MLR `linear`, MLP the last
-    `net.<i>`, CNN `head`). The rest is the "body" (the representation)."""
-    last = list(params)[-1].rsplit(".", 1)[0] + "."
+    `net.<i>`, CNN `head`). The rest is the "body" (the representation). A model state's BatchNorm
+    buffers (listed after every parameter) do not count: the owner of the last PARAMETER is the head."""
+    last = param_names(params)[-1].rsplit(".", 1)[0] + "."
     return [k for k in params if k.startswith(last)]
