@@ -789,6 +789,12 @@ MUTANTS += [
            '        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, '
            'clients=state.clients)\n', "        return state\n", BN_TRACES,
            "FedAvg under bn=local: the server's model keeps the averaged statistics, not its first client's"),
+    Mutant("fedrep-head-steps-stats-dropped", "fedrun/algorithms/fedrep.py",
+           '        g, _, local = self.grad(engine, local, "params", x, y)\n        p = local["params"]\n',
+           '        g, _, stepped = self.grad(engine, local, "params", x, y)\n'
+           '        local = local if bool((step < self.head_steps).all()) else stepped\n        p = local["params"]\n',
+           ("tests/test_golden_pfllib_bn.py", "-k", "local_replays and fedrep"),
+           "FedRep: the head steps' forward leaves the running statistics (PFLlib's head epochs run in train mode)"),
 ]
 
 
