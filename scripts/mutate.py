@@ -872,6 +872,33 @@ MUTANTS += [
            (TRAINER, "-k", "batchnorm"),
            "a BatchNorm model's local steps in eval mode (running statistics instead of the batch's)"),
 ]
+BN_TRACES = ("tests/test_golden_pfllib_bn.py", "-k", "local_replays and vmap")  # FedAvg's, Ditto's, FedRep's
+MUTANTS += [
+    Mutant("bn-local-gather-skipped", "fedrun/algorithms/trainer.py",
+           '            local = self.with_shared_buffers(local, gather(state.clients["bn_local"], clients))\n',
+           "            pass\n", BN_TRACES,
+           "bn=local: a round's clients start from the server's statistics, not their own kept ones"),
+    Mutant("bn-local-scatter-skipped", "fedrun/algorithms/trainer.py",
+           '"bn_local": scatter(full, clients, buffers)}', '"bn_local": full}', BN_TRACES,
+           "bn=local: the trained clients' statistics are not kept (every round from the initial model's)"),
+    Mutant("bn-local-server-last-client", "fedrun/algorithms/trainer.py",
+           "first = {k: v[selected[0]] for k, v in buffers.items()}",
+           "first = {k: v[selected[-1]] for k, v in buffers.items()}", BN_TRACES,
+           "bn=local: the server's statistics from the last aggregated client instead of the first"),
+    Mutant("fedavg-bn-local-averaged", "fedrun/algorithms/batchnorm.py",
+           '        return local.get("buffers", {})\n', "        return {}\n", BN_TRACES,
+           "FedAvg under bn=local: the clients' statistics averaged by the server (bn=local ignored)"),
+    Mutant("fedavg-bn-local-server-averaged", "fedrun/algorithms/batchnorm.py",
+           '        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, '
+           'clients=state.clients)\n', "        return state\n", BN_TRACES,
+           "FedAvg under bn=local: the server's model keeps the averaged statistics, not its first client's"),
+    Mutant("fedrep-head-steps-stats-dropped", "fedrun/algorithms/fedrep.py",
+           '        g, _, local = self.grad(engine, local, "params", x, y)\n        p = local["params"]\n',
+           '        g, _, stepped = self.grad(engine, local, "params", x, y)\n'
+           '        local = local if bool((step < self.head_steps).all()) else stepped\n        p = local["params"]\n',
+           ("tests/test_golden_pfllib_bn.py", "-k", "local_replays and fedrep"),
+           "FedRep: the head steps' forward leaves the running statistics (PFLlib's head epochs run in train mode)"),
+]
 
 PLAN_TEST = ("tests/test_scripts.py", "-k", "plan_times")
 MUTANTS += [

@@ -1,5 +1,5 @@
 """Golden traces of PFLlib's (github.com/TsingZ0/PFLlib) FedProx, Ditto, FedPer, FedRep, LG-FedAvg, FedBABU, APFL
-and FedBN.
+and FedBN; and of FedAvg, Ditto and FedRep with a BatchNorm model.
 
     python -m venv --system-site-packages /work/ref-venv && /work/ref-venv/bin/pip install scikit-learn
     git clone https://github.com/TsingZ0/PFLlib /work/ref/PFLlib     # traces: commit d832e76
@@ -35,6 +35,15 @@ float32 PFLlib itself moved by 7e-6 between one thread and several, and fedrun's
 What is recorded: per round the selected clients, every minibatch's row indices per client and
 phase, the server model after aggregation (all entries) and every client's model(s) after the
 round (all entries: PFLlib's model, and Ditto's and APFL's model_per; APFL's alpha).
+
+`fedavg_bn`, `ditto_bn`, `fedrep_bn` (pfllib_<algo>_bn.json, "model": "bn"; tests/test_golden_pfllib_bn.py)
+record FedAvg (clientAVG, serveravg), Ditto and FedRep with FedBN's model, float64, as FedBN; FedRep's
+as PFLlib's main.py builds its models, a BaseHeadSplit (base = fc1, bn1, ReLU; head = fc2). PFLlib moves
+parameters only (clientbase.py set_parameters, serverbase.py add_parameters: `model.parameters()`), so
+each client's running statistics stay in its own model (Ditto's model and model_per each keep theirs)
+and the server's model, a copy of the first uploaded model (serverbase.py aggregate_parameters), carries
+that client's: per round the order receive_models took the clients' models (`uploaded`: random.sample's,
+seeded) is recorded, and every model with its buffers.
 
 `--epochs` records FedRep, Ditto and FedBABU with their local work in EPOCHS instead, at PFLlib's
 defaults (local_epochs 1, plocal_epochs 1, fine_tuning_epochs 10), as pfllib_<algo>_epochs.json:
@@ -76,6 +85,11 @@ RUNS = {
     "fedbabu": ("clientbabu", "clientBABU", "serverbabu", "FedBABU", dict(fine_tuning_epochs=1), [("train", 3)]),
     "apfl": ("clientapfl", "clientAPFL", "serverapfl", "APFL", dict(alpha=0.5), [("train", 3)]),
     "fedbn": ("clientbn", "clientBN", "serverbn", "FedBN", {}, [("train", 3)]),
+    # FedAvg, Ditto and FedRep with FedBN's BatchNorm model (pfllib_<algo>.json, "model": "bn")
+    "fedavg_bn": ("clientavg", "clientAVG", "serveravg", "FedAvg", {}, [("train", 3)]),
+    "ditto_bn": ("clientditto", "clientDitto", "serverditto", "Ditto", dict(mu=0.5, plocal_epochs=1),
+                 [("personal", 3), ("train", 3)]),
+    "fedrep_bn": ("clientrep", "clientRep", "serverrep", "FedRep", dict(plocal_epochs=1), [("head", 2), ("body", 1)]),
 }
 
 # algo -> (client module, class, server module, class, extra args, phases as (name, epochs)): --epochs
@@ -145,6 +159,22 @@ def bn_model(init: dict) -> BNNet:
     return m
 
 
+def bn_split_model(init: dict):
+    """FedRep's BatchNorm model: FedBN's, as PFLlib's main.py gives FedRep its models, a BaseHeadSplit
+    (base = fc1, bn1, ReLU; head = fc2), float64."""
+    from flcore.trainmodel.models import BaseHeadSplit
+
+    m = bn_model(init).double()
+    return BaseHeadSplit(nn.Sequential(m.fc1, m.bn1, nn.ReLU()), m.fc2)
+
+
+def uploaded(server, clients) -> list[int]:
+    """The clients whose models the server's receive_models took, in its order (random.sample's: the
+    first is the one whose copy aggregate_parameters makes the server's model, buffers included)."""
+    return [next(i for i, c in enumerate(clients) if m is c.model or m is getattr(c.model, "base", None))
+            for m in server.uploaded_models]
+
+
 def state(m: nn.Module) -> dict:
     return {n: p.detach().tolist() for n, p in [*m.named_parameters(), *m.named_buffers()]}
 
@@ -155,10 +185,12 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
     cmod, ccls, smod, scls, extra, phases = (EPOCH_RUNS if epochs else RUNS)[algo]
     Client = getattr(importlib.import_module(f"flcore.clients.{cmod}"), ccls)
     Server = getattr(importlib.import_module(f"flcore.servers.{smod}"), scls)
-    dtype = torch.float64 if algo == "fedbn" else torch.float32
-    if algo == "fedbn":
+    bn, base = algo == "fedbn" or algo.endswith("_bn"), algo.removesuffix("_bn")  # (FedBN's BatchNorm model)
+    dtype = torch.float64 if bn else torch.float32
+    if bn:
         init = state(bn_model(init).double())
-    args = types.SimpleNamespace(model=bn_model(init).double() if algo == "fedbn" else model(init), algorithm=algo,
+    net = (bn_split_model(init) if base == "fedrep" else bn_model(init).double()) if bn else model(init)
+    args = types.SimpleNamespace(model=net, algorithm=base,
                                  dataset="golden", device="cpu", save_folder_name="x",
                                  num_classes=4, batch_size=BATCH, local_learning_rate=LR, local_epochs=1, few_shot=0,
                                  learning_rate_decay_gamma=1.0, learning_rate_decay=False, **extra)
@@ -187,7 +219,7 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
             if epochs:  # every pass: a fresh shuffle of all the client's rows, recorded as walked
                 batches[str(i)] = log = []
                 c.load_train_data = lambda batch_size=None, i=i, log=log: Shuffling(xs[i], ys[i], rng, log)
-                if algo == "ditto":
+                if base == "ditto":
                     c.ptrain()
                 c.train()
                 continue
@@ -195,8 +227,8 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
             batches[str(i)] = mine
             lists = [[(xs[i][b], ys[i][b]) for b in mine[ph]] for ph, _ in phases]
             c.load_train_data = (lambda batch_size=None, lists=lists:
-                                 Passes([lists.pop(0)] if algo != "fedrep" else lists))
-            if algo == "ditto":
+                                 Passes([lists.pop(0)] if base != "fedrep" else lists))
+            if base == "ditto":
                 c.ptrain()
             c.train()
         server.receive_models()
@@ -205,13 +237,16 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
               "server": {n: p.detach().tolist() for n, p in server.global_model.named_parameters()},
               "clients": {str(i): {n: p.detach().tolist() for n, p in c.model.named_parameters()}
                           for i, c in enumerate(clients)}}
-        if algo == "fedbn":  # with the BatchNorm buffers
+        if bn:  # with the BatchNorm buffers
             it["server"] = state(server.global_model)
             it["clients"] = {str(i): state(c.model) for i, c in enumerate(clients)}
+            if base != "fedbn":
+                it["uploaded"] = uploaded(server, clients)
         if algo == "apfl":
             it["alpha"] = {str(i): float(c.alpha) for i, c in enumerate(clients)}
-        if algo in ("ditto", "apfl"):
-            it["personal"] = {str(i): {n: p.detach().tolist() for n, p in c.model_per.named_parameters()}
+        if base in ("ditto", "apfl"):
+            it["personal"] = {str(i): state(c.model_per) if bn else
+                              {n: p.detach().tolist() for n, p in c.model_per.named_parameters()}
                               for i, c in enumerate(clients)}
         trace.append(it)
     out = {}
@@ -226,9 +261,10 @@ def record(pfllib: str, algo: str, data: dict, init: dict, epochs: bool = False)
     commit = subprocess.run(["git", "-C", pfllib, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"reference": {"repo": "TsingZ0/PFLlib", "commit": commit, "client": f"{cmod}.{ccls}",
                           "server": f"{smod}.{scls}"},
-            "algorithm": algo, "dtype": str(dtype).removeprefix("torch."),
+            "algorithm": base, "dtype": str(dtype).removeprefix("torch."),
             "args": {"lr": LR, "batch_size": BATCH, "rounds": ROUNDS, "join": JOIN, **extra},
-            "phases": phases, **({"unit": "epochs"} if epochs else {}), "init": init, "iterations": trace, **out}
+            "phases": phases, **({"unit": "epochs"} if epochs else {}), "init": init, "iterations": trace, **out,
+            **({"model": "bn"} if algo.endswith("_bn") else {})}
 
 
 def load_problem(pfllib: str) -> tuple[dict, dict]:
