@@ -128,10 +128,9 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
     g = round_generator(seed, rnd)
     clients = _round_clients(data, sched, g)
     split, B = data.train, sched.batch_size
-    per_pass, longest = None, 0
+    sizes = None
     if any(ph.epochs is not None for ph in phases):  # only epochs phases read the sizes (a host read)
-        per_pass = split.sizes.cpu()[: data.num_train_clients] // B  # [C] minibatches per epoch (host-known)
-        longest = int(per_pass.max())
+        sizes = split.sizes.cpu()[: data.num_train_clients]
 
     def draw(cs: torch.Tensor) -> tuple:
         out = []
@@ -139,13 +138,17 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
             if ph.epochs is None:
                 out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None, None))
                 continue
-            m, S, k = len(cs), ph.epochs * longest, ph.batches
+            k = ph.batches
+            # [C] steps per epoch (host-known): floor(n_c / B), or with disjoint batches floor(n_c / (k B))
+            per_pass = sizes // (k * B if ph.disjoint else B)
+            longest = int(per_pass.max())
+            m, S = len(cs), ph.epochs * longest
             if S == 0:  # no client has a whole minibatch: the phase trains nothing
                 out.append((torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
                             torch.zeros(m, 0, dtype=torch.bool, device=split.x.device), per_pass[cs]))
                 continue
-            if k == 1:
-                idx = split.shuffled_indices(cs, ph.epochs, longest * B, g).view(m, S, 1, B)
+            if k == 1 or ph.disjoint:  # (disjoint: a step's k minibatches are consecutive rows of the pass)
+                idx = split.shuffled_indices(cs, ph.epochs, longest * k * B, g).view(m, S, k, B)
             else:  # k independent shuffles per pass, a step takes one minibatch of each
                 idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
                 idx = idx.transpose(2, 3).reshape(m, S, k, B)

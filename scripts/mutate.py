@@ -853,6 +853,10 @@ MUTANTS += [
 ]
 TRAINER = "tests/algorithms/test_trainer.py"
 MUTANTS += [
+    Mutant("epochs-disjoint-ignored", "fedrun/simulate.py",
+           "per_pass = sizes // (k * B if ph.disjoint else B)", "per_pass = sizes // B",
+           (TRAINER, "-k", "disjoint"),
+           "Per-FedAvg's epochs: a pass of floor(n_c / B) meta-steps, twice PFLlib's (rows repeat within it)"),
     Mutant("epochs-by-work-one-client-too-many", "fedrun/simulate.py",
            "live = sum(1 for c in counts if c > s)", "live = sum(1 for c in counts if c >= s)",
            (TRAINER, "-k", "by_work"),
@@ -881,7 +885,7 @@ MUTANTS += [
     Mutant("bn-local-scatter-skipped", "fedrun/algorithms/trainer.py",
            '"bn_local": scatter(full, clients, buffers)}', '"bn_local": full}', BN_TRACES,
            "bn=local: the trained clients' statistics are not kept (every round from the initial model's)"),
-    Mutant("bn-local-server-last-client", "fedrun/algorithms/trainer.py",
+    Mutant("bn-local-server-last-client-trace", "fedrun/algorithms/trainer.py",
            "first = {k: v[selected[0]] for k, v in buffers.items()}",
            "first = {k: v[selected[-1]] for k, v in buffers.items()}", BN_TRACES,
            "bn=local: the server's statistics from the last aggregated client instead of the first"),

@@ -187,6 +187,7 @@ class APPLE(Algorithm):
     # PFLlib's clientAPPLE takes SGD steps of its own core (lr) and of its p_i (dr_lr): optim.* applies to
     # each, two slots ("opt" for the core, "opt.p" for p)
     optim_ok = True
+    batchnorm_ok = False
     batchnorm_why = ("its model theta_i = sum_j p_ij c_j mixes every client's core model, and the cores, never run "
                      "on their own, have no running statistics to mix")
 

@@ -66,6 +66,10 @@ class Phase:
     steps: int | None = None
     epochs: int | None = None
     batches: int = 1
+    # an epochs phase of `batches` > 1: False, each minibatch of a step from its own shuffle (a pass is
+    # floor(n_c / B) steps); True, the step's minibatches are disjoint parts of one shuffle (a pass is
+    # floor(n_c / (batches B)) steps: PFLlib's clientperavg, which cuts each of its 2B-row batches in two)
+    disjoint: bool = False
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):

@@ -61,6 +61,7 @@ class FedCP(PartSharing):
     # as two slots (`optim_slots`: the model's "opt", the CPN's "opt.cpn") that step together; every
     # optimizer of optim.* keeps per-parameter state only, so one slot over both would give the same numbers
     optim_ok = True
+    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
     batchnorm_why = ("its loss runs the trained body and the round's frozen copy (the MMD term) through the CPN's "
                      "features, not yet written with the local trainer's value_and_grad")
     models_per_round = 1

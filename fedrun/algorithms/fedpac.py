@@ -52,6 +52,7 @@ class FedPAC(PartSharing):
     # its steps train the head, then the body (with the alignment term), each by its own SGD optimizer as
     # PFLlib's clientPAC (opt_head, optimizer): optim.* applies to each, two slots ("opt.head", "opt")
     optim_ok = True
+    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
     batchnorm_why = ("its statistics and prototype passes read features without a gradient, not yet written "
                      "for a model state with running statistics")
 

@@ -59,6 +59,7 @@ class GPFL(PartSharing):
     # PFLlib's clientGPFL steps three SGD optimizers together, the model's (lr) and the CoV's and GCE's (lr,
     # weight decay mu): optim.* applies to each, three slots ("opt", "opt.cov", "opt.gce")
     optim_ok = True
+    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
     batchnorm_why = ("its loss runs the body's features through the CoV and the GCE, not yet written with the "
                      "local trainer's value_and_grad")
 

@@ -36,17 +36,15 @@ The local trainer (fedrun.algorithms.trainer):
   forwards at w (D) and at w~ (D'), as PFLlib's model in train() is (its restore copies parameters
   only); hf's forwards at w +- delta g are auxiliary points of the finite difference and leave them
   unchanged. variant=exact refuses BatchNorm models (`engine.hvp` differentiates the eval-mode loss).
-- `algo.local_epochs` is refused (one line in `set_local_epochs`): a meta-step takes 2 (3) minibatches,
-  and an epoch of the local trainer is floor(n_c / batch_size) steps, each minibatch from its own
-  shuffle: twice (three times) the meta-steps of PFLlib's epoch, floor(n_c / (2 batch_size)) over one
-  shuffle.
+- `algo.local_epochs=E`: E passes over each client's rows, a meta-step's 2 (3) minibatches disjoint
+  parts of one shuffle, floor(n_c / (2 batch_size)) meta-steps a pass: PFLlib's clientperavg epoch.
 """
 from __future__ import annotations
 
 from ..engine import Engine
 from ..engine.tree import axpy, only, sgd, stack
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, ServerState
+from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_int, check_positive
 from .personalize import OneStepPersonalization
 
@@ -99,13 +97,13 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
                                   "eval-mode loss, not the training-mode loss through the batch statistics; "
                                   "use algo.variant=fo or hf")
 
-    def set_local_epochs(self, epochs: int | None) -> None:
-        super().set_local_epochs(epochs)
-        if epochs is not None:
-            raise ConfigError(f"algo=perfedavg takes no algo.local_epochs (got {epochs}): a meta-step draws "
-                              f"{self.batches_per_step} minibatches, so an epoch of floor(n_c / batch_size) steps "
-                              f"would be {self.batches_per_step}x PFLlib's floor(n_c / ({self.batches_per_step} "
-                              "batch_size)) meta-steps; set algo.local_epochs=null (tau steps)")
+    def phases(self):
+        """With `local_epochs`: E passes over each client's rows, every meta-step taking its 2 (hf,
+        exact: 3) minibatches as disjoint parts of the pass, floor(n_c / (2B)) meta-steps a pass, as
+        PFLlib's clientperavg cuts each 2B-row batch of its loader in two."""
+        if self.local_epochs is None:
+            return None
+        return (Phase(self.client_step, epochs=self.local_epochs, batches=self.batches_per_step, disjoint=True),)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.test_time == "train":

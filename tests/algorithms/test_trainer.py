@@ -215,3 +215,23 @@ def test_batchnorm_steps_are_torchs_train_mode_per_client(algo_name, monkeypatch
     # produced them was the round's last; with tau = 2 and one grad per model per step, it is)
     for k in ("net.1.running_mean", "net.1.running_var"):
         torch.testing.assert_close(state.params[k], last[k].mean(0), rtol=1e-10, atol=1e-12)
+
+
+def test_perfedavg_epochs_cut_each_pass_into_disjoint_meta_step_batches():
+    """Per-FedAvg in local epochs: a meta-step's 2 minibatches are disjoint parts of one shuffle of the
+    client's rows, floor(n_c / (2 B)) meta-steps a pass (PFLlib's clientperavg: its 2B-row batches cut
+    in two); no row comes twice within a pass."""
+    from fedrun.simulate import sample_phases
+
+    algo = build("perfedavg", local_epochs=1)
+    sizes = torch.tensor([9, 4, 13])
+    x, y = torch.randn(26, 3), torch.randint(0, 2, (26,))
+    data = FederatedData("t", ClientSplit.from_flat(x, y, sizes, 4), ClientSplit.from_flat(x, y, sizes, 4), 2)
+    sched = Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=2)
+    _, trained, (d,) = sample_phases(data, sched, algo.phases(), 0, 1)
+    assert d.idx.shape[2:] == (2, 2)
+    assert d.per_pass.tolist() == (sizes // 4).tolist() == d.live.sum(1).tolist()
+    for c in range(3):
+        rows = d.idx[c, : int(d.per_pass[c])].flatten().tolist()
+        assert len(set(rows)) == len(rows), f"client {c}: a row twice in one pass"
+        assert all(data.train.offsets[c] <= r < data.train.offsets[c] + sizes[c] for r in rows)

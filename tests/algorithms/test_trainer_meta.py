@@ -94,9 +94,6 @@ def test_perfedavg_refusals_are_one_line():
     with pytest.raises(ConfigError, match="algo=perfedavg does not handle BatchNorm.*algo.variant=exact") as e:
         PerFedAvg(variant="exact").check_params(bn)
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="algo=perfedavg takes no algo.local_epochs") as e:
-        PerFedAvg(local_epochs=1)
-    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("E", ENGINES)
