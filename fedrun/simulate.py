@@ -224,22 +224,23 @@ def _epochs_by_work(algo: Algorithm, engine: Engine, local: Local, data: Federat
     order = torch.argsort(d.per_pass, descending=True, stable=True)
     counts = d.per_pass[order].tolist()
     m, longest = len(counts), max(counts)
-    dev = d.idx.device
-    perm = order.to(dev)
+    perm = order.to(d.idx.device)
     local = tree_map(lambda v: v[perm], local)
+    idx = d.idx[perm]  # (one gather: a step's rows are then a slice of the first clients)
+    aug = None if d.aug is None else tuple(a[perm] for a in d.aug)
+    lives = [sum(1 for c in counts if c > s) for s in range(longest)]  # clients still in the pass at step s
     for e in range(d.idx.shape[1] // longest if longest else 0):
         parts, n = [], m
         for s in range(longest):
-            live = sum(1 for c in counts if c > s)
+            live = lives[s]
             if live < n:  # the clients from `live` on are done with this pass
                 parts.append(clients_slice(local, live, n))
                 local, n = clients_slice(local, 0, live), live
             if n == 0:
                 break
             t = e * longest + s
-            rows = order[:n].to(dev)
-            local = one_step(algo, engine, local, data, d.idx[rows, t].contiguous(), rnd,
-                             None if d.aug is None else tuple(a[rows, t].contiguous() for a in d.aug), fn)
+            local = one_step(algo, engine, local, data, idx[:n, t].contiguous(), rnd,
+                             None if aug is None else tuple(a[:n, t].contiguous() for a in aug), fn)
         local = cat_clients([local, *reversed(parts)]) if parts else local
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(m)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from test_golden_pfedme import golden_data
 
-from fedrun.algorithms.base import Phase, sgd_step
+from fedrun.algorithms.base import Phase
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP
@@ -27,10 +27,10 @@ class TwoPhases(FedAvg):
         return Phase(self.first, epochs=2), Phase(self.second, steps=3)
 
     def first(self, engine, local, batches, rnd):
-        return {**sgd_step(engine, local, batches, self.lr), "n": local["n"] + torch.tensor([1.0, 0.0])}
+        return {**self.sgd_step(engine, local, batches, self.lr, rnd), "n": local["n"] + torch.tensor([1.0, 0.0])}
 
     def second(self, engine, local, batches, rnd):
-        return {**sgd_step(engine, local, batches, self.lr / 2), "n": local["n"] + torch.tensor([0.0, 1.0])}
+        return {**self.sgd_step(engine, local, batches, self.lr / 2, rnd), "n": local["n"] + torch.tensor([0.0, 1.0])}
 
     def server_update(self, state, local, clients, selected, weights):
         new = super().server_update(state, local, clients, selected, weights)
