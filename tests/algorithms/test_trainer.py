@@ -78,6 +78,8 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
     options = declared_options(algo_name)
     if "weight_decay" in signature_options(algorithm_class(algo_name)) and optim.weight_decay:
         options["weight_decay"] = 0.0  # (the debiasing methods' own L2 term: one of the two, refused together)
+    if algo_name == "gpfl" and optim.weight_decay:
+        options["mu"] = 0.0  # (GPFL's CoV and GCE weight decay: the same)
     algo = build(algo_name, **options)
     algo.set_optim(optim)
     torch.manual_seed(0)
