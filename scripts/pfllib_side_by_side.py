@@ -3,6 +3,8 @@
 
     python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --dataset.root /work/shared/data --out DIR
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
+    python scripts/pfllib_side_by_side.py --setting mnist_dir01 --algos fedavg,fedrep --rounds 3 --eval-every 1 \
+        --batch-size 10 --fedrun-masked --out DIR   # uneven clients, rounds in local epochs (issue 44)
 
 1. Builds fedrun's data for the setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
@@ -21,6 +23,14 @@
    own `DNN` would put a log_softmax between body and head once split). Options are PFLlib
    main.py's defaults (read from its argparse calls), then: cpu, lr, batch, 1 local epoch (FedRep: 1
    head epoch + 1 body epoch), mu / lambda. Nothing of PFLlib is copied here.
+
+--setting mnist_dir01 (uneven clients, issue 44): baselines.py's `mnist_dir01` (real MNIST, Dirichlet
+alpha 0.1 over 20 clients, the same MLP): fedrun's rounds are in local epochs as PFLlib's
+(`algo.local_epochs=1`, FedRep also `algo.head_epochs=1`; each client floor(n_c / B) steps per epoch,
+computed sorted by work, fedrun/simulate.py `_epochs_by_work`) instead of tau steps; fedavg and fedrep.
+--fedrun-masked runs fedrun's side once more with the epochs phases computed masked (every client
+stepped for the largest client's count, the finished ones frozen: the computation before sorting by
+work, the same numbers) for the ratio of what sorting saves.
 
 Accuracy in both is pooled over all clients' test rows (correct / rows). PFLlib evaluates at the
 start of round i the models trained i rounds, so its i-th evaluation is fedrun's round i. Speed: wall
@@ -98,8 +108,30 @@ ALGOS["fedfomo"] = (["algo=fedfomo", f"algo.lr={LR}", "algo.M=5", "algo.val_batc
 # evaluation scores the models of fedrun's round i + 1
 EVAL_AFTER_TRAINING = {"fedphp"}
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
-SETTING = "mnist_shards2"
-DATASET_NAME = "MNIST_fedrun_shards2"  # "MNIST" in the name: PFLlib's helpers read it so
+# setting -> PFLlib's dataset folder name ("MNIST" in the name: PFLlib's helpers read it so)
+SETTINGS = {"mnist_shards2": "MNIST_fedrun_shards2", "mnist_dir01": "MNIST_fedrun_dir01"}
+# the settings whose fedrun rounds are in local epochs (uneven clients): algorithm -> fedrun's options there
+LOCAL_EPOCHS = {"mnist_dir01": {
+    "fedavg": ["algo=fedavg", f"algo.beta={LR}", "algo.alpha=null", "algo.local_epochs=1"],
+    "fedrep": ["algo=fedrep", f"algo.lr={LR}", "algo.local_epochs=1", "algo.head_epochs=1"],
+}}
+# fedrun's side with the epochs phases masked (--fedrun-masked): simulate._epochs_by_work replaced by every
+# client stepping the largest client's count, the finished ones kept as they were (the same numbers)
+MASKED = """import sys
+import fedrun.simulate as s
+
+def masked(algo, engine, local, data, d, rnd, fn):
+    for t in range(d.idx.shape[1]):
+        local = s.one_step(algo, engine, local, data, d.idx[:, t].contiguous(), rnd,
+                           None if d.aug is None else tuple(a[:, t].contiguous() for a in d.aug), fn,
+                           d.live[:, t].contiguous())
+    return local
+
+s._epochs_by_work = masked
+sys.argv[0] = 'fedrun'
+from fedrun.cli import main
+main()
+"""
 
 
 def main(argv=None) -> int:
@@ -111,7 +143,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset.root", "--dataset.root", dest="data_root", default=os.environ.get("FEDRUN_DATA", "data"),
                     metavar="DIR",
                     help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
-    ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
+    ap.add_argument("--setting", default="mnist_shards2", help=f"one of {', '.join(SETTINGS)} (default mnist_shards2)")
+    ap.add_argument("--algos", default=None, help=f"comma-separated, from {', '.join(ALGOS)} (mnist_dir01: "
+                    f"{', '.join(LOCAL_EPOCHS['mnist_dir01'])}); default: all of the setting's")
+    ap.add_argument("--fedrun-masked", action="store_true",
+                    help="--setting mnist_dir01: fedrun's side once more, its epochs computed masked (before sorting "
+                         "by work)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=50)
@@ -130,11 +167,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return pfllib_worker(json.loads(args.worker))
-    algos = [a for a in args.algos.split(",") if a]
-    bad = [a for a in algos if a not in ALGOS]
+    if args.setting not in SETTINGS:
+        print(f"error: --setting {args.setting} is not allowed; choose from {', '.join(SETTINGS)}", file=sys.stderr)
+        return 2
+    allowed = LOCAL_EPOCHS.get(args.setting, ALGOS)
+    algos = [a for a in (args.algos or ",".join(allowed)).split(",") if a]
+    bad = [a for a in algos if a not in allowed]
     if bad or not algos:
-        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ALGOS)}",
-              file=sys.stderr)
+        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed with --setting {args.setting}; choose "
+              f"from {', '.join(allowed)}", file=sys.stderr)
+        return 2
+    if args.fedrun_masked and args.setting not in LOCAL_EPOCHS:
+        print(f"error: --fedrun-masked is not allowed with --setting {args.setting}; it needs rounds in local "
+              f"epochs: --setting {', '.join(LOCAL_EPOCHS)}", file=sys.stderr)
+        return 2
+    if args.fedrun_masked and args.jobs != 1:
+        print(f"error: --fedrun-masked is not allowed with --jobs {args.jobs}; it times runs one after the other: "
+              f"--jobs 1", file=sys.stderr)
         return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -172,22 +221,26 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(out, exist_ok=True)
     print(f"outputs: {out}")
-    data_opts = setting_options(args.data_root)
-    n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", DATASET_NAME))
+    data_opts = setting_options(args.setting, args.data_root)
+    n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", SETTINGS[args.setting]))
     tau = min(n_train) // args.batch_size
     equal = len(set(n_train)) == 1
     print(f"clients: {len(n_train)}, training rows per client: min {min(n_train)}, max {max(n_train)}; "
           f"one epoch at B={args.batch_size}: {tau} steps" + ("" if equal else
-          " for the smallest client (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
+          " for the smallest client" + (", floor(n_c / B) each in both (local epochs)" if args.setting in LOCAL_EPOCHS
+                                       else " (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)")))
     results = json.load(open(res_path)) if os.path.exists(res_path) else {}
-    results.update(meta={"setting": SETTING, "data": data_opts, "rounds": args.rounds, "eval_every": args.eval_every,
-                         "batch_size": args.batch_size, "tau_epoch": tau, "n_train": n_train, "lr": LR,
+    results.update(meta={"setting": args.setting, "data": data_opts, "rounds": args.rounds,
+                         "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau,
+                         "n_train": n_train, "lr": LR,
                          "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs})
     if args.jobs == 1:
         for a in algos:
             r = results.setdefault(a, {})
             r["fedrun"] = run_fedrun(args, out, a, data_opts, tau, seeds)
             r["pfllib"] = [run_pfllib(args, out, a, s) for s in pseeds]
+            if args.fedrun_masked:
+                r["fedrun_masked"] = run_fedrun(args, out, a, data_opts, tau, seeds, masked=True)
             write_atomic_json(res_path, results)
     else:  # every (algorithm, side, seed) one run, --jobs of them at once; results saved as each algorithm completes
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -221,11 +274,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def setting_options(root: str) -> list[str]:
+def setting_options(setting: str, root: str) -> list[str]:
     sys.path.insert(0, HERE)
     import baselines  # the table's setting, as it defines it
 
-    s = baselines.SETTINGS[SETTING]
+    s = baselines.SETTINGS[setting]
     return s["data"] + [f"dataset.root={os.path.abspath(root)}", "dataset.download=false"]
 
 
@@ -255,20 +308,26 @@ def export(data_opts: list[str], folder: str) -> list[int]:
     return sizes
 
 
-def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int]) -> dict:
+def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int],
+               masked: bool = False) -> dict:
     import pandas as pd
 
     opts, col = ALGOS[algo][0], ALGOS[algo][1]
-    opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
-    tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
-    sweep = os.path.join(out, "fedrun", algo) + ("" if args.jobs == 1 else f"_seed{seeds[0]}")
-    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
+    if args.setting in LOCAL_EPOCHS:  # rounds in local epochs (tau unused)
+        opts, tau = LOCAL_EPOCHS[args.setting][algo], tau_epoch
+    else:
+        opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
+        tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
+    sweep = os.path.join(out, "fedrun_masked" if masked else "fedrun", algo) + (
+        "" if args.jobs == 1 else f"_seed{seeds[0]}")
+    cmd = [sys.executable, *(["-c", MASKED] if masked else ["-m", "fedrun.cli"]), "-m", *opts, *data_opts, f"tau={tau}",
+           f"batch_size={args.batch_size}",
            "sampling=epochs", "aggregate=samples", "clients_per_round=20", f"rounds={args.rounds}",
            f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}",
            "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
-    print("run: fedrun " + " ".join(cmd[4:]), flush=True)
+    print(f"run: fedrun{' (masked)' if masked else ''} " + " ".join(cmd[4:]), flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.time() - t0
@@ -283,15 +342,16 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
         m = pd.read_csv(os.path.join(p, "metrics.csv"))
         s = json.load(open(os.path.join(p, "summary.json")))
         runs.append({"seed": s["seed"], "rounds": m["round"].tolist(), "acc": m[col].tolist(), "seconds": s["seconds"]})
-    print(f"fedrun {algo}: {len(runs)} runs in {wall:.0f}s")
-    return {"command": "fedrun " + " ".join(cmd[4:]), "metric": col, "runs": runs, "wall": wall}
+    print(f"fedrun{' (masked)' if masked else ''} {algo}: {len(runs)} runs in {wall:.0f}s")
+    return {"command": ("fedrun (masked) " if masked else "fedrun ") + " ".join(cmd[4:]), "metric": col, "runs": runs,
+            "wall": wall}
 
 
 def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
     work = os.path.join(out, "pfllib")
     job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
            "device": args.device,
-           "eval_every": args.eval_every, "batch_size": args.batch_size,
+           "eval_every": args.eval_every, "batch_size": args.batch_size, "dataset": SETTINGS[args.setting],
            "log": os.path.join(work, f"{algo}_seed{seed}.log")}
     cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
     t0 = time.time()
@@ -339,7 +399,7 @@ def pfllib_worker(job: dict) -> int:
     _, _, module, cls, extra = ALGOS[job["algo"]]
     server_cls = getattr(__import__(f"flcore.servers.{module}", fromlist=[cls]), cls)
     a = types.SimpleNamespace(**main_py_defaults(job["pfllib"]))
-    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = job["device"], DATASET_NAME, 10, 20, 1.0
+    a.device, a.dataset, a.num_classes, a.num_clients, a.join_ratio = job["device"], job["dataset"], 10, 20, 1.0
     a.local_learning_rate, a.batch_size, a.local_epochs = LR, job["batch_size"], 1
     a.global_rounds, a.eval_gap, a.times, a.algorithm = job["rounds"], job["eval_every"], 1, cls
     a.model_str = "fedrun_mlp"
@@ -412,6 +472,20 @@ def write_table(out: str, results: dict) -> None:
                      f"{_ms(pl)} ({len(pl)}) | "
                      f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {'n/a' if ps is None else f'{ps:.2f}'} | {pn} | "
                      f"{'n/a' if ps is None else f'{ps / fs:.1f}x'} |")
+    masked = [a for a in ALGOS if "fedrun_masked" in results.get(a, {})]
+    if masked:  # fedrun's epochs computed masked, as before sorting by work (the same numbers)
+        lines += ["", "fedrun's epochs phases computed masked (every client stepped for the largest client's count, "
+                  "the finished ones frozen; before simulate._epochs_by_work), the same sitting:", "",
+                  "| algo | fedrun s/round | fedrun masked s/round | masked / fedrun | masked last | PFLlib / masked |",
+                  "|---|---|---|---|---|---|"]
+        for a in masked:
+            f, fm, p = results[a]["fedrun"], results[a]["fedrun_masked"], results[a]["pfllib"]
+            fs = sum(r["seconds"] for r in f["runs"]) / len(f["runs"]) / meta["rounds"]
+            ms = sum(r["seconds"] for r in fm["runs"]) / len(fm["runs"]) / meta["rounds"]
+            pr = [r["per_round"] for r in p if r["per_round"] is not None]
+            pm = f"{sum(pr) / len(pr) / ms:.1f}x" if pr else "n/a"
+            lines.append(f"| {a} | {fs:.2f} | {ms:.2f} | {ms / fs:.2f}x | "
+                         f"{_ms([100 * r['acc'][-1] for r in fm['runs']])} | {pm} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
         fh.write(text)
