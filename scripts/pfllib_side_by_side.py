@@ -328,9 +328,9 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
     print(f"run: fedrun{' (masked)' if masked else ''} " + " ".join(cmd[4:]), flush=True)
-    t0 = time.time()
+    t0, c0 = time.time(), _children_cpu()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall = time.time() - t0
+    wall, cpu = time.time() - t0, _children_cpu() - c0
     if r.returncode:
         print(r.stdout[-3000:])
         sys.exit(f"error: fedrun exited with {r.returncode}")
@@ -343,8 +343,16 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
         s = json.load(open(os.path.join(p, "summary.json")))
         runs.append({"seed": s["seed"], "rounds": m["round"].tolist(), "acc": m[col].tolist(), "seconds": s["seconds"]})
     print(f"fedrun{' (masked)' if masked else ''} {algo}: {len(runs)} runs in {wall:.0f}s")
+    # cpu: the fedrun process's CPU seconds (user + system), all its seeds, imports and setup included
     return {"command": ("fedrun (masked) " if masked else "fedrun ") + " ".join(cmd[4:]), "metric": col, "runs": runs,
-            "wall": wall}
+            "wall": wall, "cpu": cpu}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
 
 
 def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
@@ -416,7 +424,9 @@ def pfllib_worker(job: dict) -> int:
         t0 = time.time()
         server = server_cls(a, 0)
         setup = time.time() - t0
+        c0 = time.process_time()
         server.train()
+        cpu = time.process_time() - c0  # the process's CPU seconds of train(): its rounds, evaluations and end
     acc = list(server.rs_test_acc)
     if job["algo"] == "ditto":  # each evaluation appends the global models' accuracy, then the personal ones'
         acc = acc[1::2]
@@ -426,7 +436,8 @@ def pfllib_worker(job: dict) -> int:
     budget = list(server.Budget)
     plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
     print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,
-                      "setup": setup, "per_round": sum(budget) / len(budget) if budget else None,
+                      "setup": setup, "cpu_per_round": cpu / len(budget) if budget else None,
+                      "per_round": sum(budget) / len(budget) if budget else None,
                       "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
     return 0
 
@@ -486,6 +497,22 @@ def write_table(out: str, results: dict) -> None:
             pm = f"{sum(pr) / len(pr) / ms:.1f}x" if pr else "n/a"
             lines.append(f"| {a} | {fs:.2f} | {ms:.2f} | {ms / fs:.2f}x | "
                          f"{_ms([100 * r['acc'][-1] for r in fm['runs']])} | {pm} |")
+    timed = [a for a in ALGOS if "cpu" in results.get(a, {}).get("fedrun", {})]
+    if timed:  # CPU seconds: what each side computed, less moved by other processes on the cores than wall time
+        lines += ["", "CPU seconds (user + system) per round, the same runs: fedrun's whole process (imports and setup "
+                  "included) / (seeds x rounds); PFLlib's train() (its rounds, evaluations and end) / its rounds:", "",
+                  "| algo | fedrun CPU s/round | PFLlib CPU s/round | PFLlib / fedrun | fedrun masked CPU s/round "
+                  "| masked / fedrun |", "|---|---|---|---|---|---|"]
+        for a in timed:
+            f, p = results[a]["fedrun"], results[a]["pfllib"]
+            fc = f["cpu"] / len(f["runs"]) / meta["rounds"]
+            pc = [r["cpu_per_round"] for r in p if r.get("cpu_per_round") is not None]
+            pc = sum(pc) / len(pc) if pc else None
+            fm = results[a].get("fedrun_masked")
+            mc = fm["cpu"] / len(fm["runs"]) / meta["rounds"] if fm and "cpu" in fm else None
+            lines.append(f"| {a} | {fc:.2f} | {'n/a' if pc is None else f'{pc:.2f}'} | "
+                         f"{'n/a' if pc is None else f'{pc / fc:.1f}x'} | {'n/a' if mc is None else f'{mc:.2f}'} | "
+                         f"{'n/a' if mc is None else f'{mc / fc:.2f}x'} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
         fh.write(text)

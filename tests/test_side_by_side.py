@@ -11,8 +11,9 @@ import pfllib_side_by_side as sbs  # noqa: E402
 
 
 def _results(root: str, algo: str, fed_acc: list[float], pfl_acc: list[float], budget: list[float]) -> dict:
-    meta = {"setting": "mnist_shards2", "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10, "eval_every": 5,
-            "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR, "pfllib_commit": "d832e76"}
+    meta = {"setting": "mnist_shards2", "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10,
+            "eval_every": 5, "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR,
+            "pfllib_commit": "d832e76"}
     fed = {"command": "fedrun ...", "metric": sbs.ALGOS[algo][1], "wall": 1.0,
            "runs": [{"seed": s, "rounds": [5, 10], "acc": [a - 0.01, a], "seconds": 20.0}
                     for s, a in enumerate(fed_acc)]}
@@ -74,11 +75,14 @@ def test_replot_shows_the_masked_epochs_beside(tmp_path, capsys):
     for r in masked["runs"]:
         r["seconds"] = 50.0  # 5 s/round against fedrun's 2
     res["fedrep"]["fedrun_masked"] = masked
+    res["fedrep"]["fedrun"]["cpu"], masked["cpu"] = 15.0, 45.0  # 1.5 and 4.5 CPU s/round (1 seed, 10 rounds)
+    res["fedrep"]["pfllib"][0]["cpu_per_round"] = 6.0
     _write(a, res)
     assert sbs.main(["--replot", a]) == 0
     table = open(os.path.join(a, "side_by_side.md")).read()
     row = [line for line in table.splitlines() if line.startswith("| fedrep | 2.00 | 5.00 |")]
     assert len(row) == 1 and "| 2.50x |" in row[0] and "| 1.2x |" in row[0]  # 5 / 2; PFLlib 6 / masked 5
+    assert "| fedrep | 1.50 | 6.00 | 4.0x | 4.50 | 3.00x |" in table  # the CPU seconds
 
 
 def test_the_masked_runner_replaces_the_sorted_epochs(monkeypatch):
