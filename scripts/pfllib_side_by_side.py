@@ -3,6 +3,8 @@
 
     python scripts/pfllib_side_by_side.py --pfllib /work/ref/PFLlib --dataset.root /work/shared/data --out DIR
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
+    python scripts/pfllib_side_by_side.py --setting mnist_dir01 --algos fedavg,fedrep --rounds 3 --eval-every 1 \
+        --batch-size 10 --fedrun-masked --out DIR   # uneven clients, rounds in local epochs (issue 44)
 
 1. Builds fedrun's data for --setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
@@ -25,6 +27,14 @@
    own `DNN` would put a log_softmax between body and head once split). Options are PFLlib
    main.py's defaults (read from its argparse calls), then: cpu, lr, batch, 1 local epoch (FedRep: 1
    head epoch + 1 body epoch), mu / lambda. Nothing of PFLlib is copied here.
+
+--setting mnist_dir01 (uneven clients, issue 44): baselines.py's `mnist_dir01` (real MNIST, Dirichlet
+alpha 0.1 over 20 clients, the same MLP): fedrun's rounds are in local epochs as PFLlib's
+(`algo.local_epochs=1`, FedRep also `algo.head_epochs=1`; each client floor(n_c / B) steps per epoch,
+computed sorted by work, fedrun/simulate.py `_epochs_by_work`) instead of tau steps; fedavg and fedrep.
+--fedrun-masked runs fedrun's side once more with the epochs phases computed masked (every client
+stepped for the largest client's count, the finished ones frozen: the computation before sorting by
+work, the same numbers) for the ratio of what sorting saves.
 
 Accuracy in both is pooled over all clients' test rows (correct / rows). PFLlib evaluates at the
 start of round i the models trained i rounds, so its i-th evaluation is fedrun's round i. Speed: wall
@@ -102,16 +112,39 @@ ALGOS["fedfomo"] = (["algo=fedfomo", f"algo.lr={LR}", "algo.M=5", "algo.val_batc
 # evaluation scores the models of fedrun's round i + 1
 EVAL_AFTER_TRAINING = {"fedphp"}
 EPOCHS_PER_ROUND = {"fedrep": 2}  # fedrun's tau in epochs: FedRep's head epoch then its body epoch
-SETTING = "mnist_shards2"
-DATASET_NAME = "MNIST_fedrun_shards2"  # "MNIST" in the name: PFLlib's helpers read it so
+SETTING = "mnist_shards2"  # the default --setting
 # --setting (baselines.py's, its data and fedrun model as the table defines them) -> PFLlib's side: the dataset
-# folder's name, classes, clients trained a round, the model PFLlib trains
+# folder's name ("MNIST" in the name: PFLlib's helpers read it so), classes, clients trained a round, the model
+# PFLlib trains
 SETTINGS = {
-    SETTING: dict(dataset=DATASET_NAME, classes=10, per_round=20, model="mlp"),
+    SETTING: dict(dataset="MNIST_fedrun_shards2", classes=10, per_round=20, model="mlp"),
+    "mnist_dir01": dict(dataset="MNIST_fedrun_dir01", classes=10, per_round=20, model="mlp"),
     # PFLlib's own ResNet-18 (its main.py's ResNet18: torchvision's, ImageNet stem, BatchNorm) beside fedrun's
     # (CIFAR stem, GroupNorm): the same data, partition and local work, not the same network
     "cifar100_dir01_resnet18": dict(dataset="Cifar100_fedrun_dir01", classes=100, per_round=10, model="resnet18"),
 }
+# the settings whose fedrun rounds are in local epochs (uneven clients): algorithm -> fedrun's options there
+LOCAL_EPOCHS = {"mnist_dir01": {
+    "fedavg": ["algo=fedavg", f"algo.beta={LR}", "algo.alpha=null", "algo.local_epochs=1"],
+    "fedrep": ["algo=fedrep", f"algo.lr={LR}", "algo.local_epochs=1", "algo.head_epochs=1"],
+}}
+# fedrun's side with the epochs phases masked (--fedrun-masked): simulate._epochs_by_work replaced by every
+# client stepping the largest client's count, the finished ones kept as they were (the same numbers)
+MASKED = """import sys
+import fedrun.simulate as s
+
+def masked(algo, engine, local, data, d, rnd, fn):
+    for t in range(d.idx.shape[1]):
+        local = s.one_step(algo, engine, local, data, d.idx[:, t].contiguous(), rnd,
+                           None if d.aug is None else tuple(a[:, t].contiguous() for a in d.aug), fn,
+                           d.live[:, t].contiguous())
+    return local
+
+s._epochs_by_work = masked
+sys.argv[0] = 'fedrun'
+from fedrun.cli import main
+main()
+"""
 
 
 def main(argv=None) -> int:
@@ -125,7 +158,11 @@ def main(argv=None) -> int:
                     help="folder holding MNIST/raw, fedrun's dataset.root (default: $FEDRUN_DATA or ./data)")
     ap.add_argument("--setting", default=SETTING, metavar="NAME",
                     help=f"one of {', '.join(SETTINGS)} (default: {SETTING})")
-    ap.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated, from {', '.join(ALGOS)}")
+    ap.add_argument("--algos", default=None, help=f"comma-separated, from {', '.join(ALGOS)} (mnist_dir01: "
+                    f"{', '.join(LOCAL_EPOCHS['mnist_dir01'])}); default: all of the setting's")
+    ap.add_argument("--fedrun-masked", action="store_true",
+                    help="--setting mnist_dir01: fedrun's side once more, its epochs computed masked (before sorting "
+                         "by work)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=50)
@@ -145,13 +182,22 @@ def main(argv=None) -> int:
     if args.worker:
         return pfllib_worker(json.loads(args.worker))
     if args.setting not in SETTINGS:
-        print(f"error: --setting {args.setting!r} is not allowed; choose one of {', '.join(SETTINGS)}", file=sys.stderr)
+        print(f"error: --setting {args.setting} is not allowed; choose from {', '.join(SETTINGS)}", file=sys.stderr)
         return 2
-    algos = [a for a in args.algos.split(",") if a]
-    bad = [a for a in algos if a not in ALGOS]
+    allowed = LOCAL_EPOCHS.get(args.setting, ALGOS)
+    algos = [a for a in (args.algos or ",".join(allowed)).split(",") if a]
+    bad = [a for a in algos if a not in allowed]
     if bad or not algos:
-        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(ALGOS)}",
-              file=sys.stderr)
+        print(f"error: --algos {','.join(bad) or '(empty)'} is not allowed with --setting {args.setting}; choose "
+              f"from {', '.join(allowed)}", file=sys.stderr)
+        return 2
+    if args.fedrun_masked and args.setting not in LOCAL_EPOCHS:
+        print(f"error: --fedrun-masked is not allowed with --setting {args.setting}; it needs rounds in local "
+              f"epochs: --setting {', '.join(LOCAL_EPOCHS)}", file=sys.stderr)
+        return 2
+    if args.fedrun_masked and args.jobs != 1:
+        print(f"error: --fedrun-masked is not allowed with --jobs {args.jobs}; it times runs one after the other: "
+              f"--jobs 1", file=sys.stderr)
         return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -193,12 +239,16 @@ def main(argv=None) -> int:
     side = SETTINGS[args.setting]
     data_opts = setting_options(args.data_root, args.setting)
     n_train = export(data_opts, os.path.join(out, "pfllib", "dataset", side["dataset"]), flat=side["model"] == "mlp")
+    local = args.setting in LOCAL_EPOCHS  # fedrun's rounds in local epochs: tau unused, each client floor(n_c / B)
     equal = len(set(n_train)) == 1
-    # one epoch: floor(n / B) steps when every client holds n rows; else the clients' mean epoch
-    tau = max(1, min(n_train) // args.batch_size if equal else round(sum(n_train) / len(n_train) / args.batch_size))
+    # one epoch: floor(n / B) steps when every client holds n rows; in local epochs (tau unused) the smallest
+    # client's, as printed; else the clients' mean epoch
+    tau = max(1, min(n_train) // args.batch_size if equal or local
+              else round(sum(n_train) / len(n_train) / args.batch_size))
     print(f"clients: {len(n_train)}, training rows per client: min {min(n_train)}, max {max(n_train)}; "
           f"one epoch at B={args.batch_size}: {tau} steps" + ("" if equal else
-          " for a client of the mean size (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)"))
+          (" for the smallest client, floor(n_c / B) each in both (local epochs)" if local else
+           " for a client of the mean size (fedrun: every client tau steps; PFLlib: floor(n_c / B) each)")))
     results = json.load(open(res_path)) if os.path.exists(res_path) else {}
     results.update(meta={"setting": args.setting, "data": data_opts, "rounds": args.rounds,
                          "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau,
@@ -209,6 +259,8 @@ def main(argv=None) -> int:
             r = results.setdefault(a, {})
             r["fedrun"] = run_fedrun(args, out, a, data_opts, tau, seeds)
             r["pfllib"] = [run_pfllib(args, out, a, s) for s in pseeds]
+            if args.fedrun_masked:
+                r["fedrun_masked"] = run_fedrun(args, out, a, data_opts, tau, seeds, masked=True)
             write_atomic_json(res_path, results)
     else:  # every (algorithm, side, seed) one run, --jobs of them at once; results saved as each algorithm completes
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -278,24 +330,29 @@ def export(data_opts: list[str], folder: str, flat: bool = True) -> list[int]:
     return sizes
 
 
-def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int]) -> dict:
+def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int],
+               masked: bool = False) -> dict:
     import pandas as pd
 
     opts, col = ALGOS[algo][0], ALGOS[algo][1]
-    opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
-    tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
-    sweep = os.path.join(out, "fedrun", algo) + ("" if args.jobs == 1 else f"_seed{seeds[0]}")
-    cmd = [sys.executable, "-m", "fedrun.cli", "-m", *opts, *data_opts, f"tau={tau}", f"batch_size={args.batch_size}",
-           "sampling=epochs", "aggregate=samples",
+    if args.setting in LOCAL_EPOCHS:  # rounds in local epochs (tau unused)
+        opts, tau = LOCAL_EPOCHS[args.setting][algo], tau_epoch
+    else:
+        opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
+        tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
+    sweep = os.path.join(out, "fedrun_masked" if masked else "fedrun", algo) + (
+        "" if args.jobs == 1 else f"_seed{seeds[0]}")
+    cmd = [sys.executable, *(["-c", MASKED] if masked else ["-m", "fedrun.cli"]), "-m", *opts, *data_opts, f"tau={tau}",
+           f"batch_size={args.batch_size}", "sampling=epochs", "aggregate=samples",
            f"clients_per_round={SETTINGS[args.setting]['per_round']}", f"rounds={args.rounds}",
            f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}",
            "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
-    print("run: fedrun " + " ".join(cmd[4:]), flush=True)
-    t0 = time.time()
+    print(f"run: fedrun{' (masked)' if masked else ''} " + " ".join(cmd[4:]), flush=True)
+    t0, c0 = time.time(), _children_cpu()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall = time.time() - t0
+    wall, cpu = time.time() - t0, _children_cpu() - c0
     if r.returncode:
         print(r.stdout[-3000:])
         sys.exit(f"error: fedrun exited with {r.returncode}")
@@ -307,8 +364,17 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
         m = pd.read_csv(os.path.join(p, "metrics.csv"))
         s = json.load(open(os.path.join(p, "summary.json")))
         runs.append({"seed": s["seed"], "rounds": m["round"].tolist(), "acc": m[col].tolist(), "seconds": s["seconds"]})
-    print(f"fedrun {algo}: {len(runs)} runs in {wall:.0f}s")
-    return {"command": "fedrun " + " ".join(cmd[4:]), "metric": col, "runs": runs, "wall": wall}
+    print(f"fedrun{' (masked)' if masked else ''} {algo}: {len(runs)} runs in {wall:.0f}s")
+    # cpu: the fedrun process's CPU seconds (user + system), all its seeds, imports and setup included
+    return {"command": ("fedrun (masked) " if masked else "fedrun ") + " ".join(cmd[4:]), "metric": col, "runs": runs,
+            "wall": wall, "cpu": cpu}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
 
 
 def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
@@ -390,7 +456,9 @@ def pfllib_worker(job: dict) -> int:
         t0 = time.time()
         server = server_cls(a, 0)
         setup = time.time() - t0
+        c0 = time.process_time()
         server.train()
+        cpu = time.process_time() - c0  # the process's CPU seconds of train(): its rounds, evaluations and end
     acc = list(server.rs_test_acc)
     if job["algo"] == "ditto":  # each evaluation appends the global models' accuracy, then the personal ones'
         acc = acc[1::2]
@@ -400,7 +468,8 @@ def pfllib_worker(job: dict) -> int:
     budget = list(server.Budget)
     plain = [b for i, b in enumerate(budget) if i % job["eval_every"]]
     print(json.dumps({"seed": job["seed"], "rounds": evals[: len(acc)], "acc": acc, "budget": budget,
-                      "setup": setup, "per_round": sum(budget) / len(budget) if budget else None,
+                      "setup": setup, "cpu_per_round": cpu / len(budget) if budget else None,
+                      "per_round": sum(budget) / len(budget) if budget else None,
                       "per_round_no_eval": sum(plain) / len(plain) if plain else None}))
     return 0
 
@@ -446,6 +515,36 @@ def write_table(out: str, results: dict) -> None:
                      f"{_ms(pl)} ({len(pl)}) | "
                      f"{_ms(pb)} | {gap:+.2f} | {fs:.2f} | {'n/a' if ps is None else f'{ps:.2f}'} | {pn} | "
                      f"{'n/a' if ps is None else f'{ps / fs:.1f}x'} |")
+    masked = [a for a in ALGOS if "fedrun_masked" in results.get(a, {})]
+    if masked:  # fedrun's epochs computed masked, as before sorting by work (the same numbers)
+        lines += ["", "fedrun's epochs phases computed masked (every client stepped for the largest client's count, "
+                  "the finished ones frozen; before simulate._epochs_by_work), the same sitting:", "",
+                  "| algo | fedrun s/round | fedrun masked s/round | masked / fedrun | masked last | PFLlib / masked |",
+                  "|---|---|---|---|---|---|"]
+        for a in masked:
+            f, fm, p = results[a]["fedrun"], results[a]["fedrun_masked"], results[a]["pfllib"]
+            fs = sum(r["seconds"] for r in f["runs"]) / len(f["runs"]) / meta["rounds"]
+            ms = sum(r["seconds"] for r in fm["runs"]) / len(fm["runs"]) / meta["rounds"]
+            pr = [r["per_round"] for r in p if r["per_round"] is not None]
+            pm = f"{sum(pr) / len(pr) / ms:.1f}x" if pr else "n/a"
+            lines.append(f"| {a} | {fs:.2f} | {ms:.2f} | {ms / fs:.2f}x | "
+                         f"{_ms([100 * r['acc'][-1] for r in fm['runs']])} | {pm} |")
+    timed = [a for a in ALGOS if "cpu" in results.get(a, {}).get("fedrun", {})]
+    if timed:  # CPU seconds: what each side computed, less moved by other processes on the cores than wall time
+        lines += ["", "CPU seconds (user + system) per round, the same runs: fedrun's whole process (imports and setup "
+                  "included) / (seeds x rounds); PFLlib's train() (its rounds, evaluations and end) / its rounds:", "",
+                  "| algo | fedrun CPU s/round | PFLlib CPU s/round | PFLlib / fedrun | fedrun masked CPU s/round "
+                  "| masked / fedrun |", "|---|---|---|---|---|---|"]
+        for a in timed:
+            f, p = results[a]["fedrun"], results[a]["pfllib"]
+            fc = f["cpu"] / len(f["runs"]) / meta["rounds"]
+            pc = [r["cpu_per_round"] for r in p if r.get("cpu_per_round") is not None]
+            pc = sum(pc) / len(pc) if pc else None
+            fm = results[a].get("fedrun_masked")
+            mc = fm["cpu"] / len(fm["runs"]) / meta["rounds"] if fm and "cpu" in fm else None
+            lines.append(f"| {a} | {fc:.2f} | {'n/a' if pc is None else f'{pc:.2f}'} | "
+                         f"{'n/a' if pc is None else f'{pc / fc:.1f}x'} | {'n/a' if mc is None else f'{mc:.2f}'} | "
+                         f"{'n/a' if mc is None else f'{mc / fc:.2f}x'} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
         fh.write(text)

@@ -11,8 +11,9 @@ import pfllib_side_by_side as sbs  # noqa: E402
 
 
 def _results(root: str, algo: str, fed_acc: list[float], pfl_acc: list[float], budget: list[float]) -> dict:
-    meta = {"setting": sbs.SETTING, "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10, "eval_every": 5,
-            "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR, "pfllib_commit": "d832e76"}
+    meta = {"setting": "mnist_shards2", "data": ["dataset=mnist", f"dataset.root={root}"], "rounds": 10,
+            "eval_every": 5, "batch_size": 50, "tau_epoch": 52, "n_train": [2625] * 20, "lr": sbs.LR,
+            "pfllib_commit": "d832e76"}
     fed = {"command": "fedrun ...", "metric": sbs.ALGOS[algo][1], "wall": 1.0,
            "runs": [{"seed": s, "rounds": [5, 10], "acc": [a - 0.01, a], "seconds": 20.0}
                     for s, a in enumerate(fed_acc)]}
@@ -54,7 +55,12 @@ def test_replot_refuses_runs_of_another_setting(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [(["--jobs", "0"], "--jobs 0"), (["--device", "tpu"], "--device tpu"),
                                          (["--algos", "fedx"], "--algos fedx"),
-                                         (["--setting", "cifar10"], "--setting 'cifar10'")])
+                                         (["--setting", "cifar10"], "--setting cifar10"),
+                                         (["--setting", "mnist_x"], "--setting mnist_x"),
+                                         (["--setting", "mnist_dir01", "--algos", "fedavg,ditto"], "--algos ditto"),
+                                         (["--fedrun-masked"], "--fedrun-masked"),
+                                         (["--setting", "mnist_dir01", "--fedrun-masked", "--jobs", "2"],
+                                          "--fedrun-masked")])
 def test_bad_options_are_one_line_before_any_work(argv, words, tmp_path, capsys):
     assert sbs.main(argv + ["--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
@@ -82,3 +88,70 @@ def test_cifar100_setting_exports_images_of_its_partition(tmp_path):
                     for c in range(3))
     assert rows + test_rows == 300  # 2 + 1 images of each of the 100 classes, every one dealt to a client
     assert sbs.SETTINGS["cifar100_dir01_resnet18"]["per_round"] == 10  # the table's 10 of 100 a round
+
+
+def test_replot_shows_the_masked_epochs_beside(tmp_path, capsys):
+    a = str(tmp_path / "a")
+    res = _results("/data", "fedrep", [0.95], [0.96], [6.0])
+    res["meta"]["setting"] = "mnist_dir01"
+    masked = json.loads(json.dumps(res["fedrep"]["fedrun"]))
+    for r in masked["runs"]:
+        r["seconds"] = 50.0  # 5 s/round against fedrun's 2
+    res["fedrep"]["fedrun_masked"] = masked
+    res["fedrep"]["fedrun"]["cpu"], masked["cpu"] = 15.0, 45.0  # 1.5 and 4.5 CPU s/round (1 seed, 10 rounds)
+    res["fedrep"]["pfllib"][0]["cpu_per_round"] = 6.0
+    _write(a, res)
+    assert sbs.main(["--replot", a]) == 0
+    table = open(os.path.join(a, "side_by_side.md")).read()
+    row = [line for line in table.splitlines() if line.startswith("| fedrep | 2.00 | 5.00 |")]
+    assert len(row) == 1 and "| 2.50x |" in row[0] and "| 1.2x |" in row[0]  # 5 / 2; PFLlib 6 / masked 5
+    assert "| fedrep | 1.50 | 6.00 | 4.0x | 4.50 | 3.00x |" in table  # the CPU seconds
+
+
+def test_the_masked_runner_replaces_the_sorted_epochs(monkeypatch):
+    """--fedrun-masked's runner swaps simulate._epochs_by_work for the masked steps, which give the same numbers."""
+    import torch
+
+    import fedrun.simulate as simulate
+    from fedrun.algorithms import build
+    from fedrun.data import synthetic
+    from fedrun.engine import ENGINES, params_of
+    from fedrun.models import MLP
+    from fedrun.simulate import Schedule, round_draws
+
+    monkeypatch.setattr(simulate, "_epochs_by_work", simulate._epochs_by_work)  # restored after the test
+    code = sbs.MASKED.split("sys.argv[0]")[0]  # its definitions, not its call of fedrun's main
+    data = synthetic(num_clients=6, size_factor=1, seed=9, cache_dir=None)
+    sched = Schedule(rounds=1, tau=1, clients_per_round=4, batch_size=5)
+    out = []
+    for patch in (False, True):
+        if patch:
+            exec(code, {})
+            assert simulate._epochs_by_work.__name__ == "masked"
+        torch.manual_seed(0)
+        model = MLP(data.in_features, data.num_classes, hidden=[4])
+        algo = build("fedavg", local_epochs=1)
+        algo.set_schedule(sched)
+        algo.set_data(data)
+        state = algo.init(params_of(model), data.num_clients)
+        clients, trained, idx, aug = round_draws(algo, data, sched, 0, 1)
+        assert len(set(idx[0].per_pass.tolist())) > 1  # uneven clients: the two computations differ in work
+        local = simulate.local_training(algo, ENGINES["vmap"](model), algo.start_local(state, trained, 1), data,
+                                        idx, 1, aug)
+        out.append(local)
+    for x, y in zip(torch.utils._pytree.tree_leaves(out[0]), torch.utils._pytree.tree_leaves(out[1])):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_every_setting_is_baselines_and_trains_its_clients_per_round():
+    """The side-by-side's settings (PFLlib's side: dataset folder, classes, clients a round) are baselines.py's
+    settings of the same names with the same clients per round; the local-epochs ones among them."""
+    import baselines
+
+    assert set(sbs.SETTINGS) == {"mnist_shards2", "mnist_dir01", "cifar100_dir01_resnet18"}
+    assert set(sbs.LOCAL_EPOCHS) == {"mnist_dir01"} and set(sbs.LOCAL_EPOCHS["mnist_dir01"]) <= set(sbs.ALGOS)
+    for name, side in sbs.SETTINGS.items():
+        assert f"clients_per_round={side['per_round']}" in baselines.SETTINGS[name]["run"], name
+        data = baselines.SETTINGS[name]["data"]
+        assert sbs.setting_options("/d", name)[: len(data)] == data
+    assert len({side["dataset"] for side in sbs.SETTINGS.values()}) == len(sbs.SETTINGS)
