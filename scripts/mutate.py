@@ -510,7 +510,7 @@ MUTANTS += [
 
 # issue 46 items 2 and 4: runs that trained nothing or a part of the model, unbounded sizes
 MUTANTS += [
-    Mutant("passes-no-minibatch-accepted", "fedrun/run/spec.py", "    if max(sizes) < B:", "    if False:",
+    Mutant("passes-no-minibatch-accepted", "fedrun/run/spec.py", "    if max(sizes) < k * B:", "    if False:",
            ("tests/test_phases.py", "-k", "refused"), "a round of passes where no client holds a minibatch runs"),
     Mutant("head-steps-tau-accepted", "fedrun/algorithms/checks.py",
            "if local_epochs is not None or 1 <= head_steps < tau:",
@@ -853,6 +853,10 @@ MUTANTS += [
 ]
 TRAINER = "tests/algorithms/test_trainer.py"
 MUTANTS += [
+    Mutant("passes-disjoint-rows-ignored", "fedrun/run/spec.py",
+           "k = max(ph.batches if ph.disjoint else 1 for ph in phases if ph.epochs is not None)", "k = 1",
+           ("tests/test_phases.py", "-k", "per_fedavg"),
+           "Per-FedAvg in epochs: a run whose clients hold fewer than 2 x batch_size rows accepted, training nothing"),
     Mutant("epochs-disjoint-ignored", "fedrun/simulate.py",
            "per_pass = sizes // (k * B if ph.disjoint else B)", "per_pass = sizes // B",
            (TRAINER, "-k", "disjoint"),

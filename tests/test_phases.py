@@ -117,3 +117,23 @@ def test_a_round_of_passes_no_client_holds_a_minibatch_of_is_refused_and_a_parti
     # what the refusal saves: sample_phases draws no step at all, and at 13 no step for those two clients
     _, _, (d,) = sample_phases(golden_data(), sched(13), Passes(lr=0.1).phases(), 0, 1)
     assert d.live.sum(1).tolist() == [0, 1, 1, 0]
+
+
+def test_per_fedavg_in_epochs_needs_two_minibatches_of_rows_a_meta_step():
+    """Per-FedAvg's meta-step takes 2 disjoint minibatches of a pass (Phase.disjoint): a client needs
+    2 x batch_size rows for one step, so batches of 11 over clients of at most 20 rows train nothing."""
+    import pytest
+
+    from fedrun.algorithms import build
+    from fedrun.errors import ConfigError
+    from fedrun.run.spec import check_passes
+
+    sizes = torch.tensor([12, 16, 20, 8])
+    sched = lambda B: Schedule(rounds=1, tau=2, clients_per_round=4, batch_size=B)
+    algo = build("perfedavg", local_epochs=1)
+    with pytest.raises(ConfigError, match=r"batch_size=11 is larger than every training client's rows / 2 "
+                                          r"\(largest: 20\).*allowed: batch_size <= 10$"):
+        check_passes(algo, sched(11), sizes)
+    warned, = check_passes(algo, sched(7), sizes)
+    assert warned.startswith("2 of 4 training clients hold fewer than 2 x batch_size=7 rows")
+    assert check_passes(algo, sched(4), sizes) == []

@@ -268,21 +268,25 @@ def check_passes(algo, sched: Schedule, sizes) -> list[str]:
     if phases is None or all(ph.epochs is None for ph in phases):
         return []
     B, sizes = sched.batch_size, [int(n) for n in sizes]
+    # a step of k disjoint minibatches of one pass (Phase.disjoint: Per-FedAvg's meta-step) needs k x B rows
+    k = max(ph.batches if ph.disjoint else 1 for ph in phases if ph.epochs is not None)
     epochs = getattr(algo, "local_epochs", None)
     passes = f"algo={algo.name} runs passes over each client's training rows" + \
         (f" (algo.local_epochs={epochs})" if epochs is not None else "")
+    cut = ("floor(rows / batch_size)" if k == 1 else
+           f"floor(rows / ({k} x batch_size)) (a step's {k} disjoint minibatches)")
     only = all(ph.epochs is not None for ph in phases)  # no phase of steps: a client without a pass trains nothing
-    if max(sizes) < B:
-        raise ConfigError(f"batch_size={B} is larger than every training client's rows (largest: {max(sizes)}): "
-                          f"{passes}, each cut into floor(rows / batch_size) = 0 minibatches, so "
-                          f"{'no client trains' if only else 'these passes train nothing'}; "
-                          f"allowed: batch_size <= {max(sizes)}")
-    short = sum(n < B for n in sizes)
+    if max(sizes) < k * B:
+        raise ConfigError(f"batch_size={B} is larger than every training client's rows"
+                          f"{'' if k == 1 else f' / {k}'} (largest: {max(sizes)}): {passes}, each cut into {cut} = 0 "
+                          f"steps, so {'no client trains' if only else 'these passes train nothing'}; "
+                          f"allowed: batch_size <= {max(sizes) // k}")
+    short = sum(n < k * B for n in sizes)
     if not short:
         return []
-    return [f"{short} of {len(sizes)} training clients hold fewer than batch_size={B} rows: {passes}, and these take "
-            f"no step of them{' (their models go back unchanged)' if only else ''}; batch_size <= {min(sizes)} "
-            f"gives every client a minibatch"]
+    return [f"{short} of {len(sizes)} training clients hold fewer than {'' if k == 1 else f'{k} x '}batch_size={B} "
+            f"rows: {passes}, and these take no step of them{' (their models go back unchanged)' if only else ''}; "
+            f"batch_size <= {min(sizes) // k} gives every client a step"]
 
 
 def _hidden_is_one_width(target) -> bool:
