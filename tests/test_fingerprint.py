@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fedrun.algorithms import ServerState, algorithm_class, build, names
 from fedrun.algorithms.optim import READ_ONLY_BY, LocalOptim, local_optim
 from fedrun.algorithms.options import signature_options
+from fedrun.algorithms.trainer import LocalTrainer
 from fedrun.config import CONF_DIR, group_file, load_conf
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -62,20 +63,29 @@ BASES = ([{**o, "schedule": "constant"} for o in OPTIMIZERS]
          + [{**OPTIMIZERS[1], "schedule": s} for s in ("step", "cosine", "exponential")]
          + [{**OPTIMIZERS[3], "schedule": "cosine"}])
 
+class _OneClient(LocalTrainer):
+    """The local trainer's round bookkeeping around one client's model (its state as the server keeps it)."""
+
+    def client_init(self, state, clients, rnd):
+        return {"params": {"w": state.params["w"].unsqueeze(0).clone()}}
+
+    def server_update(self, state, local, clients, selected, weights):
+        return ServerState(params={"w": local["params"]["w"][0]}, clients=state.clients)
+
+
 def _trajectory(node: dict) -> torch.Tensor:
     """One client's parameters after ROUNDS rounds of 2 steps of the optimizer on a quadratic, its
-    state kept between rounds as the round loop keeps it (client_state, apply, keep_state)."""
-    opt = local_optim(node, ROUNDS)
-    p = {"w": torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)}
-    state, trained = ServerState(params={"w": p["w"][0]}), torch.tensor([0])
+    state kept between rounds as the round loop keeps it (start_local, descend, end_round)."""
+    trainer = _OneClient()
+    trainer.optim = local_optim(node, ROUNDS)
+    state, trained = ServerState(params={"w": torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)}), torch.tensor([0])
     curvature = torch.tensor([1.0, 3.0, 0.5], dtype=torch.float64)
     for rnd in range(1, ROUNDS + 1):
-        local = opt.client_state(state, trained, {"params": p})
+        local = trainer.start_local(state, trained, rnd)
         for _ in range(2):
-            local = opt.apply(local, {"w": local["params"]["w"] * curvature - 0.3}, 0.1, rnd)
-        state = opt.keep_state(state, local, trained, 1)
-        p = local["params"]
-    return p["w"]
+            local = trainer.descend(local, "params", {"w": local["params"]["w"] * curvature - 0.3}, 0.1, rnd)
+        state = trainer.end_round(state, local, trained, trained, None, 1)
+    return state.params["w"].unsqueeze(0)
 
 
 def _other(field: str, value):

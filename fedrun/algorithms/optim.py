@@ -1,26 +1,26 @@
-"""The local optimizer (`optim.*`, docs/baselines.md "Local optimizer") of the algorithms whose local
-step is gradient descent on the client's model (FedAvg, Local, FedPer, LG-FedAvg): SGD with momentum,
-Nesterov and weight decay, Adam and AdamW, each as torch.optim defines it, and the learning rate over
-rounds as torch.optim.lr_scheduler's StepLR / CosineAnnealingLR / ExponentialLR stepped once a round.
+"""The local optimizer (`optim.*`, docs/baselines.md "Local optimizer") of every model a method trains
+locally: SGD with momentum, Nesterov and weight decay, Adam and AdamW, each as torch.optim defines
+it, and the learning rate over rounds as torch.optim.lr_scheduler's StepLR / CosineAnnealingLR /
+ExponentialLR stepped once a round.
 
-The update runs on stacked parameters (leading dim = the round's clients) and its state (momentum
-buffers; Adam's moments and step counts) is stacked the same way, in `Local["opt"]`. With
-`state=persist` a client's state carries over to its next round (`ServerState.clients["opt"]`, over
-all clients, checkpointed with the run: resume stays exact); with `state=restart` every round starts
-from none, as a fresh torch optimizer would.
+`LocalOptim.step` updates stacked parameters (leading dim = the round's clients) with a state
+(momentum buffers; Adam's moments and step counts) stacked the same way. Where that state lives is
+the local trainer's (fedrun/algorithms/trainer.py): a slot of the round's Local per model, with
+`state=persist` carried over to the client's next round (`ServerState.clients[slot]`, checkpointed
+with the run: resume stays exact), with `state=restart` started from none every round, as a fresh
+torch optimizer would.
 
 The defaults (plain SGD, constant lr) run the one `tree.sgd` op, so every number stays as it was.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
-from torch import Tensor
 
-from ..engine.tree import Params, gather, per_client, scatter, sgd, zeros_like
+from ..engine.tree import Params, per_client, sgd, zeros_like
 from ..errors import ConfigError
 from .checks import check_choice, check_int, check_positive
 
@@ -91,18 +91,6 @@ class LocalOptim:
             return self.lr_min + (lr - self.lr_min) * (1 + math.cos(math.pi * e / self.t_max)) / 2
         return lr
 
-    def apply(self, local: dict, grads: Params, lr: float, rnd: int) -> dict:
-        """`local` after one step of every client on `grads`, at round `rnd`'s learning rate; a Local
-        without optimizer state (an onboarding step, a test) starts from none."""
-        if self.plain:
-            return {**local, "params": sgd(local["params"], grads, lr)}
-        params = local["params"]
-        state = local.get("opt")
-        if state is None:
-            state = self.fresh({k: v[0] for k, v in params.items()}, len(next(iter(params.values()))))
-        new, state = self.step(params, grads, state, self.lr_at(lr, rnd))
-        return {**local, "params": new, **({"opt": state} if state else {})}
-
     # -- per-client state -------------------------------------------------------------------------
 
     def fresh(self, params: Params, m: int) -> dict:
@@ -150,34 +138,6 @@ class LocalOptim:
             denom = (v[k].sqrt() / per_client(bc2_sqrt, v[k])).add(self.eps)
             new[k] = p[k] - per_client(step_size, p[k]) * (m[k] / denom)
         return new, {"exp_avg": m, "exp_avg_sq": v, "step": step}
-
-    # -- where the state lives between rounds --------------------------------------------------
-
-    def client_state(self, state, trained: Tensor, local: dict) -> dict:
-        """`local` with the round's optimizer state: fresh, or (persist) the clients' own rows of
-        `state.clients["opt"]` (none yet: fresh)."""
-        if not self.stateful:
-            return local
-        params = local["params"]
-        m = len(trained)
-        kept = state.clients.get("opt") if self.state == "persist" else None
-        if kept is None:
-            opt = self.fresh({k: v[0] for k, v in params.items()}, m)
-        else:
-            opt = {k: gather(v, trained) if isinstance(v, dict) else v[trained] for k, v in kept.items()}
-        return {**local, "opt": opt}
-
-    def keep_state(self, state, local: dict, trained: Tensor, num_clients: int):
-        """The server state with the trained clients' optimizer state kept (persist), else as it is."""
-        if not self.stateful or self.state != "persist" or "opt" not in local:
-            return state
-        full = state.clients.get("opt")
-        if full is None:
-            full = self.fresh({k: v[0] for k, v in local["params"].items()}, num_clients)
-        rows = local["opt"]
-        new = {k: scatter(v, trained, rows[k]) if isinstance(v, dict)
-               else v.index_copy(0, trained, rows[k].to(v.dtype)) for k, v in full.items()}
-        return replace(state, clients={**state.clients, "opt": new})
 
 
 PLAIN = LocalOptim()

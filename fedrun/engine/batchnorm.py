@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .tree import Params, weighted_mean
-
-BUFFERS = ("running_mean", "running_var", "num_batches_tracked")  # what a BatchNorm layer keeps besides
-# its affine parameters; fedrun's models have no other buffers
-
-
-def is_buffer(name: str) -> bool:
-    return name.rsplit(".", 1)[-1] in BUFFERS
+from .tree import BUFFERS as BUFFERS  # (the names' home is tree.py; re-exported)
+from .tree import Params, is_buffer, weighted_mean
 
 
 def split_buffers(state: Params) -> tuple[Params, Params]:

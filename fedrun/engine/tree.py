@@ -101,10 +101,17 @@ def dot(a: Params, b: Params) -> Tensor:
     return sum((a[k] * b[k]).flatten(1).sum(1) for k in a)
 
 
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")  # what a BatchNorm layer keeps besides
+# its affine parameters; fedrun's models have no other buffers
+
+
+def is_buffer(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in BUFFERS
+
+
 def param_names(tree: Params) -> list[str]:
-    """The trainable entries of a model state: all but BatchNorm's running statistics (their names
-    are engine.batchnorm.BUFFERS)."""
-    return [k for k in tree if k.rsplit(".", 1)[-1] not in ("running_mean", "running_var", "num_batches_tracked")]
+    """The trainable entries of a model state: all but BatchNorm's running statistics (BUFFERS)."""
+    return [k for k in tree if not is_buffer(k)]
 
 
 def only(tree: Params, names) -> Params:
