@@ -198,6 +198,24 @@ def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
     return ref
 
 
+def trace_sampler(its: list, algo: str, phases: list):
+    """`simulate.sample_round` replaying a trace's rounds: its selected clients and their recorded
+    minibatch rows (Ditto's step s: the global model's batch, then the personal model's)."""
+    def sample_round(data, sched, k, seed, rnd, train_all=False):
+        it = its[rnd - 1]
+        clients = torch.tensor(it["selected"])
+        idx = []
+        for c in it["selected"]:
+            b = it["batches"][str(c)]
+            if algo == "ditto":  # step s: (global batch, personal batch)
+                idx.append([[g, p] for g, p in zip(b["train"], b["personal"])])
+            else:
+                idx.append([[row] for ph, _ in phases for row in b[ph]])
+        idx = torch.tensor(idx) + data.train.offsets[clients].view(-1, 1, 1, 1)
+        assert idx.shape == (len(clients), sched.tau, k, sched.batch_size)
+        return clients, clients, idx
+    return sample_round
+
 def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
     """fedrun on the trace's problem with its clients and minibatches; the state after every round."""
     a, algo = trace["args"], trace["algorithm"]
@@ -216,19 +234,7 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
               for k, v in trace["init"].items()}
     its = trace["iterations"]
 
-    def sample_round(data, sched, k, seed, rnd, train_all=False):
-        it = its[rnd - 1]
-        clients = torch.tensor(it["selected"])
-        idx = []
-        for c in it["selected"]:
-            b = it["batches"][str(c)]
-            if algo == "ditto":  # step s: (global batch, personal batch)
-                idx.append([[g, p] for g, p in zip(b["train"], b["personal"])])
-            else:
-                idx.append([[row] for ph, _ in phases for row in b[ph]])
-        idx = torch.tensor(idx) + data.train.offsets[clients].view(-1, 1, 1, 1)
-        assert idx.shape == (len(clients), sched.tau, k, sched.batch_size)
-        return clients, clients, idx
+    sample_round = trace_sampler(its, algo, phases)
 
     def sample_phases(data, sched, phases, seed, rnd, train_all=False):
         it, longest = its[rnd - 1], int((data.train.sizes // sched.batch_size).max())

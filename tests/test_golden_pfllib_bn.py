@@ -30,7 +30,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from test_golden_pfedme import golden_data
-from test_golden_pfllib import BN_NAMES, OPTIONS, TOL64, load, official_cfg, replay_rounds
+from test_golden_pfllib import BN_NAMES, OPTIONS, TOL64, load, official_cfg, replay_rounds, trace_sampler
 
 from fedrun.engine import ENGINES
 
@@ -73,20 +73,8 @@ def replay(trace: dict, engine: str = "vmap", bn: str = "local") -> tuple[list, 
               for k, v in trace["init"].items()}
     its = trace["iterations"]
 
-    def sample_round(data, sched, k, seed, rnd, train_all=False):
-        it = its[rnd - 1]
-        clients, idx = torch.tensor(it["selected"]), []
-        for c in it["selected"]:
-            b = it["batches"][str(c)]
-            if algo == "ditto":  # step s: (global batch, personal batch)
-                idx.append([[g, p] for g, p in zip(b["train"], b["personal"])])
-            else:
-                idx.append([[row] for ph, _ in phases for row in b[ph]])
-        idx = torch.tensor(idx) + data.train.offsets[clients].view(-1, 1, 1, 1)
-        assert idx.shape == (len(clients), sched.tau, k, sched.batch_size)
-        return clients, clients, idx
-
-    states = replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params, sample_round=sample_round)
+    states = replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params,
+                           sample_round=trace_sampler(its, algo, phases))
     return states, algorithm
 
 

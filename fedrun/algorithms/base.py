@@ -23,8 +23,9 @@ the algorithm's own `score` evaluates (Proto's prototypes, `adaptation.Prototype
 when `train_all` is set); `selected` are the positions, within them, of the sampled clients whose
 models the server aggregates, and `weights` their aggregation weights (None: uniform).
 
-The generic `Algorithm` handles models without BatchNorm (their state is their parameters);
-`batchnorm.BatchNormState` adds running statistics for the algorithms that handle them.
+What every method's local steps share (the optimizer, BatchNorm's running statistics inside each
+model's state, the local-work unit) is the local trainer's, `trainer.LocalTrainer`, a base of
+`Algorithm`; `batchnorm.BatchNormState` keeps FedAvg's and FedBN's shared statistics apart.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
     # checks this declaration for every algorithm)
     # The local optimizer (`optim.*`, fedrun.algorithms.optim): `set_optim` accepts one other than
-    # plain SGD of a constant lr only where `optim_ok` (the local step is `sgd_step`'s gradient descent)
+    # plain SGD of a constant lr only where `optim_ok` (every local update goes through `descend`)
     optim: LocalOptim = PLAIN
     optim_ok = False
     # why optim.* cannot apply (one line: the mathematical reason), where the method's local update is
