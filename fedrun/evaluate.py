@@ -16,7 +16,7 @@ training rows (`Algorithm.onboard` first fits what the method keeps per client, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -55,7 +55,7 @@ def served(algo: Algorithm, engine: Engine, state: ServerState, ctx: EvalContext
     data = ctx.data
     if data.num_train_clients < data.num_clients:
         new = torch.arange(data.num_train_clients, data.num_clients, device=data.train.x.device)
-        state = algo.onboard(engine, state, ctx, new)
+        state = replace(algo.onboard(engine, state, ctx, new), trainer=state.trainer)  # (the trainer's state kept)
     return algo.finetune_served(engine, state, ctx, *algo.personalize(engine, state, ctx))
 
 

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from .algorithms.base import Algorithm, EvalContext, Local, Phase, ServerState
+from .algorithms.base import Algorithm, EvalContext, Local, Phase, RunInfo, ServerState
 from .clock import RoundClock, RoundReporter
 from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
@@ -400,8 +400,7 @@ def simulate_group(
     `clock`: the RoundClock the rounds' seconds go to (the caller reads them after: scripts/baselines.py
     --plan); None: one of its own.
     """
-    algo.set_schedule(sched)
-    algo.set_data(data)
+    algo = algo.bind(RunInfo.of(sched, data, algo.optim, algo.bn))  # (the run's facts; its recipe as bound)
     train = ChunkedTraining(client_chunk, steps or local_training, start_chunk)
     for r in runs:  # (`prepare`'s own work over many clients goes in the round's chunks: train.map)
         if r.start:

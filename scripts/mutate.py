@@ -407,8 +407,8 @@ MUTANTS += [  # the local trainer under Per-FedAvg, pFedMe, FedBN and FedAvg's b
            "first = {k: v[selected[-1]] for k, v in buffers.items()}",
            (META, "-k", "bn_local_keeps and fedavg"), "bn=local: the server carries the last aggregated client's"),
     Mutant("bn-local-not-kept", "fedrun/algorithms/trainer.py",
-           'if self.bn == "local" and "bn_local" in state.clients:',
-           'if self.bn == "never" and "bn_local" in state.clients:',
+           'if self.bn == "local" and "bn_local" in state.trainer:',
+           'if self.bn == "never" and "bn_local" in state.trainer:',
            (META, "-k", "bn_local"), "bn=local: a client restarts from the server's statistics"),
 ]
 MUTANTS += [  # the pFedMe authors' traces at their derived tolerance (issue 46)
@@ -866,11 +866,11 @@ MUTANTS += [
            (TRAINER, "-k", "by_work"),
            "local epochs by work: a client whose pass is over still steps once more"),
     Mutant("trainer-descend-drops-state", "fedrun/algorithms/trainer.py",
-           "            out[slot] = state\n", "            out.pop(slot, None)\n",
+           "        return with_opt_state(out, {slot: state}) if state else out\n", "        return out\n",
            (TRAINER, "-k", "torch_optims and momentum_wd"),
            "the local trainer loses a model's optimizer state between its steps (momentum restarts every step)"),
     Mutant("trainer-grad-drops-buffers", "fedrun/algorithms/trainer.py",
-           "return g, loss, ({**local, key: {**local[key], **buffers}} if buffers else local)",
+           "return g, loss, (put(local, **{key: {**get(local, key), **buffers}}) if buffers else local)",
            "return g, loss, local",
            (TRAINER, "-k", "batchnorm"),
            "the local trainer drops a BatchNorm model's updated running statistics"),
@@ -883,11 +883,11 @@ MUTANTS += [
 BN_TRACES = ("tests/test_golden_pfllib_bn.py", "-k", "local_replays and vmap")  # FedAvg's, Ditto's, FedRep's
 MUTANTS += [
     Mutant("bn-local-gather-skipped", "fedrun/algorithms/trainer.py",
-           '            local = self.with_shared_buffers(local, gather(state.clients["bn_local"], clients))\n',
+           '            local = self.with_shared_buffers(local, gather(state.trainer["bn_local"], clients))\n',
            "            pass\n", BN_TRACES,
            "bn=local: a round's clients start from the server's statistics, not their own kept ones"),
     Mutant("bn-local-scatter-skipped", "fedrun/algorithms/trainer.py",
-           '"bn_local": scatter(full, clients, buffers)}', '"bn_local": full}', BN_TRACES,
+           'kept["bn_local"] = scatter(full, clients, buffers)', 'kept["bn_local"] = full', BN_TRACES,
            "bn=local: the trained clients' statistics are not kept (every round from the initial model's)"),
     Mutant("bn-local-server-last-client-trace", "fedrun/algorithms/trainer.py",
            "first = {k: v[selected[0]] for k, v in buffers.items()}",

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedrun.algorithms import ServerState, algorithm_class, build, names
+from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.optim import READ_ONLY_BY, LocalOptim, local_optim
 from fedrun.algorithms.options import signature_options
 from fedrun.algorithms.trainer import LocalTrainer
@@ -66,6 +67,8 @@ BASES = ([{**o, "schedule": "constant"} for o in OPTIMIZERS]
 class _OneClient(LocalTrainer):
     """The local trainer's round bookkeeping around one client's model (its state as the server keeps it)."""
 
+    name, optim_ok = "one_client", True
+
     def client_init(self, state, clients, rnd):
         return {"params": {"w": state.params["w"].unsqueeze(0).clone()}}
 
@@ -76,8 +79,7 @@ class _OneClient(LocalTrainer):
 def _trajectory(node: dict) -> torch.Tensor:
     """One client's parameters after ROUNDS rounds of 2 steps of the optimizer on a quadratic, its
     state kept between rounds as the round loop keeps it (start_local, descend, end_round)."""
-    trainer = _OneClient()
-    trainer.optim = local_optim(node, ROUNDS)
+    trainer = _OneClient().bind(RunInfo(optim=local_optim(node, ROUNDS)))
     state, trained = ServerState(params={"w": torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)}), torch.tensor([0])
     curvature = torch.tensor([1.0, 3.0, 0.5], dtype=torch.float64)
     for rnd in range(1, ROUNDS + 1):

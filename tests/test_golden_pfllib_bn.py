@@ -12,7 +12,7 @@ What PFLlib computes (clientbase.py:67-69 set_parameters and serverbase.py:148-1
 `model.parameters()`; serverbase.py:141 copies the first uploaded model): each client's BatchNorm
 statistics stay in its own model across rounds, never sent; the server's model carries a copy of the
 first uploaded client's. fedrun's `bn=local` is that: each client's statistics of the shared model kept
-in `ServerState.clients["bn_local"]`, the server's model carrying its first aggregated client's. PFLlib's
+in `ServerState.trainer["bn_local"]`, the server's model carrying its first aggregated client's. PFLlib's
 first is random.sample's (in the trace, the second selected client in rounds 1 and 3), fedrun's is its
 lowest-numbered sampled client; the test pins both: PFLlib's server statistics equal its first uploaded
 client's (from the trace itself), fedrun's equal PFLlib's statistics of fedrun's first client.
@@ -24,6 +24,8 @@ the server's parameters, its statistics, every client's statistics of the shared
 models (parameters and statistics), FedRep's heads. Both engines.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -67,7 +69,7 @@ def replay(trace: dict, engine: str = "vmap", bn: str = "local") -> tuple[list, 
     data = golden_data()
     data.train.x, data.test.x = data.train.x.double(), data.test.x.double()  # the rows as the recorder widened them
     algorithm = instantiate(cfg.algo)
-    algorithm.set_bn(cfg.bn)
+    algorithm = algorithm.bind(replace(algorithm.run, bn=cfg.bn))
     model = instantiate(cfg.model, in_features=data.in_features, num_classes=data.num_classes).double()
     params = {fedrun_name(k): torch.tensor(v, dtype=torch.long if k.endswith("num_batches_tracked") else torch.float64)
               for k, v in trace["init"].items()}
@@ -103,8 +105,8 @@ def compare(trace: dict, states: list, algorithm) -> dict[str, float]:
                 close("server", v, server[fedrun_name(name)])
         for c, model in it["clients"].items():
             for name, v in model.items():
-                if is_buffer(name) and "bn_local" in state.clients:
-                    close(f"client {kind(name)}", v, state.clients["bn_local"][fedrun_name(name)][int(c)])
+                if is_buffer(name) and "bn_local" in state.trainer:
+                    close(f"client {kind(name)}", v, state.trainer["bn_local"][fedrun_name(name)][int(c)])
                 if name.startswith("head."):
                     close("head", v, state.clients["part"][fedrun_name(name)][int(c)])
         for c, model in it.get("personal", {}).items():

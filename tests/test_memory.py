@@ -209,8 +209,8 @@ def _mlp(data):
 
 
 def test_the_probes_train_the_runs_own_round(data):
-    """The plan probes after the algorithm's set_schedule and set_data, as the round loop calls them: a
-    fresh FedFomo's probes take the run's tau=3 training steps (its phase sized by set_schedule) after
+    """The plan probes with the algorithm bound to the run, as the round loop binds it: a
+    fresh FedFomo's probes take the run's tau=3 training steps (its phase sized by the run's tau) after
     its weighing step, as its round 1 does."""
     sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=20)
     seen = []

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from fedrun.algorithms.base import RunInfo
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 import pfllib_side_by_side as sbs  # noqa: E402
 
@@ -131,8 +133,7 @@ def test_the_masked_runner_replaces_the_sorted_epochs(monkeypatch):
         torch.manual_seed(0)
         model = MLP(data.in_features, data.num_classes, hidden=[4])
         algo = build("fedavg", local_epochs=1)
-        algo.set_schedule(sched)
-        algo.set_data(data)
+        algo = algo.bind(RunInfo.of(sched, data))
         state = algo.init(params_of(model), data.num_clients)
         clients, trained, idx, aug = round_draws(algo, data, sched, 0, 1)
         assert len(set(idx[0].per_pass.tolist())) > 1  # uneven clients: the two computations differ in work

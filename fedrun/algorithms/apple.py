@@ -100,14 +100,16 @@ class APPLE(Algorithm):
         self.follow, self.local_epochs, self.new_client_steps = follow or "paper", local_epochs, new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
-    run_rounds: int | None = None  # the run's rounds (`set_schedule`, which simulate calls first)
-    sizes: Tensor | None = None  # the training clients' rows (`set_data`, which simulate calls first)
+    @property
+    def run_rounds(self) -> int | None:
+        """The run's rounds (`bind`: simulate binds the run before its first round)."""
+        return self.run.rounds
 
-    def set_schedule(self, sched) -> None:
-        self.run_rounds = sched.rounds
-
-    def set_data(self, data) -> None:
-        self.sizes = data.train.sizes[: data.num_train_clients].detach().cpu().to(torch.float64)
+    @property
+    def sizes(self) -> Tensor | None:
+        """The training clients' rows (`bind`)."""
+        sizes = self.run.train_sizes
+        return None if sizes is None else sizes.to(torch.float64)
 
     def lam_at(self, rnd: int) -> float:
         """lam_t of round `rnd` (1, 2, ...): 1, then PFLlib's cosine decay set after round t - 1."""

@@ -40,11 +40,10 @@ from ..engine import Engine
 from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, gather, stack, weighted_mean
 from ..errors import ConfigError
-from .checks import check_choice, check_int, check_optional_int, check_positive
-from .optim import PLAIN, LocalOptim
+from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
-from .trainer import BN_POLICIES, LocalTrainer
+from .trainer import LocalTrainer, RunInfo  # noqa: F401  (RunInfo: part of the contract)
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
 
@@ -81,7 +80,37 @@ class Phase:
 class ServerState:
     params: Params
     extra: dict = field(default_factory=dict)
-    clients: dict = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
+    clients: object = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
+    # the local trainer's own per-client state (fedrun.algorithms.trainer): each optimizer slot's state
+    # under optim.state=persist, the clients' BatchNorm statistics of the shared model under bn=local
+    trainer: dict = field(default_factory=dict)
+
+
+def is_trainer_entry(name: str) -> bool:
+    """Whether a checkpoint's per-client entry is the local trainer's (`ServerState.trainer`: an optimizer
+    slot, `trainer.slot_of`, or the clients' BatchNorm statistics of the shared model) and not the
+    algorithm's own."""
+    return name in ("opt", "bn_local") or name.startswith("opt.")
+
+
+def client_entries(clients) -> dict:
+    """A per-client state as name -> stacked tensors: a typed one's fields (`Algorithm.Clients`), a dict as it is."""
+    return dict(clients) if isinstance(clients, dict) else clients._asdict()
+
+
+def flat_clients(state: ServerState) -> dict:
+    """Every per-client entry of `state`, the algorithm's and the trainer's, by name: what a checkpoint
+    holds (the names runs wrote before the state was typed)."""
+    return {**client_entries(state.clients), **state.trainer}
+
+
+def state_of(algo: Algorithm, params: Params, extra: dict, flat: dict) -> ServerState:
+    """The ServerState of a checkpoint's parts (`flat_clients`'s form): the trainer's entries apart, the
+    algorithm's in its `Clients` type (None: a dict)."""
+    own = {k: v for k, v in flat.items() if not is_trainer_entry(k)}
+    kind = getattr(algo, "Clients", None)
+    return ServerState(params=params, extra=extra, clients=own if kind is None else kind(**own),
+                       trainer={k: v for k, v in flat.items() if is_trainer_entry(k)})
 
 
 def all_at_once(fn: Callable, *trees):
@@ -137,15 +166,14 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     """Options: the __init__ signature (names, types; no defaults), defaults: conf/algo/<name>.yaml."""
 
     name = "base"
+    # the type of `ServerState.clients` (a NamedTuple of tensors stacked over all clients, each field a
+    # tensor or a dict of them), None: a dict (fedrun.algorithms.base.state_of builds it from a checkpoint)
+    Clients: type | None = None
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
-    # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
-    # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
-    # checks this declaration for every algorithm)
-    # The local optimizer (`optim.*`, fedrun.algorithms.optim): `set_optim` accepts one other than
-    # plain SGD of a constant lr only where `optim_ok` (every local update goes through `descend`)
-    optim: LocalOptim = PLAIN
+    # The local optimizer (`optim.*`, fedrun.algorithms.optim): `bind` accepts one other than plain SGD
+    # of a constant lr only where `optim_ok` (every local update goes through `descend`)
     optim_ok = False
     # why optim.* cannot apply (one line: the mathematical reason), where the method's local update is
     # not an optimizer step on a loss (pFedMe's inner solver, Per-FedAvg's meta-step, ...)
@@ -154,6 +182,9 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     batchnorm_ok = False
     batchnorm_why = "its local step is not yet written with the local trainer's grad (fedrun.algorithms.trainer)"
 
+    # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
+    # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
+    # checks this declaration for every algorithm)
     @property
     def step_uses_round(self) -> bool:
         return self.optim.schedule != "constant"
@@ -165,29 +196,6 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     finetune_steps: int = 0  # test-time fine-tuning of the served models (`set_finetuning`)
     finetune_epochs: int | None = None
     finetune_lr: float | None = None
-
-    def set_optim(self, optim: LocalOptim) -> None:
-        """The `optim` node (checked), or one line when this algorithm's local step is not the plain
-        gradient descent it would change."""
-        if not optim.plain and not self.optim_ok:
-            raise ConfigError(f"algo={self.name} takes only optim.* defaults (name=sgd, momentum=0, weight_decay=0, "
-                              f"schedule=constant): {self.optim_why}")
-        self.optim = optim
-
-    def set_bn(self, policy: str) -> None:
-        """The `bn` option (how the shared model's BatchNorm statistics are kept: trainer.BN_POLICIES)."""
-        check_choice("bn", policy, BN_POLICIES)
-        self.bn = policy
-
-    def set_schedule(self, sched) -> None:
-        """The run's `simulate.Schedule` (rounds, tau, batch_size, ...), given before its first round:
-        for what an algorithm schedules over the whole run (FedPHP's mu_t) or sizes by the run's tau
-        (FedALA's training phase). Default: nothing."""
-
-    def set_data(self, data) -> None:
-        """The run's `FederatedData`, given before its first round (after `set_schedule`): for what an
-        algorithm's state starts from (APPLE's p0, the clients' shares of training rows). Default:
-        nothing."""
 
     def check_params(self, params: Params) -> None:
         """Raises ConfigError (one line) when the model (its state: `engine.params_of`, with any

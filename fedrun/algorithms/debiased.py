@@ -54,9 +54,8 @@ from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, clip_per_client, gather, scatter, stack, weighted_mean
 from ..errors import ConfigError
 from .adaptation import make_adaptation
-from .base import Algorithm, EvalContext, Local, ServerState
+from .base import Algorithm, EvalContext, Local, RunInfo, ServerState
 from .checks import check_choice, check_positive, require_body
-from .optim import LocalOptim
 
 EVAL_MODELS = ("server", "clients_mean")
 # paper 004's options for the engines' agreement check (fedrun.bench.agreement): a clip that clips, a
@@ -100,10 +99,11 @@ class DebiasedSGD(Algorithm):
             raise ConfigError("algo.adaptation=proto serves class prototypes, which SGD does not fine-tune; "
                               "set algo.finetune_steps=0 algo.finetune_epochs=null, or algo.adaptation=maml or none")
 
-    def set_optim(self, optim: LocalOptim) -> None:
+    def check_run(self, run: RunInfo) -> None:
         """`optim` on top of the method's own options, refusing (one line) the pairs that say the same
         thing twice: algo.weight_decay and optim.weight_decay (both an L2 decay added to the step's
         gradient), algo.lr_decay and optim.schedule (both the lr over rounds)."""
+        optim = run.optim
         if not optim.plain and self.weight_decay and optim.weight_decay:
             raise ConfigError(f"algo.weight_decay={self.weight_decay} and optim.weight_decay={optim.weight_decay} "
                               f"are both the local step's weight decay (algo={self.name}); set one of them to 0")
@@ -111,7 +111,7 @@ class DebiasedSGD(Algorithm):
             raise ConfigError(f"algo.lr_decay={self.lr_decay} and optim.schedule={optim.schedule} both schedule the "
                               f"local lr over rounds (algo={self.name}); set algo.lr_decay=1 or "
                               "optim.schedule=constant")
-        super().set_optim(optim)
+        super().check_run(run)
 
     def check_params(self, params: Params) -> None:
         super().check_params(params)

@@ -93,10 +93,10 @@ class FedALA(Algorithm):
                 ala += (Phase(self.ala_start_step, steps=(self.start_epochs - 1) * self.ala_steps),)
         return (*ala, train)
 
-    tau_steps = 1  # the run's tau (`set_schedule`, which simulate calls before the first round)
-
-    def set_schedule(self, sched) -> None:
-        self.tau_steps = sched.tau
+    @property
+    def tau_steps(self) -> int:
+        """The run's tau (`bind`: simulate binds the run before its first round)."""
+        return self.run.tau
 
     def init(self, params: Params, num_clients: int) -> ServerState:
         first = next(iter(params.values()))

@@ -101,10 +101,10 @@ class FedFomo(Algorithm):
         self.follow, self.new_client_steps = follow or "paper", new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
-    tau_steps = 1  # the run's tau (`set_schedule`, which simulate calls before the first round)
-
-    def set_schedule(self, sched) -> None:
-        self.tau_steps = sched.tau
+    @property
+    def tau_steps(self) -> int:
+        """The run's tau (`bind`: simulate binds the run before its first round)."""
+        return self.run.tau
 
     # its training is local SGD (PFLlib's clientFomo optimizer) on the client's model after its mixture
     optim_ok = True

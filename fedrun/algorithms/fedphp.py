@@ -74,10 +74,10 @@ class FedPHP(Algorithm):
         self.local_epochs, self.new_client_steps = local_epochs, new_client_steps
         self.set_finetuning(finetune_steps, finetune_epochs, finetune_lr)
 
-    run_rounds: int | None = None  # the run's rounds (`set_schedule`, which simulate calls first)
-
-    def set_schedule(self, sched) -> None:
-        self.run_rounds = sched.rounds
+    @property
+    def run_rounds(self) -> int | None:
+        """The run's rounds (`bind`: simulate binds the run before its first round)."""
+        return self.run.rounds
 
     def mu_at(self, rnd: int) -> float:
         """mu_t of round `rnd` (1, 2, ...); mu itself where no run gave its rounds (client_init called

@@ -63,8 +63,9 @@ class GPFL(PartSharing):
     batchnorm_why = ("its loss runs the body's features through the CoV and the GCE, not yet written with the "
                      "local trainer's value_and_grad")
 
-    def set_optim(self, optim) -> None:
-        super().set_optim(optim)
+    def check_run(self, run) -> None:
+        super().check_run(run)
+        optim = run.optim
         if self.mu and optim.weight_decay:
             from ..errors import ConfigError
             raise ConfigError(f"algo.mu={self.mu} is the CoV's and GCE's weight decay (PFLlib's CoV_opt, GCE_opt); "

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from .base import Local, ServerState
 from .checks import check_choice
 from .debiased import AGREEMENT_META, DebiasedSGD
-from .optim import LocalOptim
+from .trainer import RunInfo
 
 
 class PAvg(DebiasedSGD):
@@ -31,12 +31,13 @@ class PAvg(DebiasedSGD):
         super().__init__(**options)
         self.proto_first_step_only = bool(proto_first_step_only) and self.adaptation == "proto"
 
-    def set_optim(self, optim: LocalOptim) -> None:
+    def check_run(self, run: RunInfo) -> None:
+        optim = run.optim
         if self.proto_first_step_only and optim.name != "sgd":
             raise ConfigError(f"algo.proto_first_step_only=true trains the output layer from each round's second step "
                               f"only, which an Adam step count shared by the model's parameters (optim.name="
                               f"{optim.name}) cannot follow; set optim.name=sgd or algo.proto_first_step_only=false")
-        super().set_optim(optim)
+        super().check_run(run)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         local = super().client_init(state, clients, rnd)

@@ -33,7 +33,7 @@ class OneStepPersonalization:
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
         start, stacked = self.eval_params(state), False
-        own = state.clients.get("bn_local") if getattr(self, "bn", "averaged") == "local" else None
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is not None:  # bn=local: each client's model is the shared parameters with its own statistics
             start, stacked = {**stack(start, ctx.data.num_clients), **own}, True
         if self.finetune_epochs:

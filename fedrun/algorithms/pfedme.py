@@ -143,8 +143,8 @@ class PFedMe(Algorithm):
         everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
         x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(ctx.tau,))
         local = self.client_init(state, everyone, 0)
-        if self.bn == "local" and "bn_local" in state.clients:  # each client's own running statistics
-            local = self.with_shared_buffers(local, state.clients["bn_local"])
+        if self.bn == "local" and "bn_local" in state.trainer:  # each client's own running statistics
+            local = self.with_shared_buffers(local, state.trainer["bn_local"])
         for r in range(ctx.tau):
             local = self.client_step(engine, local, [(x[:, r], y[:, r])], 0)
         return local["params" if self.personalized == "local" else "theta"], None

@@ -26,7 +26,8 @@ the rest:
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -35,12 +36,67 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.batchnorm import is_buffer, split_buffers
 from ..engine.tree import Params, gather, scatter, sgd, stack
+from ..errors import ConfigError
+from .checks import check_choice
 from .optim import PLAIN, LocalOptim
 
 Local = dict
 
 # How a shared model's BatchNorm running statistics are kept (`bn=`, docs/baselines.md "BatchNorm").
 BN_POLICIES = ("averaged", "local")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run tells its algorithm before round 1 (`LocalTrainer.bind`): the schedule's facts some
+    methods size their work or schedules by (FedALA's and FedFomo's tau steps, FedPHP's and APPLE's
+    rounds), the training clients' rows (APPLE's p0) and the training recipe every local step shares
+    (the local optimizer `optim.*`, the BatchNorm policy `bn=`). The default is an unbound algorithm's:
+    plain SGD, bn=averaged, tau 1, no rounds (a step called outside a run, in a test)."""
+
+    rounds: int | None = None
+    tau: int = 1
+    batch_size: int | None = None
+    num_clients: int | None = None  # every client (training and held-out)
+    train_sizes: Tensor | None = field(default=None, compare=False)  # training rows of each training client (CPU)
+    optim: LocalOptim = PLAIN
+    bn: str = "averaged"
+
+    @classmethod
+    def of(cls, sched, data, optim: LocalOptim = PLAIN, bn: str = "averaged") -> RunInfo:
+        """The run of a `simulate.Schedule` on a `FederatedData`, with the recipe `optim`, `bn`."""
+        return cls(rounds=sched.rounds, tau=sched.tau, batch_size=sched.batch_size, num_clients=data.num_clients,
+                   train_sizes=data.train.sizes[: data.num_train_clients].detach().cpu(), optim=optim, bn=bn)
+
+
+def get(local, key: str):
+    """The entry `key` of a Local: a typed one (a NamedTuple: its field) or a dict."""
+    return local[key] if isinstance(local, dict) else getattr(local, key)
+
+
+def has(local, key: str) -> bool:
+    """Whether a Local has the entry `key`."""
+    return key in local if isinstance(local, dict) else key in local._fields
+
+
+def put(local, **entries):
+    """`local` with `entries` replaced (a typed Local: `_replace`; a dict: a new dict)."""
+    return {**local, **entries} if isinstance(local, dict) else local._replace(**entries)
+
+
+def opt_state(local) -> dict:
+    """slot -> optimizer state of the models a Local trains: a typed Local's `opt` field, a dict
+    Local's "opt*" entries (the slots are the entries' names, `slot_of`)."""
+    if isinstance(local, dict):
+        return {k: v for k, v in local.items() if k == "opt" or k.startswith("opt.")}
+    return local.opt
+
+
+def with_opt_state(local, slots: dict):
+    """`local` with the optimizer state of `slots` (slot -> state) replaced."""
+    if isinstance(local, dict):
+        return {**local, **slots}
+    return local._replace(opt={**local.opt, **slots})
 
 
 def slot_of(key: str) -> str:
@@ -54,10 +110,40 @@ def _where(live: Tensor, new, old):
 
 
 class LocalTrainer:
-    """Mixin of `base.Algorithm`: the optimizer, BatchNorm and the slots of optimizer state."""
+    """Mixin of `base.Algorithm`: the run's recipe (`bind`), the optimizer, BatchNorm and the slots of
+    optimizer state."""
 
-    optim: LocalOptim = PLAIN
-    bn: str = "averaged"
+    # the run an algorithm is bound to (`bind`); an algorithm object is never changed after it is built:
+    # `bind` returns a bound copy
+    run: RunInfo = RunInfo()
+    optim_ok = False
+    optim_why = ""
+
+    @property
+    def optim(self) -> LocalOptim:
+        """The local optimizer of the bound run (`optim.*`; unbound: plain SGD of a constant lr)."""
+        return self.run.optim
+
+    @property
+    def bn(self) -> str:
+        """The BatchNorm policy of the bound run (`bn=`, BN_POLICIES)."""
+        return self.run.bn
+
+    def check_run(self, run: RunInfo) -> None:
+        """Raises ConfigError (one line) when this algorithm cannot train the run `run` (its optimizer,
+        its `bn`); run with the other option checks, before any work. Methods with options that say
+        the same thing as `optim.*` refuse the pairs here too (the debiasing methods' weight decay)."""
+        check_choice("bn", run.bn, BN_POLICIES)
+        if not run.optim.plain and not self.optim_ok:
+            raise ConfigError(f"algo={self.name} takes only optim.* defaults (name=sgd, momentum=0, weight_decay=0, "
+                              f"schedule=constant): {self.optim_why}")
+
+    def bind(self, run: RunInfo):
+        """A copy of this algorithm bound to `run` (checked: `check_run`); this one is left as it was."""
+        self.check_run(run)
+        out = copy.copy(self)
+        out.run = run
+        return out
 
     # -- what an algorithm declares -------------------------------------------------------------
 
@@ -65,22 +151,22 @@ class LocalTrainer:
         """slot -> (the Local entry of a model the local steps train with `descend`, the entries of it
         that optimizer updates): every model a client trains, each with its own optimizer state.
         Default: the client's model `params`, all its parameters."""
-        return {"opt": ("params", [k for k in local["params"] if not is_buffer(k)])}
+        return {"opt": ("params", [k for k in get(local, "params") if not is_buffer(k)])}
 
     # -- the steps --------------------------------------------------------------------------------
 
     def grad(self, engine: Engine, local: Local, key: str, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Local]:
         """(gradients of the parameters of the model `local[key]` on the minibatch, per-client losses,
         `local` with that model's BatchNorm statistics updated by the step's forward)."""
-        g, loss, buffers = engine.state_grad(local[key], x, y)
-        return g, loss, ({**local, key: {**local[key], **buffers}} if buffers else local)
+        g, loss, buffers = engine.state_grad(get(local, key), x, y)
+        return g, loss, (put(local, **{key: {**get(local, key), **buffers}}) if buffers else local)
 
     def value_and_grad(self, engine: Engine, local: Local, key: str, fn: Callable[..., Tensor],
                        *args) -> tuple[Params, Tensor, Local]:
         """`grad` of an objective fn(state, *args) of the model `local[key]` (a loss with the method's
         own terms: MOON's contrastive term, FedProto's prototype distance, ...)."""
-        g, value, buffers = engine.state_value_and_grad(fn, local[key], *args)
-        return g, value, ({**local, key: {**local[key], **buffers}} if buffers else local)
+        g, value, buffers = engine.state_value_and_grad(fn, get(local, key), *args)
+        return g, value, (put(local, **{key: {**get(local, key), **buffers}}) if buffers else local)
 
     def sgd_step(self, engine: Engine, local: Local, batches, lr: float, rnd: int) -> Local:
         """One step of the optimizer (default: plain SGD of lr) of every client's model `local["params"]`
@@ -95,7 +181,7 @@ class LocalTrainer:
         the step's objective, corrections included) at round `rnd`'s rate for base rate `lr`: every
         parameter of `g` (or the entries `names`), with the optimizer state of `slot` (default
         `slot_of(key)`); `live` [m] bool: the clients that step (the others keep model and state)."""
-        w = local[key]
+        w = get(local, key)
         keys = [k for k in w if k in g and not is_buffer(k)] if names is None else \
             [k for k in w if k in set(names)]
         slot = slot or slot_of(key)
@@ -103,7 +189,7 @@ class LocalTrainer:
         if self.optim.plain:
             new, state = sgd(sub, {k: g[k] for k in keys}, lr), None
         else:
-            state = local.get(slot)
+            state = opt_state(local).get(slot)
             if state is None:  # (a Local the round loop did not start: an onboarding fit, a test)
                 state = self.optim.fresh({k: v[0] for k, v in sub.items()}, len(next(iter(sub.values()))))
             new, new_state = self.optim.step(sub, {k: g[k] for k in keys}, state, self.optim.lr_at(lr, rnd))
@@ -113,19 +199,17 @@ class LocalTrainer:
             state = new_state
         if live is not None:
             new = _where(live, new, sub)
-        out = {**local, key: {**w, **new}}
-        if state:
-            out[slot] = state
-        return out
+        out = put(local, **{key: {**w, **new}})
+        return with_opt_state(out, {slot: state}) if state else out
 
     # -- where the shared model's BatchNorm statistics ride (`batchnorm.BatchNormState` keeps them apart)
 
     def shared_buffers(self, local: Local) -> Params:
         """The round's clients' BatchNorm statistics of the shared model ({} without BatchNorm)."""
-        return split_buffers(local["params"])[1] if "params" in local else {}
+        return split_buffers(get(local, "params"))[1] if has(local, "params") else {}
 
     def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
-        return {**local, "params": {**local["params"], **buffers}}
+        return put(local, params={**get(local, "params"), **buffers})
 
     def server_with_buffers(self, state, buffers: Params):
         return replace(state, params={**state.params, **buffers})
@@ -134,47 +218,48 @@ class LocalTrainer:
 
     def start_local(self, state, clients: Tensor, rnd: int) -> Local:
         """The round's Local: `client_init`, with the clients' own BatchNorm statistics of the shared
-        model (`bn=local`) and every slot's optimizer state (fresh, or the clients' kept rows)."""
+        model (`bn=local`) and every slot's optimizer state (fresh, or the clients' kept rows), both
+        kept in the server state's `trainer` (ServerState.trainer)."""
         local = self.client_init(state, clients, rnd)
-        if self.bn == "local" and "bn_local" in state.clients:
-            local = self.with_shared_buffers(local, gather(state.clients["bn_local"], clients))
+        if self.bn == "local" and "bn_local" in state.trainer:
+            local = self.with_shared_buffers(local, gather(state.trainer["bn_local"], clients))
         if not self.optim.stateful:
             return local
+        slots = {}
         for slot, (key, names) in self.optim_slots(local).items():
-            kept = state.clients.get(slot) if self.optim.state == "persist" else None
+            kept = state.trainer.get(slot) if self.optim.state == "persist" else None
             if kept is None:
-                opt = self.optim.fresh({k: local[key][k][0] for k in names}, len(clients))
+                slots[slot] = self.optim.fresh({k: get(local, key)[k][0] for k in names}, len(clients))
             else:
-                opt = {k: gather(v, clients) if isinstance(v, dict) else v[clients] for k, v in kept.items()}
-            local = {**local, slot: opt}
-        return local
+                slots[slot] = {k: gather(v, clients) if isinstance(v, dict) else v[clients] for k, v in kept.items()}
+        return with_opt_state(local, slots)
 
     def end_round(self, before, local: Local, clients: Tensor, selected: Tensor, weights: Tensor | None,
                   num_clients: int):
-        """`server_update` of the round's state `before`, with the trained clients' optimizer state of
-        every slot kept (optim.state=persist) and (`bn=local`) their BatchNorm statistics of the shared
-        model, the server's model carrying the first aggregated client's (PFLlib's server copies its
-        first uploaded model, then averages the parameters only)."""
+        """`server_update` of the round's state `before`, its `trainer` state carried on: the trained
+        clients' optimizer state of every slot kept (optim.state=persist) and (`bn=local`) their
+        BatchNorm statistics of the shared model, the server's model carrying the first aggregated
+        client's (PFLlib's server copies its first uploaded model, then averages the parameters only)."""
         state = self.server_update(before, local, clients, selected, weights)
+        kept = dict(before.trainer)
         if self.bn == "local":
             buffers = self.shared_buffers(local)
             if buffers:
-                full = state.clients.get("bn_local")
+                full = kept.get("bn_local")
                 if full is None:  # every client starts from the initial model's statistics
                     full = stack(split_buffers(self.eval_params(before))[1], num_clients)
                 first = {k: v[selected[0]] for k, v in buffers.items()}
-                state = replace(self.server_with_buffers(state, first),
-                                clients={**state.clients, "bn_local": scatter(full, clients, buffers)})
-        if not self.optim.stateful or self.optim.state != "persist":
-            return state
-        kept = dict(state.clients)
-        for slot, (key, names) in self.optim_slots(local).items():
-            if slot not in local:
-                continue
-            full = kept.get(slot)
-            if full is None:
-                full = self.optim.fresh({k: local[key][k][0] for k in names}, num_clients)
-            rows = local[slot]
-            kept[slot] = {k: scatter(v, clients, rows[k]) if isinstance(v, dict)
-                          else v.index_copy(0, clients, rows[k].to(v.dtype)) for k, v in full.items()}
-        return replace(state, clients=kept)
+                state = self.server_with_buffers(state, first)
+                kept["bn_local"] = scatter(full, clients, buffers)
+        if self.optim.stateful and self.optim.state == "persist":
+            rows_of = opt_state(local)
+            for slot, (key, names) in self.optim_slots(local).items():
+                if slot not in rows_of:
+                    continue
+                full = kept.get(slot)
+                if full is None:
+                    full = self.optim.fresh({k: get(local, key)[k][0] for k in names}, num_clients)
+                rows = rows_of[slot]
+                kept[slot] = {k: scatter(v, clients, rows[k]) if isinstance(v, dict)
+                              else v.index_copy(0, clients, rows[k].to(v.dtype)) for k, v in full.items()}
+        return replace(state, trainer=kept)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms import algorithm_class, build, names
+from ..algorithms.base import flat_clients
 from ..branches import settings
 from ..data import ClientSplit, FederatedData
 from ..engine import LoopEngine, VmapEngine, params_of
@@ -171,10 +172,10 @@ def run_case(case: Case, device="cpu", dtype=torch.float64) -> dict:
     if bv.keys() != bl.keys():
         raise AssertionError(f"{case.id}: server buffers {sorted(bv)} vs {sorted(bl)}")
     pairs += [(f"buffers.{k}", bv[k], bl[k], TOL[dtype]) for k in bv]  # a BatchNorm model's running statistics
-    if sv.clients.keys() != sl.clients.keys():
-        raise AssertionError(f"{case.id}: client states {sorted(sv.clients)} vs {sorted(sl.clients)}")
-    pairs += [(f"clients.{s}.{k}", sv.clients[s][k], sl.clients[s][k], TOL[dtype])
-              for s in sv.clients for k in sv.clients[s]]
+    cv, cl = flat_clients(sv), flat_clients(sl)
+    if cv.keys() != cl.keys():
+        raise AssertionError(f"{case.id}: client states {sorted(cv)} vs {sorted(cl)}")
+    pairs += [(f"clients.{s}.{k}", cv[s][k], cl[s][k], TOL[dtype]) for s in cv for k in cv[s]]
     if len(rows_v) != len(rows_l) or any(a.keys() != b.keys() for a, b in zip(rows_v, rows_l)):
         raise AssertionError(f"{case.id}: the engines logged different rows")
     pairs += [(f"round{i + 1}.{k}", torch.tensor(a[k], dtype=torch.float64), torch.tensor(b[k], dtype=torch.float64),

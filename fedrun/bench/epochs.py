@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from ..algorithms.base import RunInfo
 from ..simulate import local_training, one_step, round_draws
 from .common import sync
 
@@ -58,9 +59,8 @@ def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, devic
     torch.manual_seed(0)
     model = model_fn().to(device)
     engine = ENGINES["vmap"](model)
+    algo = algo.bind(RunInfo.of(sched, data, algo.optim, algo.bn))
     state = algo.init(params_of(model), data.num_clients)
-    algo.set_schedule(sched)
-    algo.set_data(data)
     t0, work = None, 0
     for rnd in range(1, warmup + rounds + 1):
         if rnd == warmup + 1:

@@ -19,8 +19,8 @@ its sums are split. A plan that still runs out of memory (the allocator's fragme
 probes did not cover) falls back on halving: the clients of a round (`simulate.ChunkedTraining`) and
 the chunks of a full pass (`simulate._evaluate_fitted`), each retried from its pure inputs.
 
-The probes run after the algorithm's `set_schedule` and `set_data` (called here as simulate_group
-calls them, with the same values) on `init`'s state, and BEFORE `prepare`, which cannot come first:
+The probes run with the algorithm bound to the run (`Algorithm.bind`, as simulate_group binds it)
+on `init`'s state, and BEFORE `prepare`, which cannot come first:
 its own work over every training client (FedDBE's round before round 1) runs in the chunks planned
 here (`EvalContext.chunked`; `Plan.clients` bounds those chunks too, each holding its clients'
 states), a resumed run never calls it and is planned as the uninterrupted one was, and it sets
@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..algorithms.base import Algorithm
+from ..algorithms.base import Algorithm, RunInfo
 from ..data.federated import ClientSplit, FederatedData
 from ..engine import Engine, Params
 from ..engine.tree import tree_leaves, tree_map
@@ -252,8 +252,9 @@ def _plan(algo: Algorithm, engine: Engine, data: FederatedData, sched: Schedule,
     # On CUDA the first call of a kernel may allocate workspaces that stay (cuBLAS, cuDNN): one warm-up
     # call of each probe first, so they count as resident and not as the first probe's unit.
     warm = device.type == "cuda"
-    algo.set_schedule(sched)  # (as simulate_group does first: what the round's work is sized by, FedALA's and
-    algo.set_data(data)       # FedFomo's tau steps, APPLE's p0; pure setters, called again with the same values)
+    # (bound as simulate_group binds it: what the round's work is sized by, FedALA's and FedFomo's tau steps,
+    # APPLE's p0)
+    algo = algo.bind(RunInfo.of(sched, data, algo.optim, algo.bn))
     state = algo.init(params, data.num_clients)
     _, trained, idx, aug = round_draws(algo, data, sched, seed, 1)
     local = algo.start_local(state, trained, 1)

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .. import outputs
-from ..algorithms.base import ServerState
+from ..algorithms.base import flat_clients, state_of
 from ..data import FederatedData
 from ..device import keep_freed_memory
 from ..engine import ENGINES, params_of
@@ -86,9 +86,8 @@ class Job:
         start = None
         if ck is not None:
             st = ck["state"]
-            state = ServerState(params={k: v.to(self.device) for k, v in st["params"].items()},
-                                extra=_to_device(st["extra"], self.device),
-                                clients=_to_device(st.get("clients", {}), self.device))
+            state = state_of(spec.algo, {k: v.to(self.device) for k, v in st["params"].items()},
+                             _to_device(st["extra"], self.device), _to_device(st.get("clients", {}), self.device))
             start = Progress(state, ck["round"], ck["transmitted"])
             print(f"fedrun: resuming from {ck['path']} (round {ck['round']})", file=sys.stderr)
         fp = spec.fingerprint
@@ -104,7 +103,7 @@ class Job:
         def on_checkpoint(at: Progress) -> None:
             folder.save_checkpoint(at.round, {
                 "config": fp, "transmitted": at.transmitted, "torch_rng": torch.get_rng_state(),
-                "state": {"params": at.state.params, "extra": at.state.extra, "clients": at.state.clients}})
+                "state": {"params": at.state.params, "extra": at.state.extra, "clients": flat_clients(at.state)}})
 
         minutes = spec.output.checkpoint_minutes
         due = (lambda: time.time() - folder.saved_at >= 60 * minutes) if minutes else None

@@ -21,9 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..algorithms.base import Algorithm
+from ..algorithms.base import Algorithm, RunInfo
 from ..algorithms.checks import check_choice
-from ..algorithms.optim import local_optim
+from ..algorithms.optim import PLAIN, local_optim
 from ..config import (
     CONF_DIR,
     FIGURE_FORMATS,
@@ -134,7 +134,8 @@ class RunSpec:
         if data.num_holdout and getattr(algo, "train_all", False):
             raise ConfigError("partition.holdout needs an algorithm that trains only sampled clients; "
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
-        algo.set_schedule(sched)  # what its round's phases are sized by (FedALA's tau), as simulate does
+        recipe = built["recipe"]  # bound to the run (what its phases are sized by: FedALA's tau), as simulate does
+        algo = algo.bind(RunInfo.of(sched, data, recipe.optim, recipe.bn))
         sizes = data.train.sizes.cpu()[: data.num_train_clients]
         passes = check_passes(algo, sched, sizes)
         check_round_draws(sched, data.num_train_clients if algo.train_all else sched.clients_per_round,
@@ -226,7 +227,7 @@ ROW_BYTES = {"replacement": 12, "shuffled": 64}
 def _draw_bytes(algo, sched: Schedule, clients: int, longest: int) -> tuple[int, int]:
     """(bytes of one training round's minibatch draws, the part one more tau step, or one more pass of
     `local_epochs`, adds) for `clients` training clients. A round is tau x the algorithm's
-    batches per step, or its phases (`Algorithm.phases`, after `set_schedule`): steps x batches each,
+    batches per step, or its phases (`Algorithm.phases` of the bound run, `Algorithm.bind`): steps x batches each,
     or for an `epochs` phase its passes x `longest` minibatches (the most whole minibatches a pass of
     any training client holds: every client's draws are that long, `simulate.sample_phases`)."""
     rows = clients * sched.batch_size
@@ -379,12 +380,13 @@ def validate(cfg: DictConfig, built: dict | None = None) -> list[str]:
         problems.append(str(e))
     try:
         optim = local_optim(cfg.get("optim"), cfg.get("rounds", 1))
-        if "algo" in built:
-            built["algo"].set_optim(optim)
     except ConfigError as e:
         problems.append(str(e))
+        optim = PLAIN
+    # the run's recipe (optim.*, bn=), which `from_config` binds the algorithm to with the data's facts
+    built["recipe"] = RunInfo(optim=optim, bn=cfg.get("bn", "averaged"))
     if "algo" in built:
-        check(built["algo"].set_bn, cfg.get("bn", "averaged"))
+        check(built["algo"].check_run, built["recipe"])
     if "algo" in built and isinstance(cfg.tau, int) and not isinstance(cfg.tau, bool) and cfg.tau >= 1:
         check(built["algo"].check_tau, cfg.tau)  # a part of the method the run's tau would never train
     hidden = _model_hidden(cfg)

@@ -9,6 +9,7 @@ import torch
 from test_baselines import test_per_client_state_survives_a_checkpoint_and_resume as resume_check
 
 from fedrun.algorithms.apple import APPLE, _dots, mix, mix_local
+from fedrun.algorithms.base import RunInfo
 from fedrun.errors import ConfigError
 
 
@@ -34,9 +35,8 @@ def test_mixtures_and_p_gradients_by_hand():
 def test_held_out_columns_stay_zero_and_state_survives_a_resume(tmp_path):
     algo = APPLE(lr=0.1, dr_lr=1.0, mu=0.5, decay=1.0, decay_rounds=3)
     state = algo.init({"w": torch.zeros(2)}, 4)
-    algo.sizes = None
     assert state.clients["p"]["p"][0].tolist() == [0.25] * 4
-    algo.sizes = torch.tensor([1.0, 3.0], dtype=torch.float64)  # 2 training clients of 4
+    algo = algo.bind(RunInfo(train_sizes=torch.tensor([1, 3])))  # 2 training clients of 4
     state = algo.init({"w": torch.zeros(2)}, 4)
     assert state.clients["p"]["p"][0].tolist() == [0.5, 0.5, 0, 0] and state.extra["p0"].tolist() == [0.25, 0.75, 0, 0]
     local = algo.client_init(state, torch.tensor([0, 1]), 1)
@@ -48,7 +48,6 @@ def test_held_out_columns_stay_zero_and_state_survives_a_resume(tmp_path):
             return {"w": torch.ones_like(w["w"])}, None
     out = algo.client_step(Engine(), local, [(None, None)], 1)
     assert (out["p"][:, 2:] == 0).all() and (out["p"][:, :2] != local["p"][:, :2]).all()
-    algo.sizes = None
     resume_check(tmp_path, APPLE(lr=0.1, dr_lr=1.0, mu=0.5, decay=1.0, decay_rounds=3))
 
 

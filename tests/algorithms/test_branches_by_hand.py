@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrun.algorithms import APFL, APPLE, FedAMP, FedFomo, FedProto
-from fedrun.algorithms.base import EvalContext
+from fedrun.algorithms.base import EvalContext, RunInfo
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models import MLP
@@ -52,8 +52,9 @@ def run(algo, engine_cls, rounds=2, tau=1, holdout=True):
     p0 = {k: v.detach().clone() for k, v in params_of(model).items()}
     engine = engine_cls(model)
     sched = Schedule(rounds=rounds, tau=tau, clients_per_round=TRAIN, batch_size=2, sampling="steps")
+    algo = algo.bind(RunInfo.of(sched, data))  # (as the runner binds it; the held-out client's steps read the run)
     state, _ = simulate(algo, engine, data, params_of(model), sched, 0)
-    return state, engine, data, p0, rows
+    return algo, state, engine, data, p0, rows
 
 
 def onboard(algo, engine, state, data, steps):
@@ -140,7 +141,7 @@ def test_fedamp_by_hand(engine_cls, follow, form):
     opts = dict(lr=0.3, lam=0.7, alpha_k=0.8, sigma=2.0)
     algo = FedAMP(**opts, follow=follow, new_client_steps=2,
                   local_epochs=2 if form == "epochs" else None)  # epochs: 2 passes of 1 step; steps: tau 2
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
     w, new = fedamp_by_hand(p0, rows, follow, **opts, rounds=2, steps=2)
     for i in range(TRAIN):
         close(state.clients["params"], w[i], i)
@@ -193,7 +194,7 @@ def apfl_by_hand(p0, rows, follow, lr, alpha, alpha_lr, rounds, steps, new_steps
 def test_apfl_by_hand(engine_cls, follow):
     opts = dict(lr=0.3, alpha=0.4, alpha_lr=0.2)
     algo = APFL(**opts, follow=follow, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
     state = onboard(algo, engine, state, data, 5)
     served, a = apfl_by_hand(p0, rows, follow, **opts, rounds=2, steps=2, new_steps=2)
     assert 0 < min(a) and max(a) < 1  # alpha moved and was not clipped
@@ -251,7 +252,7 @@ def test_apple_by_hand(engine_cls, follow, form):
     opts = dict(lr=0.2, dr_lr=0.5, mu=0.6)
     algo = APPLE(**opts, decay=0.1, decay_rounds=2, follow=follow, new_client_steps=2,
                  local_epochs=1 if form == "epochs" else None)  # one step a round either way
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=1 if form == "steps" else 5)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=1 if form == "steps" else 5)
     state = onboard(algo, engine, state, data, 5)
     served, p, lams = apple_by_hand(p0, rows, follow, **opts, L=2, rounds=3, new_steps=2)
     assert lams == [1.0, 1.0, 0.5, 0.0]  # rounds 1..3 and the held-out client's
@@ -264,7 +265,7 @@ def test_apple_by_hand(engine_cls, follow, form):
 def test_apple_decay_as_a_fraction_of_the_rounds():
     """decay_rounds null: L = int(decay x rounds); lam over rounds 1..6 with L = int(0.5 x 6) = 3."""
     algo = APPLE(lr=0.1, dr_lr=0.1, mu=0.1, decay=0.5, decay_rounds=None)
-    algo.set_schedule(Schedule(rounds=6, tau=1, clients_per_round=1, batch_size=1))
+    algo = algo.bind(RunInfo(rounds=6))
     want = [1.0, 1.0, 0.75, 0.25, 0.0, 0.0]  # (cos(t pi / 3) + 1) / 2 for t = 0, 1, 2; then 0
     assert [algo.lam_at(t) for t in range(1, 7)] == pytest.approx(want, abs=1e-15)
 
@@ -288,7 +289,7 @@ def fomo_mix(base, own, nbrs, x, y):
 def test_fedfomo_by_hand(engine_cls, follow):
     lr = 0.4
     algo = FedFomo(lr=lr, M=2, val_batches=1, follow=follow)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2, holdout=False)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2, holdout=False)
     models, old = [dict(p0) for _ in range(TRAIN)], [dict(p0) for _ in range(TRAIN)]
     P = [[1.0 if i == j else 0.0 for j in range(TRAIN)] for i in range(TRAIN)]
     for t in range(3):
@@ -315,7 +316,7 @@ def test_fedfomo_held_out_client_by_hand(engine_cls):
     trained models from the initial one on its rows, mixes them, then takes new_client_steps SGD steps."""
     lr = 0.4
     algo = FedFomo(lr=lr, M=2, val_batches=1, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
     trained = []
     for i in range(TRAIN):
         m = dict(p0)
@@ -339,7 +340,7 @@ def test_fedfomo_held_out_client_by_hand(engine_cls):
 def test_fedproto_by_hand(engine_cls, follow):
     lr, lam = 0.3, 0.9
     algo = FedProto(lr=lr, lam=lam, follow=follow, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
     protos, present = torch.zeros(K, 4, dtype=torch.float64), torch.zeros(K, dtype=torch.bool)
 
     def loss(p, x, y):
@@ -459,7 +460,7 @@ def test_fedpac_by_hand(engine_cls, follow, form):
     lr, lam = 0.3, 0.8
     algo = FedPAC(lr=lr, lam=lam, head_steps=1, head_epochs=1, local_epochs=1 if form == "epochs" else None,
                   follow=follow, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
     state = onboard(algo, engine, state, data, 5)
     body, heads, protos, present = fedpac_by_hand(p0, rows, follow, lr, lam, form, rounds=2, new_steps=2)
     close(state.params, body)
@@ -487,7 +488,7 @@ def test_fedphp_by_hand(engine_cls, serve, mu_rounds, form):
     lr, mu, lam, rounds = 0.3, 0.6, 0.4, 3
     algo = FedPHP(lr=lr, mu=mu, lam=lam, mu_rounds=mu_rounds, serve=serve,
                   local_epochs=2 if form == "epochs" else None, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=rounds, tau=2 if form == "steps" else 5)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=rounds, tau=2 if form == "steps" else 5)
     state = onboard(algo, engine, state, data, 5)
     T = mu_rounds or rounds
     mus = [min(mu * (t - 1) / T, mu) for t in range(1, rounds + 1)]
@@ -527,7 +528,7 @@ def test_fedala_by_hand(engine_cls, form):
     epochs = form == "epochs"
     algo = FedALA(lr=lr, eta=eta, layer_idx=2, start_epochs=start, ala_steps=None if epochs else 1,
                   local_epochs=2 if epochs else None, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2 if form == "steps" else 5)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=3, tau=2 if form == "steps" else 5)
     state = onboard(algo, engine, state, data, 5)
     server, models = dict(p0), [dict(p0) for _ in range(TRAIN + 1)]
     W = [{k: torch.ones_like(p0[k]) for k in HEAD} for _ in range(TRAIN)]
@@ -574,7 +575,7 @@ def test_fedrod_by_hand(engine_cls):
 
     lr = 0.3
     algo = FedRoD(lr=lr, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2)
     state = onboard(algo, engine, state, data, 5)
     counts = [torch.bincount(y, minlength=K).double() for _, y in rows]
 
@@ -628,7 +629,7 @@ def test_gpfl_by_hand(engine_cls, follow, form):
 
     lr, lam, mu = 0.3, 0.5, 0.1
     algo = GPFL(lr=lr, lam=lam, mu=mu, local_epochs=2 if form == "epochs" else None, follow=follow, new_client_steps=2)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
     state = onboard(algo, engine, state, data, 5)
     start = algo.init_modules(p0)  # the CoV's and GCE's initial values (inputs, not results)
     cov, E = dict(start["cov"]), start["gce"]
@@ -775,7 +776,7 @@ def test_held_out_client_by_hand(engine_cls, name):
     lr, plr, lam = 0.3, 0.2, 0.7
     extra = dict(personal_lr=plr, lam=lam) if name == "ditto" else {}
     algo = build(name, lr=lr, new_client_steps=2, **extra)
-    state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
+    algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=1, tau=2)
     state = onboard(algo, engine, state, data, 5)
     trained = []
     for i in range(TRAIN):

@@ -8,6 +8,7 @@ docs/baselines.md ("Which methods take which recipe")."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -91,7 +92,7 @@ def run_cell(algo_name: str, norm: str, optim: str, unit: str, unseen: bool, eng
     if unit == "epochs":
         options["local_epochs"] = 1
     algo = build(algo_name, **options)
-    algo.set_optim(OPTIMS[optim])
+    algo = algo.bind(replace(algo.run, optim=OPTIMS[optim]))
     torch.manual_seed(0)
     model = ResNet10(SIDE * SIDE, CLASSES, norm=norm, width=2, in_channels=1, image_size=SIDE).double()
     params = params_of(model)

@@ -5,12 +5,14 @@ are checked in one line and algorithms whose step is not plain gradient descent 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedrun.algorithms import algorithm_class, build, names
+from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.optim import LocalOptim, canonical, local_optim
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -64,7 +66,7 @@ def test_each_client_trains_as_a_torch_optimizer_on_its_own(data, case, engine_c
     opt = local_optim(OPTIMS[case], SCHED.rounds)
     lr = 0.05
     algo = build("local", lr=lr)
-    algo.set_optim(opt)
+    algo = algo.bind(replace(algo.run, optim=opt))
     torch.manual_seed(0)
     model = MLP(6, 3, hidden=[5])
     state, _ = simulate(algo, engine_cls(model), data, params_of(model), SCHED, seed=0)
@@ -115,11 +117,11 @@ def test_defaults_change_no_number(data):
     model = MLP(6, 3, hidden=[5])
     a, _ = simulate(build("fedavg"), VmapEngine(model), data, params_of(model), SCHED, seed=0)
     algo = build("fedavg")
-    algo.set_optim(local_optim({"momentum": 0.0, "schedule": "constant"}, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim({"momentum": 0.0, "schedule": "constant"}, 3)))
     b, _ = simulate(algo, VmapEngine(model), data, params_of(model), SCHED, seed=0)
     assert all(torch.equal(a.params[k], b.params[k]) for k in a.params) and "opt" not in b.clients
     assert not algo.step_uses_round
-    algo.set_optim(local_optim({"schedule": "cosine"}, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim({"schedule": "cosine"}, 3)))
     assert algo.step_uses_round
 
 
@@ -136,8 +138,8 @@ def test_options_are_checked_in_one_line():
     refusing = build("pfedme")
     refusing.optim_ok, refusing.optim_why = False, "its reason"  # (a method not on the local trainer)
     with pytest.raises(ConfigError, match=r"algo=pfedme takes only optim.\* defaults .*: its reason$"):
-        refusing.set_optim(local_optim({"momentum": 0.9}, 10))
-    refusing.set_optim(local_optim({}, 10))  # the defaults: every algorithm
+        refusing = refusing.bind(replace(refusing.run, optim=local_optim({"momentum": 0.9}, 10)))
+    refusing.bind(RunInfo(optim=local_optim({}, 10)))  # the defaults: every algorithm
     # the algorithms that take optim.* (those ported to the local trainer, fedrun.algorithms.trainer)
     assert {"fedavg", "fedper", "lgfedavg", "local", "perfedavg", "pfedme", "fedbn"} <= \
         {n for n in names() if algorithm_class(n).optim_ok}

@@ -4,16 +4,19 @@ client on the same gradients; the epochs unit computed by work (sorted clients, 
 training) equals the masked computation."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from fedrun.algorithms import algorithm_class, build, names
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.options import signature_options
-from fedrun.algorithms.trainer import LocalTrainer
+from fedrun.algorithms.trainer import LocalTrainer, RunInfo
 from fedrun.bench.agreement import declared_options
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import VmapEngine, params_of
+from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN
 from fedrun.simulate import Schedule, local_training, one_step, simulate
 
@@ -81,7 +84,7 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
     if algo_name == "gpfl" and optim.weight_decay:
         options["mu"] = 0.0  # (GPFL's CoV and GCE weight decay: the same)
     algo = build(algo_name, **options)
-    algo.set_optim(optim)
+    algo = algo.bind(replace(algo.run, optim=optim))
     torch.manual_seed(0)
     model = (MLPBN if algo_name == "fedbn" else MLP)(D, K, hidden=[4]).double()  # (FedBN needs BatchNorm)
     data = problem()
@@ -155,7 +158,7 @@ def test_epochs_by_work_equals_the_masked_steps(algo_name):
     out = {}
     for name, steps in (("by_work", None), ("masked", one_step)):
         algo = build(algo_name, **declared_options(algo_name), local_epochs=2)
-        algo.set_optim(LocalOptim(momentum=0.9))
+        algo = algo.bind(replace(algo.run, optim=LocalOptim(momentum=0.9)))
         torch.manual_seed(0)
         model = MLP(D, K, hidden=[4]).double()
         data = problem()
@@ -237,3 +240,34 @@ def test_perfedavg_epochs_cut_each_pass_into_disjoint_meta_step_batches():
         rows = d.idx[c, : int(d.per_pass[c])].flatten().tolist()
         assert len(set(rows)) == len(rows), f"client {c}: a row twice in one pass"
         assert all(data.train.offsets[c] <= r < data.train.offsets[c] + sizes[c] for r in rows)
+
+
+def test_bind_returns_a_bound_copy_and_leaves_the_options_object_as_it_was():
+    """`bind` is the one way a run's facts and recipe reach an algorithm (no setters): the algorithm
+    built from its options stays unbound (plain SGD, bn=averaged, tau 1); the copy reads the run."""
+    algo = build("fedfomo")
+    run = RunInfo(rounds=7, tau=3, optim=LocalOptim(momentum=0.9), bn="local")
+    bound = algo.bind(run)
+    assert bound is not algo and algo.run == RunInfo() and algo.optim.plain and algo.bn == "averaged"
+    assert bound.run is run and bound.optim is run.optim and bound.bn == "local" and bound.tau_steps == 3
+    assert algo.phases()[1].steps == 1 and bound.phases()[1].steps == 3  # its training phase: the run's tau
+    with pytest.raises(ConfigError) as e:
+        algo.bind(RunInfo(bn="shared"))
+    assert "\n" not in str(e.value) and "bn" in str(e.value) and "local" in str(e.value)
+
+
+def test_a_checkpoints_clients_split_into_the_algorithms_and_the_trainers():
+    """What a checkpoint holds (`flat_clients`: the names runs wrote before the trainer's state had its
+    own field) comes back as it was: the trainer's entries (optimizer slots, bn_local) in
+    `ServerState.trainer`, the algorithm's in its own `Clients` type."""
+    from fedrun.algorithms.base import flat_clients, state_of
+    algo = build("ditto")
+    state = algo.init({"w": torch.zeros(2)}, 3)
+    state = replace(state, trainer={"opt": {"w": torch.ones(3, 2)}, "opt.personal": {"w": torch.ones(3, 2)},
+                                    "bn_local": {"bn.running_mean": torch.zeros(3, 2)}})
+    flat = flat_clients(state)
+    assert set(flat) == {"personal", "opt", "opt.personal", "bn_local"}
+    back = state_of(algo, state.params, state.extra, flat)
+    assert set(back.trainer) == {"opt", "opt.personal", "bn_local"}
+    assert type(back.clients) is type(state.clients)
+    assert flat_clients(back).keys() == flat.keys()

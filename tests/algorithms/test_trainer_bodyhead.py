@@ -7,6 +7,7 @@ each part's statistics where the part goes."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _algo(name: str, **kw):
     algo = build(name, **kw)
-    algo.set_optim(local_optim(OPT, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim(OPT, 3)))
     return algo
 
 
@@ -166,7 +167,7 @@ def test_fedrod_generic_model_and_personal_head_are_pfllib_clientrod(engine_cls)
 
 def _round(algo, bn: str):
     """One round of M clients, 2 steps each (through start_local / end_round), from the initial model."""
-    algo.set_bn(bn)
+    algo = algo.bind(replace(algo.run, bn=bn))
     model = _model()
     before = algo.init(params_of(model), M)
     clients = torch.arange(M)
@@ -183,14 +184,14 @@ STATS = ("net.1.running_mean", "net.1.running_var")
 @pytest.mark.parametrize("name", ["fedper", "fedbabu", "fedrod", "fedrep"])
 def test_the_bodys_statistics_are_averaged_or_kept_by_each_client(name):
     """The body is shared: bn=averaged, the server's statistics are the clients' mean; bn=local, each
-    client keeps its own (clients["bn_local"]) and the server carries the first client's."""
+    client keeps its own (ServerState.trainer["bn_local"]) and the server carries the first client's."""
     kw = {"head_steps": 1} if name == "fedrep" else {}
     _, local, state = _round(_algo(name, lr=LR, **kw), "averaged")
     for k in STATS:
         assert torch.allclose(state.params[k], local["params"][k].mean(0), atol=1e-6, rtol=0)
     _, local, state = _round(_algo(name, lr=LR, **kw), "local")
     for k in STATS:
-        assert torch.equal(state.clients["bn_local"][k], local["params"][k])
+        assert torch.equal(state.trainer["bn_local"][k], local["params"][k])
         assert torch.equal(state.params[k], local["params"][k][0])
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from fedrun.algorithms import build
 from fedrun.algorithms.adaptation import proto_cross_entropy
+from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.optim import local_optim
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.proto import class_means, proto_logits
@@ -48,7 +49,7 @@ def test_momentum_step_with_batchnorm_is_torchs_per_client(name, engine_cls):
     model = MLPBN(D, K, hidden=[5]).double()
     p = params_of(model)
     algo = build(name, weight_decay=0.0, clip=0.5, lr_decay=0.9, lr=0.1)
-    algo.set_optim(local_optim(MW, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim(MW, 3)))
     state = algo.init(p, 5)
     names = param_names(p)
     key = "c" if name == "scaffold" else "g"
@@ -95,7 +96,7 @@ def test_pavg_proto_skips_the_unused_layer_as_torch_optim_does():
     model = MLPBN(D, K, hidden=[5]).double()
     p = params_of(model)
     algo = build("pavg", adaptation="proto", weight_decay=0.0, clip=None, lr_decay=1.0, lr=0.1)
-    algo.set_optim(local_optim(MW, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim(MW, 3)))
     state = algo.init(p, M)
     local = algo.start_local(state, torch.arange(M), 1)
     batches = _batches(2, 2, seed=3)
@@ -151,17 +152,19 @@ def test_server_averages_buffers_and_keeps_state_over_parameters(name):
 def test_ambiguous_pairs_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^algo.weight_decay=0.001 and optim.weight_decay=0.0005 are both the "
                                           r"local step's weight decay \(algo=scaffold\); set one of them to 0$"):
-        build("scaffold").set_optim(local_optim(MW, 3))
+        build("scaffold").check_run(RunInfo(optim=local_optim(MW, 3)))
     with pytest.raises(ConfigError, match=r"^algo.lr_decay=0.997 and optim.schedule=cosine both schedule the local lr"):
-        build("feddyn", weight_decay=0.0).set_optim(local_optim({"schedule": "cosine"}, 3))
+        build("feddyn", weight_decay=0.0).check_run(RunInfo(optim=local_optim({"schedule": "cosine"}, 3)))
     with pytest.raises(ConfigError, match=r"proto_first_step_only=true .* set optim.name=sgd"):
-        build("pavg", adaptation="proto", proto_first_step_only=True).set_optim(local_optim({"name": "adam"}, 3))
+        build("pavg", adaptation="proto", proto_first_step_only=True).check_run(
+            RunInfo(optim=local_optim({"name": "adam"}, 3)))
     with pytest.raises(ConfigError, match=r"^algo=pflscaf with algo.adaptation=maml does not handle BatchNorm"):
         build("pflscaf").check_params(params_of(MLPBN(D, K, hidden=[5])))
     build("pflscaf").check_params(params_of(MLP(D, K, hidden=[5])))
     build("pflscaf", adaptation="proto").check_params(params_of(MLPBN(D, K, hidden=[5])))
     for name in ("scaffold", "feddyn", "pavg", "pfldyn", "pflscaf"):  # what each takes
-        build(name, weight_decay=0.0, lr_decay=1.0).set_optim(local_optim({"name": "adamw", "weight_decay": 0.01,
-                                                                           "schedule": "cosine"}, 3))
-        build(name).set_optim(local_optim({"momentum": 0.9}, 3))
-        assert "\n" not in str(pytest.raises(ConfigError, build(name).set_optim, local_optim(MW, 3)).value)
+        adamw = local_optim({"name": "adamw", "weight_decay": 0.01, "schedule": "cosine"}, 3)
+        build(name, weight_decay=0.0, lr_decay=1.0).check_run(RunInfo(optim=adamw))
+        build(name).check_run(RunInfo(optim=local_optim({"momentum": 0.9}, 3)))
+        refused = pytest.raises(ConfigError, build(name).check_run, RunInfo(optim=local_optim(MW, 3)))
+        assert "\n" not in str(refused.value)

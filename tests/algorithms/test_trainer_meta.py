@@ -5,11 +5,13 @@ weight decay) on that gradient, the inner steps plain; every forward in training
 running statistics as a torch model in train() does; bn=local keeps each client's statistics between
 its rounds, the server's model carrying the first aggregated client's; refusals are one line."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.fedbn import FedBN
 from fedrun.algorithms.optim import local_optim
@@ -62,7 +64,7 @@ def test_perfedavg_outer_step_is_torch_sgd_momentum_on_the_meta_gradient_with_ba
     model, engine, init, x, y = setup(E)
     alpha, beta = 0.2, 0.3
     algo = PerFedAvg(alpha=alpha, beta=beta, variant="fo")
-    algo.set_optim(OPTIM)
+    algo = algo.bind(replace(algo.run, optim=OPTIM))
     local = algo.start_local(algo.init(init, M), torch.arange(M), 1)
     for s in range(S):
         local = algo.client_step(engine, local, [(x[s, 0], y[s, 0]), (x[s, 1], y[s, 1])], 1)
@@ -101,7 +103,7 @@ def test_pfedme_envelope_step_is_torch_sgd_momentum_and_theta_moves_the_statisti
     model, engine, init, x, y = setup(E, k=1)
     lam, eta, plr, K = 2.0, 0.1, 0.05, 3
     algo = PFedMe(lam=lam, eta=eta, personal_lr=plr, K=K, beta=1.0, mu=0.0)
-    algo.set_optim(OPTIM)
+    algo = algo.bind(replace(algo.run, optim=OPTIM))
     local = algo.start_local(algo.init(init, M), torch.arange(M), 1)
     for s in range(S):
         local = algo.client_step(engine, local, [(x[s, 0], y[s, 0])], 1)
@@ -147,7 +149,7 @@ def test_pfedme_server_mixes_parameters_with_beta_and_takes_the_mean_statistics(
 def test_pfedme_bn_local_starts_theta_from_the_clients_own_statistics():
     model, engine, init, x, y = setup(VmapEngine, k=1)
     algo = PFedMe(K=1)
-    algo.set_bn("local")
+    algo = algo.bind(replace(algo.run, bn="local"))
     state = algo.init(init, M)
     everyone = torch.arange(M)
     local = algo.start_local(state, everyone, 1)
@@ -165,7 +167,7 @@ def test_fedbn_steps_are_torch_sgd_momentum_per_client(E):
     model, engine, init, x, y = setup(E, k=1)
     lr = 0.3
     algo = FedBN(lr=lr)
-    algo.set_optim(OPTIM)
+    algo = algo.bind(replace(algo.run, optim=OPTIM))
     local = algo.start_local(algo.init(init, M), torch.arange(M), 1)
     for s in range(S):
         local = algo.client_step(engine, local, [(x[s, 0], y[s, 0])], 1)
@@ -193,7 +195,7 @@ def _round(algo, engine, state, clients, x, y):
 def test_bn_local_keeps_each_clients_statistics_and_the_server_the_first_aggregated(algo):
     model, engine, init, x, y = setup(VmapEngine, k=1)
     algo = copy.copy(algo)
-    algo.set_bn("local")
+    algo = algo.bind(replace(algo.run, bn="local"))
     state = algo.init(init, M)
     local1, state = _round(algo, engine, state, torch.tensor([0, 1]), x, y)
     local2, state = _round(algo, engine, state, torch.tensor([2, 1]), x, y)
@@ -205,12 +207,12 @@ def test_bn_local_keeps_each_clients_statistics_and_the_server_the_first_aggrega
         assert torch.equal(back["buffers"][k][0], local1["buffers"][k][0])
         assert not torch.equal(back["buffers"][k][0], state.extra["buffers"][k])
     if isinstance(algo, FedBN):
-        assert "bn_local" not in state.clients  # (its own BatchNorm layers are kept once, in clients["bn"])
+        assert "bn_local" not in state.trainer  # (its own BatchNorm layers are kept once, in clients["bn"])
 
 
 def test_bn_policy_is_refused_in_one_line_for_a_bad_value():
     with pytest.raises(ConfigError) as e:
-        FedAvg(beta=0.3, alpha=None).set_bn("shared")
+        FedAvg(beta=0.3, alpha=None).bind(RunInfo(bn="shared"))
     msg = str(e.value)
     assert "\n" not in msg and "bn" in msg and "averaged" in msg and "local" in msg and "shared" in msg
 
@@ -226,9 +228,9 @@ def test_bn_local_fine_tunes_each_client_from_its_own_statistics():
     model, x = model.float(), x.float()  # (the synthetic rows are float32)
     engine, init = VmapEngine(model), params_of(model)
     algo = FedAvg(beta=0.3, alpha=0.1)
-    algo.set_bn("local")
+    algo = algo.bind(replace(algo.run, bn="local"))
     _, state = _round(algo, engine, algo.init(init, M), torch.tensor([1, 0, 2]), x, y)
-    own = state.clients["bn_local"]
+    own = state.trainer["bn_local"]
 
     def ctx():
         return EvalContext(data=data, gen=torch.Generator().manual_seed(3), batch_size=B, tau=1, personalize_batch=B)

@@ -6,6 +6,7 @@ nothing); FedAMP's server attention ignores the running statistics."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def _setup(name: str, model, optim=None, engine_cls=VmapEngine):
     (global prototypes present, the clients' stored models apart from the server's)."""
     algo = build(name, lr=LR, **OPTIONS[name])
     if optim is not None:
-        algo.set_optim(local_optim(optim, 2))
+        algo = algo.bind(replace(algo.run, optim=local_optim(optim, 2)))
     engine = engine_cls(model)
     params = params_of(model)
     state = algo.init(params, C)

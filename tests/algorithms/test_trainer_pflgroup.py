@@ -10,14 +10,16 @@ wrong slot, rate or correction moves the result by O(lr |g|) >> the tolerance.""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedrun.algorithms import build
+from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.fedfomo import weigh
-from fedrun.algorithms.optim import PLAIN, local_optim
+from fedrun.algorithms.optim import local_optim
 from fedrun.engine import VmapEngine, params_of
 from fedrun.engine.tree import stack
 from fedrun.models import MLP
@@ -58,10 +60,8 @@ def check_steps(algo, local, step, slots, n=2, wd=WD, others=()):
     opt = local_optim({"momentum": MOM, "weight_decay": wd}, 3)
     bufs = {}
     for s, batches in enumerate(_batches(len(local["params"][next(iter(local["params"]))]), n)):
-        algo.optim = PLAIN
-        plain = step(local, batches, s)
-        algo.optim = opt
-        new = step(local, batches, s)
+        plain = step(local, batches, s, algo.bind(RunInfo()))
+        new = step(local, batches, s, algo.bind(RunInfo(optim=opt)))
         for slot, entries in slots.items():
             for path, lr in entries:
                 p = _get(local, path)
@@ -77,9 +77,9 @@ def check_steps(algo, local, step, slots, n=2, wd=WD, others=()):
 
 
 def _start(algo, params, m=2, clients=None):
-    algo.set_optim(local_optim({"momentum": MOM, "weight_decay": WD}, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim({"momentum": MOM, "weight_decay": WD}, 3)))
     state = algo.init(params, 4)
-    return algo.start_local(state, torch.arange(m) if clients is None else clients, 1)
+    return algo, algo.start_local(state, torch.arange(m) if clients is None else clients, 1)
 
 
 def test_fedfomo_and_fedala_train_by_the_optimizer():
@@ -88,8 +88,8 @@ def test_fedfomo_and_fedala_train_by_the_optimizer():
     p = params_of(model)
     for name, opts in (("fedfomo", {}), ("fedala", dict(ala_steps=1))):
         algo = build(name, **opts)
-        local = _start(algo, p)
-        check_steps(algo, local, lambda l, b, s: algo.train_step(engine, l, b, 1),
+        algo, local = _start(algo, p)
+        check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
                     {"opt": [(("params", k), algo.lr) for k in p]})
 
 
@@ -99,7 +99,7 @@ def test_fedfomo_local_epochs_is_its_training_phase():
     weigh_phase, train = algo.phases()
     assert (weigh_phase.steps, train.epochs, train.steps) == (1, 3, None)
     algo.set_local_epochs(None)
-    algo.tau_steps = 4
+    algo = algo.bind(RunInfo(tau=4))
     assert algo.phases()[1].steps == 4
 
 
@@ -108,14 +108,14 @@ def test_apple_core_and_p_take_their_own_optimizers():
     engine = VmapEngine(model)
     p = params_of(model)
     algo = build("apple", dr_lr=0.5)
-    algo.sizes = torch.tensor([3.0, 5.0, 2.0], dtype=torch.float64)  # 3 training clients of 4: column 3 held out
-    local = _start(algo, p)
+    algo = algo.bind(RunInfo(train_sizes=torch.tensor([3, 5, 2])))  # 3 training clients of 4: column 3 held out
+    algo, local = _start(algo, p)
     # (p's gradient reads the client's updated core, which the plain step moves elsewhere: the core here)
-    check_steps(algo, local, lambda l, b, s: algo.client_step(engine, l, b, 1),
+    check_steps(algo, local, lambda l, b, s, a: a.client_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p]})
     # p alone: a client without its own core in the mixture (a held-out one's steps)
     local = {**local, "own": torch.zeros_like(local["own"])}
-    local = check_steps(algo, local, lambda l, b, s: algo.client_step(engine, l, b, 1),
+    local = check_steps(algo, local, lambda l, b, s, a: a.client_step(engine, l, b, 1),
                         {"opt.p": [(("p",), algo.dr_lr)]})
     assert (local["p"][:, 3] == 0).all() and (local["p"][:, :3] != 1 / 3).all()
 
@@ -125,8 +125,8 @@ def test_fedcp_model_and_cpn_take_the_optimizer():
     engine = VmapEngine(model)
     p = params_of(model)
     algo = build("fedcp", lr=0.1, lam=1.0)
-    local = _start(algo, p)
-    check_steps(algo, local, lambda l, b, s: algo.train_step(engine, l, b, 1),
+    algo, local = _start(algo, p)
+    check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p],
                  "opt.cpn": [(("cpn", k), algo.lr) for k in local["cpn"]]},
                 others=[("head_g", "weight")])
@@ -139,33 +139,31 @@ def test_gpfl_model_cov_gce_take_the_optimizer_and_mu_with_weight_decay_is_refus
     engine = VmapEngine(model)
     p = params_of(model)
     algo = build("gpfl", lr=0.1, mu=0.0, lam=0.5)
-    local = _start(algo, p)
+    algo, local = _start(algo, p)
     local = {**local, "counts": torch.ones(2, K, dtype=torch.float64)}
-    check_steps(algo, local, lambda l, b, s: algo.train_step(engine, l, b, 1),
+    check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p], "opt.cov": [(("cov", k), algo.lr) for k in local["cov"]],
                  "opt.gce": [(("gce",), algo.lr)]})
     # mu (its CoV's and GCE's own weight decay, a gradient term of the plain step) with momentum, no wd
     algo = build("gpfl", lr=0.1, mu=0.3, lam=0.5)
-    algo.set_optim(local_optim({"momentum": MOM}, 3))
+    algo = algo.bind(replace(algo.run, optim=local_optim({"momentum": MOM}, 3)))
     local = {**algo.start_local(algo.init(p, 4), torch.arange(2), 1), "counts": torch.ones(2, K, dtype=torch.float64)}
-    check_steps(algo, local, lambda l, b, s: algo.train_step(engine, l, b, 1), {"opt.gce": [(("gce",), algo.lr)]},
+    check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1), {"opt.gce": [(("gce",), algo.lr)]},
                 wd=0.0)
     with pytest.raises(ConfigError, match="algo.mu=0.3 is the CoV's and GCE's weight decay"):
-        algo.set_optim(local_optim({"weight_decay": 1e-3}, 3))
-
-
+        algo = algo.bind(replace(algo.run, optim=local_optim({"weight_decay": 1e-3}, 3)))
 def test_fedpac_head_then_body_each_by_its_optimizer():
     model = _model()
     engine = VmapEngine(model)
     p = params_of(model)
     algo = build("fedpac", lr=0.1, local_epochs=1)
-    local = _start(algo, p)
+    algo, local = _start(algo, p)
     head = [k for k in p if k.startswith("net.2")]
     body = [k for k in p if k not in head]
     assert head and set(algo.optim_slots(local)) == {"opt", "opt.head"}
-    local = check_steps(algo, local, lambda l, b, s: algo.head_step(engine, l, b, 1),
+    local = check_steps(algo, local, lambda l, b, s, a: a.head_step(engine, l, b, 1),
                         {"opt.head": [(("params", k), algo.lr) for k in head]}, others=[("params", k) for k in body])
-    check_steps(algo, local, lambda l, b, s: algo.body_step(engine, l, b, 1),
+    check_steps(algo, local, lambda l, b, s, a: a.body_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in body]}, others=[("params", k) for k in head])
 
 
@@ -190,7 +188,7 @@ def test_fedfomo_fedala_batchnorm_statistics_are_torchs():
     (x, y), = _batches(2, 1)[0]
     for name, opts in (("fedfomo", {}), ("fedala", dict(ala_steps=1))):
         algo = build(name, **opts)
-        local = _start(algo, p)
+        algo, local = _start(algo, p)
         out = algo.train_step(engine, local, [(x, y)], 1)
         for c in range(2):
             mine = copy.deepcopy(model).train()
