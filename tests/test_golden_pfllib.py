@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 from test_golden_pfedme import golden_data
 
 import fedrun.simulate
-from fedrun.algorithms.base import EvalContext
+from fedrun.algorithms.base import EvalContext, client_entries
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol
@@ -302,8 +302,9 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             src, mine = per_client
             for c, models in it[src].items():
                 for name, v in models.items():
-                    if NAMES[name] in state.clients[mine]:
-                        close(mine, v, state.clients[mine][NAMES[name]][int(c)])
+                    kept = client_entries(state.clients)[mine]
+                    if NAMES[name] in kept:
+                        close(mine, v, kept[NAMES[name]][int(c)])
         if algo == "apfl":
             close("alpha", [it["alpha"][str(c)] for c in range(len(it["alpha"]))],
                   state.clients["mix"]["alpha"].view(-1))

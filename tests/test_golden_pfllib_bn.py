@@ -111,7 +111,7 @@ def compare(trace: dict, states: list, algorithm) -> dict[str, float]:
                     close("head", v, state.clients["part"][fedrun_name(name)][int(c)])
         for c, model in it.get("personal", {}).items():
             for name, v in model.items():
-                close("personal", v, state.clients["personal"][fedrun_name(name)][int(c)])
+                close("personal", v, state.clients.personal[fedrun_name(name)][int(c)])
     return worst
 
 

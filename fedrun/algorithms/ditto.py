@@ -13,24 +13,38 @@ clientDitto does: first `personal_epochs` passes of the personal step (its ptrai
 then `local_epochs` passes of the global model's step (its train), each step on one minibatch
 (`base.Phase`; tau is not used).
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): the personal models,
-`clients["personal"]`, started from the initial model.
+Per-client state (stacked over ALL clients in `ServerState.clients`, a `DittoClients`, checkpointed,
+gathered for the round's clients and scattered back, so unsampled clients keep theirs): the personal
+models, started from the initial model. A round's clients hold a `DittoLocal`.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, param_names, prox_grad, scatter, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_int, check_optional_int, check_phase_passes, check_positive
 from .personalize import onboarding_batches
 from .trainer import slot_of
 
 
+class DittoClients(NamedTuple):
+    personal: Params  # v_i, every client's personal model
+
+
+class DittoLocal(NamedTuple):
+    params: Params  # w: the global model, trained as FedAvg's
+    anchor: Params  # w^t, the round's server model (expanded: one copy for all clients)
+    personal: Params  # v_i
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class Ditto(Algorithm):
     name = "ditto"
+    Clients = DittoClients
     batches_per_step = 2  # D for the global model's step, D' for the personal model's
 
     def __init__(self, lr: float, personal_lr: float, lam: float, local_epochs: int | None, personal_epochs: int,
@@ -55,52 +69,52 @@ class Ditto(Algorithm):
     optim_ok = True  # one optimizer per model, as PFLlib's clientDitto keeps (optimizer, poptimizer)
     batchnorm_ok = True  # each model carries its own running statistics
 
-    def optim_slots(self, local: Local) -> dict:
-        return {**super().optim_slots(local), slot_of("personal"): ("personal", param_names(local["personal"]))}
+    def optim_slots(self, local: DittoLocal) -> dict:
+        return {**super().optim_slots(local), slot_of("personal"): ("personal", param_names(local.personal))}
 
-    def personal_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def personal_step(self, engine: Engine, local: DittoLocal, batches, rnd: int) -> DittoLocal:
         """v <- v - personal_lr (grad f_i(v; D) + lam (v - w^t)) (a step of the personal optimizer)."""
         (x, y), = batches
         gv, _, local = self.grad(engine, local, "personal", x, y)
-        gv = prox_grad(gv, local["personal"], local["anchor"], self.lam)
+        gv = prox_grad(gv, local.personal, local.anchor, self.lam)
         return self.descend(local, "personal", gv, self.personal_lr, rnd)
 
-    def global_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def global_step(self, engine: Engine, local: DittoLocal, batches, rnd: int) -> DittoLocal:
         return self.sgd_step(engine, local, batches, self.lr, rnd)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
-        return ServerState(params=params, clients={"personal": stack(params, num_clients)})
+        return ServerState(params=params, clients=DittoClients(personal=stack(params, num_clients)))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> DittoLocal:
         m = len(clients)
-        return {"params": stack(state.params, m), "anchor": expand(state.params, m),
-                "personal": gather(state.clients["personal"], clients)}
+        return DittoLocal(params=stack(state.params, m), anchor=expand(state.params, m),
+                          personal=gather(state.clients.personal, clients))
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: DittoLocal, batches, rnd: int) -> DittoLocal:
         (x, y), (x2, y2) = batches
         g, _, local = self.grad(engine, local, "params", x, y)
         gv, _, local = self.grad(engine, local, "personal", x2, y2)
-        gv = prox_grad(gv, local["personal"], local["anchor"], self.lam)
+        gv = prox_grad(gv, local.personal, local.anchor, self.lam)
         local = self.descend(local, "params", g, self.lr, rnd)
         return self.descend(local, "personal", gv, self.personal_lr, rnd)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: DittoLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(local["params"], selected), weights)
-        personal = scatter(state.clients["personal"], clients, local["personal"])
-        return ServerState(params=new, extra=state.extra, clients={**state.clients, "personal": personal})
+        new = weighted_mean(gather(local.params, selected), weights)
+        personal = scatter(state.clients.personal, clients, local.personal)
+        return ServerState(params=new, extra=state.extra, clients=DittoClients(personal=personal))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        return state.clients["personal"], None
+        return state.clients.personal, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client's personal model: its personal objective f_i(v) + lam/2 ||v - w^t||^2,
         from v = w^t (as every client's v and w start from the same model), new_client_steps steps
         (null: tau) of personal_lr on minibatches of its training rows."""
         m = len(new)
-        local = {"personal": stack(state.params, m), "anchor": expand(state.params, m)}
+        w = expand(state.params, m)
+        local = DittoLocal(params=w, anchor=w, personal=stack(state.params, m))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.personal_step(engine, local, batches, 0)  # (round 0: the schedule's first rate)
-        v = local["personal"]
-        return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "personal": scatter(state.clients["personal"], new, v)})
+        personal = scatter(state.clients.personal, new, local.personal)
+        return ServerState(params=state.params, extra=state.extra, clients=DittoClients(personal=personal))

@@ -7,8 +7,8 @@ from helpers import half_squared, quad_grad, quadratic_setup
 from fedrun import outputs
 from fedrun.algorithms import build, names
 from fedrun.algorithms.apfl import APFL
-from fedrun.algorithms.base import ServerState
-from fedrun.algorithms.ditto import Ditto
+from fedrun.algorithms.base import ServerState, client_entries, flat_clients, state_of
+from fedrun.algorithms.ditto import Ditto, DittoLocal
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.fedbabu import FedBABU
 from fedrun.algorithms.fedbn import FedBN
@@ -102,7 +102,7 @@ def test_ditto_two_steps_by_hand_and_lam_zero_is_local_training(E):
     steps = [batches[:2], batches[1:]]  # (global batch, personal batch) of two local steps
     for lam_ in (lam, 0.0):
         algo = Ditto(lr=lr, personal_lr=plr, lam=lam_)
-        local = {"params": {"weight": w0.clone()}, "anchor": {"weight": w0}, "personal": {"weight": v0}}
+        local = DittoLocal(params={"weight": w0.clone()}, anchor={"weight": w0}, personal={"weight": v0})
         for b in steps:
             local = algo.client_step(engine, local, b, 1)
         for i in range(3):
@@ -110,13 +110,13 @@ def test_ditto_two_steps_by_hand_and_lam_zero_is_local_training(E):
             for (xg, yg), (xp, yp) in steps:  # the personal model is pulled to w^t = w0, not to the moving w
                 v = v - plr * (quad_grad(v, xp[i], yp[i]) + lam_ * (v - w0[i, 0]))
                 w = w - lr * quad_grad(w, xg[i], yg[i])
-            torch.testing.assert_close(local["params"]["weight"][i, 0], w)
-            torch.testing.assert_close(local["personal"]["weight"][i, 0], v)
+            torch.testing.assert_close(local.params["weight"][i, 0], w)
+            torch.testing.assert_close(local.personal["weight"][i, 0], v)
         if lam_ == 0.0:  # the personal model took exactly LocalOnly's steps on the personal batches
             ref = {"params": {"weight": v0}}
             for b in steps:
                 ref = LocalOnly(lr=plr).client_step(engine, ref, [b[1]], 1)
-            assert torch.equal(local["personal"]["weight"], ref["params"]["weight"])
+            assert torch.equal(local.personal["weight"], ref["params"]["weight"])
 
 
 @pytest.mark.parametrize("E", ENGINES)
@@ -246,14 +246,16 @@ def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: saved.append(outputs.save_checkpoint(
         str(tmp_path), at.round, {"transmitted": at.transmitted,
                                   "state": {"params": at.state.params, "extra": at.state.extra,
-                                            "clients": at.state.clients}})))
+                                            "clients": flat_clients(at.state)}})))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2 and ck["state"]["clients"]
-    start = Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"])
+    start = Progress(state_of(algo, ck["state"]["params"], ck["state"]["extra"], ck["state"]["clients"]), ck["round"], ck["transmitted"])
     resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
-    for name in full.clients:
-        for k in full.clients[name]:
-            assert torch.equal(full.clients[name][k], resumed.clients[name][k]), (name, k)
+    assert type(resumed.clients) is type(full.clients)
+    full_c, resumed_c = flat_clients(full), flat_clients(resumed)
+    for name in full_c:
+        for k in full_c[name]:
+            assert torch.equal(full_c[name][k], resumed_c[name][k]), (name, k)
     for k, v in full.extra.get("buffers", {}).items():  # FedBN's server BatchNorm statistics
         assert torch.equal(v, resumed.extra["buffers"][k]), k
     assert last.row == last_full.row
@@ -303,7 +305,8 @@ def test_every_algorithm_trains_an_mlr_or_refuses_it_in_one_line(name):
     state, _ = simulate(algo, VmapEngine(model), data, init,
                         Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=5), 0)
     moved = [not torch.equal(state.params[k], init[k]) for k in init]
-    moved += [not torch.equal(v, v[-1:].expand_as(v)) for part in state.clients.values() for v in _tensors(part)]
+    moved += [not torch.equal(v, v[-1:].expand_as(v)) for part in client_entries(state.clients).values()
+              for v in _tensors(part)]
     assert any(moved), f"algo={name} ran on MLR and trained nothing"
 
 

@@ -796,7 +796,7 @@ def test_held_out_client_by_hand(engine_cls, name):
         for _ in range(2):
             g = grad(v, x, y)
             v = step(v, {k: g[k] + lam * (v[k] - server[k]) for k in v}, plr)
-        close(state.clients["personal"], v, TRAIN)
+        close(state.clients.personal, v, TRAIN)
     else:
         mine = HEAD if name == "fedper" else tuple(k for k in p0 if k not in HEAD)
         p = {k: p0[k] if k in mine else server[k] for k in p0}

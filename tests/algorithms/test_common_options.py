@@ -7,12 +7,14 @@ import torch
 from hydra.errors import InstantiationException
 
 from fedrun.algorithms import build, names
+from fedrun.algorithms.base import client_entries
 from fedrun.algorithms.ditto import Ditto
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddyn import FedDyn
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.personalize import finetune
 from fedrun.algorithms.pfedme import PFedMe
+from fedrun.algorithms.trainer import get
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.errors import ConfigError
@@ -37,7 +39,7 @@ def _first_step(name: str, lr: float) -> dict:
     g = torch.Generator().manual_seed(0)
     batches = [data.train.rows(data.train.sample_indices(clients, torch.rand(3, 4, generator=g)))
                for _ in range(algo.batches_per_step)]
-    return algo.client_step(LoopEngine(model), local, batches, 1)["params"], local["params"]
+    return get(algo.client_step(LoopEngine(model), local, batches, 1), "params"), get(local, "params")
 
 
 @pytest.mark.parametrize("name", names())
@@ -102,7 +104,7 @@ def _state(algo, data):
     model = MLP(6, 3, hidden=[5]).double()
     state = algo.init(params_of(model), data.num_clients)
     g = torch.Generator().manual_seed(1)
-    for part in state.clients.values():
+    for part in client_entries(state.clients).values():
         for k, v in part.items():
             part[k] = v + 0.1 * torch.randn(v.shape, generator=g, dtype=v.dtype)
     return model, VmapEngine(model), state

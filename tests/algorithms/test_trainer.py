@@ -12,7 +12,7 @@ import torch
 from fedrun.algorithms import algorithm_class, build, names
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.options import signature_options
-from fedrun.algorithms.trainer import LocalTrainer, RunInfo
+from fedrun.algorithms.trainer import LocalTrainer, RunInfo, get, opt_state
 from fedrun.bench.agreement import declared_options
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import VmapEngine, params_of
@@ -51,9 +51,9 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
     def spy(self, local, key, g, lr, rnd, names=None, slot=None, live=None):
         out = real(self, local, key, g, lr, rnd, names, slot, live)
         name = slot or ("opt" if key == "params" else f"opt.{key}")
-        calls.append(dict(slot=name, key=key, fresh=name not in local and not in_round,  # (evaluation's own steps)
-                          before={k: v.detach().clone() for k, v in local[key].items()},
-                          after={k: v.detach().clone() for k, v in out[key].items()},
+        calls.append(dict(slot=name, key=key, fresh=name not in opt_state(local) and not in_round,  # (evaluation's)
+                          before={k: v.detach().clone() for k, v in get(local, key).items()},
+                          after={k: v.detach().clone() for k, v in get(out, key).items()},
                           g={k: v.detach().clone() for k, v in g.items()}, lr=self.optim.lr_at(lr, rnd),
                           live=None if live is None else live.clone(), names=names))
         return out
@@ -187,8 +187,8 @@ def test_batchnorm_steps_are_torchs_train_mode_per_client(algo_name, monkeypatch
 
     def spy(self, engine, local, key, x, y):
         g, loss, out = real(self, engine, local, key, x, y)
-        seen.append((key, {k: v.clone() for k, v in local[key].items()}, x.clone(), y.clone(),
-                     {k: v.clone() for k, v in g.items()}, {k: v.clone() for k, v in out[key].items()}))
+        seen.append((key, {k: v.clone() for k, v in get(local, key).items()}, x.clone(), y.clone(),
+                     {k: v.clone() for k, v in g.items()}, {k: v.clone() for k, v in get(out, key).items()}))
         return g, loss, out
 
     monkeypatch.setattr(LocalTrainer, "grad", spy)
