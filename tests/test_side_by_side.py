@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from fedrun.algorithms.base import RunInfo
+from fedrun.engine.tree import tree_leaves
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 import pfllib_side_by_side as sbs  # noqa: E402
@@ -140,7 +141,7 @@ def test_the_masked_runner_replaces_the_sorted_epochs(monkeypatch):
         local = simulate.local_training(algo, ENGINES["vmap"](model), algo.start_local(state, trained, 1), data,
                                         idx, 1, aug)
         out.append(local)
-    for x, y in zip(torch.utils._pytree.tree_leaves(out[0]), torch.utils._pytree.tree_leaves(out[1])):
+    for x, y in zip(tree_leaves(out[0]), tree_leaves(out[1])):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 

@@ -249,7 +249,8 @@ def test_per_client_state_survives_a_checkpoint_and_resume(tmp_path, algo):
                                             "clients": flat_clients(at.state)}})))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2 and ck["state"]["clients"]
-    start = Progress(state_of(algo, ck["state"]["params"], ck["state"]["extra"], ck["state"]["clients"]), ck["round"], ck["transmitted"])
+    st = ck["state"]
+    start = Progress(state_of(algo, st["params"], st["extra"], st["clients"]), ck["round"], ck["transmitted"])
     resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
     assert type(resumed.clients) is type(full.clients)
     full_c, resumed_c = flat_clients(full), flat_clients(resumed)
