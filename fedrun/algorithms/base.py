@@ -141,8 +141,8 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
     # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
-    # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
-    # checks this declaration for every algorithm)
+    # compile=default then traces the round; compile=graphs gives such a rate as a tensor instead
+    # (fedrun.algorithms.rates) (tests/test_acceleration.py checks this declaration for every algorithm)
     # The local optimizer (`optim.*`, fedrun.algorithms.optim): `set_optim` accepts one other than
     # plain SGD of a constant lr only where `optim_ok` (every local update goes through `descend`)
     optim: LocalOptim = PLAIN
