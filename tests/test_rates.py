@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_acceleration import _cpu_graph
 
-from fedrun.algorithms import build, names
+from fedrun.algorithms import build, names, rates
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.rates import RoundNotCapturable, RoundRates, rate_step
@@ -120,17 +120,20 @@ def test_the_round_is_not_readable_but_through_its_rates():
         RoundRates("cpu").rate("lr", lambda t: 0.1)
 
 
-def test_sgds_fused_update_takes_a_rate_tensor_on_the_cpu_only():
-    """p.add(g, alpha=-lr) is one rounding of p - lr * g; the CPU's addcmul with the rate tensor is the
-    same number (odd sizes: the vector loop and its tail), and on another device it is refused."""
+def test_sgds_fused_update_takes_a_rate_tensor_where_addcmul_is_the_same_product(monkeypatch):
+    """p.add(g, alpha=-lr) is one rounding of p - lr * g; addcmul(p, -rate, g) with the rate tensor is
+    the same number (odd sizes: the vector loop and its tail), and where addcmul rounds otherwise (a
+    stand-in that rounds the product first) the rate tensor is refused, so the step runs eagerly."""
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.float64):
         for n in (1, 7, 1003):
             p, g = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
             lr = 0.1 * 0.997 ** 41
             assert torch.equal(rate_step(p, g, torch.tensor(lr, dtype=torch.float64)), p.add(g, alpha=-lr))
+    monkeypatch.setattr(rates, "_FUSED", {})
+    monkeypatch.setattr(torch, "addcmul", lambda a, b, c, value=1: a + value * (b * c))
     with pytest.raises(RoundNotCapturable, match="fused multiply-add"):
-        rate_step(torch.zeros(3, device="meta"), torch.zeros(3, device="meta"), torch.tensor(0.1, device="meta"))
+        rate_step(torch.zeros(3), torch.ones(3), torch.tensor(0.1, dtype=torch.float64))
 
 
 def _simulate(data, algo, model, steps, rounds=3):

@@ -19,6 +19,10 @@ every lr-decaying method and schedule, rate tensor against round number, bit for
 The schedules of FedPHP (mu_t) and APPLE (lam_t) enter through the Local that `client_init` builds
 before the local steps (tensors, outside the graph), so their steps need no rate.
 
+torch.optim's SGD update `p.add(g, alpha=-lr)` is one fused multiply-add, its rate a kernel argument:
+`rate_step` gives it `addcmul(p, -rate, g)`, the same fused product, where that holds (checked once
+per device and dtype, `fused_addcmul`); where not, the step runs eagerly.
+
 Anything else a step would read from its round (arithmetic on it, a comparison, int()) raises
 RoundNotCapturable, so a step that reads the round another way runs eagerly (with one line on
 stderr) instead of replaying a stale round.
@@ -84,13 +88,35 @@ def per_round(fn: Callable[[int], float], rnd, key: Hashable) -> float | Tensor:
 
 
 def rate_step(p: Tensor, g: Tensor, lr: float | Tensor) -> Tensor:
-    """p - lr * g as torch.optim's SGD computes it, p.add(g, alpha=-lr): one fused multiply-add on
-    the CPU's AVX2 kernels and on CUDA. With a rate tensor the CPU's addcmul(p, g, lr, value=-1) is
-    the same fused product; CUDA's addcmul rounds g * lr first (a + value * (b * c)), a different
-    number, so a rate tensor on CUDA is refused (RoundNotCapturable: the step runs eagerly)."""
+    """p - lr * g as torch.optim's SGD computes it, p.add(g, alpha=-lr): one fused multiply-add
+    (fma(g, -lr, p): the CPU's vector kernels, CUDA's `a + alpha * b` under nvcc's contraction). With
+    a rate tensor: addcmul(p, -lr, g), value 1, which PyTorch computes as the same fused product where
+    tensor1 is a 0-dim tensor of p's dtype (pytorch/pytorch#172750, CUDA float32); `fused_addcmul`
+    checks that on p's device and dtype once, and a step where it does not hold raises
+    RoundNotCapturable (it runs eagerly)."""
     if not isinstance(lr, Tensor):
         return p.add(g, alpha=-lr)
-    if p.device.type != "cpu":
-        raise RoundNotCapturable("optim.name=sgd's update p.add(g, alpha=-lr) is one fused multiply-add whose rate is "
-                                 "a kernel argument; no CUDA op takes it from a tensor with the same rounding")
-    return torch.addcmul(p, g, lr.to(p.dtype), value=-1)
+    if not fused_addcmul(p.device, p.dtype):
+        raise RoundNotCapturable(f"optim.name=sgd's update p.add(g, alpha=-lr) is one fused multiply-add whose rate is "
+                                 f"a kernel argument; addcmul with the rate as a tensor rounds otherwise on "
+                                 f"{p.device.type} in {str(p.dtype).removeprefix('torch.')}")
+    return torch.addcmul(p, -lr.to(p.dtype), g)
+
+
+_FUSED: dict[tuple[str, torch.dtype], bool] = {}
+PROBE = 65537  # elements (odd: the vector loop and its tail); two roundings differ in ~9% of them
+
+
+def fused_addcmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether addcmul(p, -rate, g) with a 0-dim rate tensor is p.add(g, alpha=-lr) bit for bit on
+    `device` in `dtype`: checked once, outside any graph capture, on PROBE random elements."""
+    key = (str(device), dtype)
+    if key not in _FUSED:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RoundNotCapturable("SGD's rate tensor was first used inside the graph's capture")
+        gen = torch.Generator().manual_seed(0)
+        p, g = (torch.randn(PROBE, generator=gen, dtype=torch.float64).to(dtype).to(device) for _ in range(2))
+        lr = 0.1 * 0.997 ** 41
+        rate = torch.tensor(lr, dtype=torch.float64).to(dtype).to(device)
+        _FUSED[key] = bool(torch.equal(p.add(g, alpha=-lr), torch.addcmul(p, -rate, g)))
+    return _FUSED[key]

@@ -12,8 +12,8 @@ On a CUDA machine, in a few minutes and with torch, hydra-core and omegaconf alo
   seeds       5 seeds trained as one computation (hydra/launcher=batched) against 5 runs of one seed,
               the default Per-FedAvg run
   lr_graphs   compile=graphs in rounds whose lr changes (fedrun.algorithms.rates): the CIFAR ACID preset
-              (PFLDyn, lr_decay 0.997) and FedAvg under optim schedules (Adam cosine; SGD momentum cosine,
-              which stays eager on CUDA), eager against graphs: s/round, captures (target 1), max |diff|
+              (PFLDyn, lr_decay 0.997) and FedAvg under optim schedules (Adam cosine, SGD momentum
+              cosine), eager against graphs: s/round, captures (target 1), max |diff|
               after 2 rounds (target 0); and a probe of CUDA's addcmul against SGD's fused update
   memory      (only when --gpu-check-parts names it) the CIFAR ACID preset and ResNet-18 on CIFAR-100
               all at once, with memory=auto, and capped at 24 GB and 8 GB (fedrun.bench.fitted)
@@ -243,24 +243,30 @@ LR_GRAPHS_TARGET = 0.15
 LR_GRAPHS_CASES = {  # label -> (fedrun.bench.compile setting, optim.* of its algorithm)
     "acid pfldyn decay": ("cifar-acid", None),
     "fedavg adam cos": ("default-fedavg", dict(name="adam", schedule="cosine", t_max=1000)),
-    "fedavg sgd cos": ("default-fedavg", dict(momentum=0.9, schedule="cosine", t_max=1000)),
+    "fedavg sgd cos": ("default-fedavg", dict(momentum=0.9, schedule="cosine", t_max=1000)),  # (rates.rate_step)
 }
 
 
-def rate_probe(device: str, n: int = 1 << 20) -> int:
-    """Elements of n where addcmul(p, g, lr tensor, value=-1), the update rates.rate_step would give
-    SGD's rate tensor, differs from torch.optim's p.add(g, alpha=-lr) on `device` (0: the same number;
-    rate_step refuses a rate tensor off the CPU until this is 0 on CUDA)."""
+def rate_probe(device: str, n: int = 1 << 20) -> dict[str, int]:
+    """Elements of n where torch.optim's SGD update p.add(g, alpha=-lr) on `device` differs from: the
+    update rates.rate_step gives a rate tensor, addcmul(p, -rate, g) ("addcmul": 0 lets SGD's scheduled
+    rounds replay a graph, rates.fused_addcmul); two roundings, p - rate * g ("two"); one rounding,
+    float64's p - lr * g rounded to float32 ("fused": the exact fused multiply-add but for float64's rare
+    double roundings). "fused" ~0 with "two" > 0 says p.add is fused there."""
     gen = torch.Generator().manual_seed(0)
     p, g = (torch.randn(n, generator=gen).to(device) for _ in range(2))
     lr = 0.1 * 0.997 ** 41
     rate = torch.tensor(lr, dtype=torch.float64, device=device).to(torch.float32)
-    return int((p.add(g, alpha=-lr) != torch.addcmul(p, g, rate, value=-1)).sum())
+    ref = p.add(g, alpha=-lr)
+    other = {"addcmul": torch.addcmul(p, -rate, g), "two": p - rate * g,
+             "fused": (p.double() - rate.double() * g.double()).float()}
+    return {k: int((ref != v).sum()) for k, v in other.items()}
 
 
 def lr_graph_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
     """compile=graphs against eager in rounds whose rates change (module docstring, lr_graphs); on the
     CPU (the tests' path) one case, eager only: graphs need CUDA."""
+    from ..algorithms import rates
     from ..algorithms.optim import LocalOptim
     from . import compile as bench_compile
 
@@ -288,12 +294,14 @@ def lr_graph_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
         rows.append(Row("lr_graphs", label, graphs.get("s_round"), memory=graphs.get("peak_mb"),
                         error=graphs.get("drift"), note=note,
                         speedup=eager["s_round"] / graphs["s_round"] if graphs.get("s_round") else None))
-        # replayed (SGD's fused update excepted: eager on CUDA until the probe says 0) and exact after 2 rounds
+        # replayed (SGD's: where the probe's addcmul is 0) and exact after 2 rounds
+        sgd_eager = label == "fedavg sgd cos" and not rates.fused_addcmul(torch.device(device), torch.float32)
         rows[-1].failed = bool(graphs.get("error") or (graphs.get("drift") or 0) != 0 or graphs.get("diff")
-                               or (not replayed and label != "fedavg sgd cos"))
+                               or (not replayed and not sgd_eager))
     bad = rate_probe(device)
-    rows.append(Row("lr_graphs", "sgd rate probe", note=f"{bad} of {1 << 20} elements: addcmul(p, g, rate tensor) "
-                    f"!= p.add(g, alpha=-lr) on {device} ({'the same update' if bad == 0 else 'SGD+schedule eager'})"))
+    rows.append(Row("lr_graphs", "sgd rate probe", note=f"of {1 << 20} elements, p.add(g, alpha=-lr) differs from "
+                    f"addcmul(p, -rate, g) in {bad['addcmul']}, p - rate * g in {bad['two']}, float64's one "
+                    f"rounding in {bad['fused']}"))
     return rows
 
 
