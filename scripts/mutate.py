@@ -209,6 +209,23 @@ MUTANTS = [
     Mutant("compiled-step-round-fixed", "fedrun/run/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
+    # the round's rates as tensors (issue 48 item 1): one captured graph in rounds whose lr changes
+    Mutant("graphs-rates-not-refreshed", "fedrun/run/acceleration.py",
+           "        rates.at(rnd)\n        replay()", "        replay()",
+           ("tests/test_rates.py", "-k", "graphs_replay"), "compile=graphs replays without the round's rates"),
+    Mutant("rates-fill-skipped", "fedrun/algorithms/rates.py",
+           "            t.fill_(float(fn(self._rnd)))", "            pass",
+           ("tests/test_rates.py", "-k", "round_numbers_numbers"), "RoundRates.at keeps the first round's rates"),
+    Mutant("rates-key-without-base-lr", "fedrun/algorithms/optim.py",
+           '("optim.lr_at", self, lr))', '("optim.lr_at", self))',
+           ("tests/test_rates.py", "-k", "two_base_lrs or apple"), "two base lrs of one schedule share one rate"),
+    Mutant("sgd-rate-two-roundings", "fedrun/algorithms/rates.py",
+           "    return torch.addcmul(p, -lr.to(p.dtype), g)", "    return p - lr.to(p.dtype) * g",
+           ("tests/test_rates.py", "-k", "fused or momentum"), "SGD's rate tensor update rounds lr * g apart"),
+    Mutant("sgd-rate-probe-off", "fedrun/algorithms/rates.py",
+           "        _FUSED[key] = bool(torch.equal(p.add(g, alpha=-lr), torch.addcmul(p, -rate, g)))",
+           "        _FUSED[key] = True",
+           ("tests/test_rates.py", "-k", "fused"), "addcmul taken for SGD's fused update without checking it"),
     # the run wing (issue 47 item 1): a job's algorithm and model built once, by its spec
     Mutant("spec-model-built-twice", "fedrun/run/spec.py",
            '        model, rng = model_built["model"], torch.get_rng_state()',
@@ -669,9 +686,9 @@ MUTANTS += [
 
 MUTANTS += [
     Mutant("ditto-onboard-global-lr", "fedrun/algorithms/ditto.py",
-           "x, y)\n        gv = prox_grad(gv, local[\"personal\"], local[\"anchor\"], self.lam)\n"
+           "x, y)\n        gv = prox_grad(gv, local.personal, local.anchor, self.lam)\n"
            "        return self.descend(local, \"personal\", gv, self.personal_lr, rnd)",
-           "x, y)\n        gv = prox_grad(gv, local[\"personal\"], local[\"anchor\"], self.lam)\n"
+           "x, y)\n        gv = prox_grad(gv, local.personal, local.anchor, self.lam)\n"
            "        return self.descend(local, \"personal\", gv, self.lr, rnd)",
            (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
                                                                   "not personal_lr"),

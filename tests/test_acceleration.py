@@ -213,14 +213,16 @@ def test_graph_replay_refills_its_inputs_and_copies_out_its_outputs(data, monkey
     assert steps.captures == 1 and steps._eager_why is None  # one graph served all three rounds
 
 
-def test_graphs_run_a_round_dependent_step_eagerly_and_say_so(data, monkeypatch, capsys):
+def test_graphs_replay_one_graph_in_rounds_whose_lr_decays(data, monkeypatch, capsys):
+    """A round-dependent step (step_uses_round) takes its rate as a tensor refilled before each replay
+    (fedrun.algorithms.rates; tests/test_rates.py for every method and schedule)."""
     _cpu_graph(monkeypatch)
     steps = LocalSteps("graphs")
     eager, _ = _run(data, "pfldyn", None, lr_decay=0.5)
     graphed, _ = _run(data, "pfldyn", steps, lr_decay=0.5)
     _same(eager.params, graphed.params, exact=True)
-    assert steps.captures == 0
-    assert "algo=pfldyn's local step changes with the round number" in capsys.readouterr().err
+    assert steps.captures == 1 and steps._eager_why is None
+    assert "compile=graphs" not in capsys.readouterr().err
 
 
 def test_every_algorithm_replays_its_graph_to_eagers_numbers(monkeypatch):

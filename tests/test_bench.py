@@ -145,7 +145,8 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(capsys):
     assert e.value.code == 0, out
     table = out[out.index("part "):].splitlines()
     parts = [line.split()[0] for line in table[1:-1]]
-    assert parts == ["agreement", "agreement", "default", "cifar_acid", "bench", "seeds", "compile"], out
+    assert parts == ["agreement", "agreement", "default", "cifar_acid", "bench", "seeds", "compile",
+                     "lr_graphs", "lr_graphs"], out
     assert "ERROR" not in out and "generated CIFAR-10 files" in out
     assert "4/4 within tolerance" in table[1] and "4/4 within tolerance" in table[2]  # mlr, mlp, cnn, mlp_bn
     assert "DIFFERS FROM EAGER" not in out and "default-fo     compiled" in out

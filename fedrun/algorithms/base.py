@@ -183,8 +183,8 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
     batchnorm_why = "its local step is not yet written with the local trainer's grad (fedrun.algorithms.trainer)"
 
     # client_step's result depends on its `rnd` argument (e.g. a learning rate decayed over rounds):
-    # compile=graphs cannot replay one captured round for another then (tests/test_acceleration.py
-    # checks this declaration for every algorithm)
+    # compile=default then traces the round; compile=graphs gives such a rate as a tensor instead
+    # (fedrun.algorithms.rates) (tests/test_acceleration.py checks this declaration for every algorithm)
     @property
     def step_uses_round(self) -> bool:
         return self.optim.schedule != "constant"

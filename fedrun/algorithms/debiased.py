@@ -56,6 +56,7 @@ from ..errors import ConfigError
 from .adaptation import make_adaptation
 from .base import Algorithm, EvalContext, Local, RunInfo, ServerState
 from .checks import check_choice, check_positive, require_body
+from .rates import per_round
 
 EVAL_MODELS = ("server", "clients_mean")
 # paper 004's options for the engines' agreement check (fedrun.bench.agreement): a clip that clips, a
@@ -125,6 +126,11 @@ class DebiasedSGD(Algorithm):
                          ", or algo.adaptation=maml or none")
 
     def lr_at(self, rnd: int) -> float:
+        """lr_t of round `rnd`; under compile=graphs (`rnd` a rates.RoundRates) a tensor holding it, where
+        lr_decay changes it."""
+        return self.lr if self.lr_decay == 1 else per_round(self._lr_of, rnd, ("lr_decay", id(self)))
+
+    def _lr_of(self, rnd: int) -> float:
         return self.lr * self.lr_decay ** (rnd - 1)
 
     @property

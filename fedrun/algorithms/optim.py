@@ -23,6 +23,7 @@ import torch
 from ..engine.tree import Params, per_client, sgd, zeros_like
 from ..errors import ConfigError
 from .checks import check_choice, check_int, check_positive
+from .rates import per_round, rate_step
 
 NAMES = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "exponential")
@@ -81,7 +82,13 @@ class LocalOptim:
         return self.name != "sgd" or self.momentum != 0
 
     def lr_at(self, lr: float, rnd: int) -> float:
-        """The learning rate of round `rnd` (1, 2, ...): torch's scheduler after rnd - 1 steps (closed form)."""
+        """The learning rate of round `rnd` (1, 2, ...): torch's scheduler after rnd - 1 steps (closed form);
+        under compile=graphs (`rnd` a rates.RoundRates) a tensor holding it, where the schedule changes it."""
+        if self.schedule != "constant":
+            return per_round(lambda r: self._lr_of(lr, r), rnd, ("optim.lr_at", self, lr))
+        return lr
+
+    def _lr_of(self, lr: float, rnd: int) -> float:
         e = max(rnd - 1, 0)  # (round 0: a held-out client's onboarding steps take the first round's)
         if self.schedule == "step":
             return lr * self.gamma ** (e // self.step_size)
@@ -89,7 +96,7 @@ class LocalOptim:
             return lr * self.gamma ** e
         if self.schedule == "cosine":
             return self.lr_min + (lr - self.lr_min) * (1 + math.cos(math.pi * e / self.t_max)) / 2
-        return lr
+        raise ValueError(f"unknown schedule {self.schedule!r}")
 
     # -- per-client state -------------------------------------------------------------------------
 
@@ -119,7 +126,7 @@ class LocalOptim:
             buf = {k: state["momentum"][k].mul(mu).add(g[k]) for k in p}
             state = {**state, "momentum": buf}
             g = {k: g[k].add(buf[k], alpha=mu) for k in p} if self.nesterov else buf
-        return {k: p[k].add(g[k], alpha=-lr) for k in p}, state
+        return {k: rate_step(p[k], g[k], lr) for k in p}, state
 
     def _adam(self, p: Params, g: Params, state: dict, lr: float) -> tuple[Params, dict]:
         b1, b2, wd = *self.betas, self.weight_decay

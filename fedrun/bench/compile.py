@@ -182,7 +182,8 @@ def measure(s: Setting, modes: list[str], rounds: int, warmup: int, backend: str
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             secs, states = train_rounds(s, steps, rounds, first=1 + warmup)
-            row.update(s_round=secs / rounds, first=first, fallback=getattr(steps, "_eager_why", None))
+            row.update(s_round=secs / rounds, first=first, fallback=getattr(steps, "_eager_why", None),
+                       captures=steps.captures)  # (graphs: over the first, warm-up and timed rounds)
             if device.type == "cuda":
                 row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
                 n = min(rounds, 3)  # the profiler's trace of a few rounds; their unprofiled wall: secs * n / rounds

@@ -11,6 +11,10 @@ On a CUDA machine, in a few minutes and with torch, hydra-core and omegaconf alo
   bench       fedrun-bench --setting cifar (CIFAR-shaped data, CNN, FedAvg), both engines
   seeds       5 seeds trained as one computation (hydra/launcher=batched) against 5 runs of one seed,
               the default Per-FedAvg run
+  lr_graphs   compile=graphs in rounds whose lr changes (fedrun.algorithms.rates): the CIFAR ACID preset
+              (PFLDyn, lr_decay 0.997) and FedAvg under optim schedules (Adam cosine, SGD momentum
+              cosine), eager against graphs: s/round, captures (target 1), max |diff|
+              after 2 rounds (target 0); and a probe of CUDA's addcmul against SGD's fused update
   memory      (only when --gpu-check-parts names it) the CIFAR ACID preset and ResNet-18 on CIFAR-100
               all at once, with memory=auto, and capped at 24 GB and 8 GB (fedrun.bench.fitted)
 Columns: s/round (vmap engine; loop engine where timed), peak device memory, the agreement's largest
@@ -234,6 +238,74 @@ def compile_rows(device: str, sizes: dict) -> list[Row]:
 COMPILE_TOL = 1e-4
 
 
+# issue 48 item 1: the CIFAR ACID preset's training round under compile=graphs (s/round, H100/H200)
+LR_GRAPHS_TARGET = 0.15
+LR_GRAPHS_CASES = {  # label -> (fedrun.bench.compile setting, optim.* of its algorithm)
+    "acid pfldyn decay": ("cifar-acid", None),
+    "fedavg adam cos": ("default-fedavg", dict(name="adam", schedule="cosine", t_max=1000)),
+    "fedavg sgd cos": ("default-fedavg", dict(momentum=0.9, schedule="cosine", t_max=1000)),  # (rates.rate_step)
+}
+
+
+def rate_probe(device: str, n: int = 1 << 20) -> dict[str, int]:
+    """Elements of n where torch.optim's SGD update p.add(g, alpha=-lr) on `device` differs from: the
+    update rates.rate_step gives a rate tensor, addcmul(p, -rate, g) ("addcmul": 0 lets SGD's scheduled
+    rounds replay a graph, rates.fused_addcmul); two roundings, p - rate * g ("two"); one rounding,
+    float64's p - lr * g rounded to float32 ("fused": the exact fused multiply-add but for float64's rare
+    double roundings). "fused" ~0 with "two" > 0 says p.add is fused there."""
+    gen = torch.Generator().manual_seed(0)
+    p, g = (torch.randn(n, generator=gen).to(device) for _ in range(2))
+    lr = 0.1 * 0.997 ** 41
+    rate = torch.tensor(lr, dtype=torch.float64, device=device).to(torch.float32)
+    ref = p.add(g, alpha=-lr)
+    other = {"addcmul": torch.addcmul(p, -rate, g), "two": p - rate * g,
+             "fused": (p.double() - rate.double() * g.double()).float()}
+    return {k: int((ref != v).sum()) for k, v in other.items()}
+
+
+def lr_graph_rows(device: str, sizes: dict, tmp: str) -> list[Row]:
+    """compile=graphs against eager in rounds whose rates change (module docstring, lr_graphs); on the
+    CPU (the tests' path) one case, eager only: graphs need CUDA."""
+    from ..algorithms import rates
+    from ..algorithms.base import RunInfo
+    from ..algorithms.optim import LocalOptim
+    from . import compile as bench_compile
+
+    cuda = torch.device(device).type == "cuda"
+    modes = ["eager", "graphs"] if cuda else ["eager"]
+    print(bench_compile.HEADER, flush=True)
+    rows = []
+    for label, (name, optim) in LR_GRAPHS_CASES.items() if cuda else [("fedavg adam cos", LR_GRAPHS_CASES[
+            "fedavg adam cos"])]:
+        s = bench_compile.setting(name, device, tmp, small=not cuda)
+        if optim:
+            s.algo = s.algo.bind(RunInfo(optim=LocalOptim(**optim)))
+        res = {r["mode"]: r for r in bench_compile.measure(s, modes, sizes["compile_rounds"], sizes["warmup"] + 1)}
+        eager, graphs = res["eager"], res.get("graphs")
+        if graphs is None:
+            rows.append(Row("lr_graphs", label, eager.get("s_round"), note=eager.get("error") or "eager only: "
+                            "compile=graphs needs CUDA"))
+            rows[-1].failed = "error" in eager
+            continue
+        replayed = graphs.get("captures") == 1 and not graphs.get("fallback")
+        note = (graphs.get("error") or
+                (f"eager {eager['s_round']:.4f} s/round; {graphs['captures']} capture(s)"
+                 + (f", fell back: {graphs['fallback'][:80]}" if graphs.get("fallback") else "")
+                 + (f"; target <= {LR_GRAPHS_TARGET} s/round" if name == "cifar-acid" else "")))
+        rows.append(Row("lr_graphs", label, graphs.get("s_round"), memory=graphs.get("peak_mb"),
+                        error=graphs.get("drift"), note=note,
+                        speedup=eager["s_round"] / graphs["s_round"] if graphs.get("s_round") else None))
+        # replayed (SGD's: where the probe's addcmul is 0) and exact after 2 rounds
+        sgd_eager = label == "fedavg sgd cos" and not rates.fused_addcmul(torch.device(device), torch.float32)
+        rows[-1].failed = bool(graphs.get("error") or (graphs.get("drift") or 0) != 0 or graphs.get("diff")
+                               or (not replayed and not sgd_eager))
+    bad = rate_probe(device)
+    rows.append(Row("lr_graphs", "sgd rate probe", note=f"of {1 << 20} elements, p.add(g, alpha=-lr) differs from "
+                    f"addcmul(p, -rate, g) in {bad['addcmul']}, p - rate * g in {bad['two']}, float64's one "
+                    f"rounding in {bad['fused']}"))
+    return rows
+
+
 # parts that run only when --gpu-check-parts names them
 OPT_IN = ("memory",)
 
@@ -258,7 +330,8 @@ def main(device: str = "cuda", parts: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedrun-gpu-check-") as tmp:
         every = {"agreement": agreement_rows, "default": default_rows,
                  "cifar_acid": lambda d, s: cifar_preset_rows(d, s, tmp), "bench": bench_rows, "seeds": seeds_rows,
-                 "compile": compile_rows, "memory": lambda d, s: memory_rows(d, s, tmp)}
+                 "compile": compile_rows, "lr_graphs": lambda d, s: lr_graph_rows(d, s, tmp),
+                 "memory": lambda d, s: memory_rows(d, s, tmp)}
         # (memory: runs fitted to 8/24 GB caps, fedrun.bench.fitted; only when named, ~3 minutes on an H200)
         chosen = parts.split(",") if parts else [p for p in every if p not in OPT_IN]
         unknown = [p for p in chosen if p not in every]

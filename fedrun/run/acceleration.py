@@ -21,10 +21,13 @@ Precision of the local steps' forward and backward (evaluation always runs in th
   bf16   torch.autocast to bfloat16 for forward and backward; parameters, their updates and the
          per-client state stay float32 ("master" weights)
 
-A local step that reads the round number (`Algorithm.step_uses_round`, e.g. a learning rate decayed
-over rounds) cannot be replayed from a graph captured in another round: `graphs` then runs it
-eagerly, with one line on stderr. So does a step whose capture fails (one that reads a value back to
-the host): the reason is printed once and the run goes on eagerly, with the same numbers.
+A local step whose rate changes over rounds (`Algorithm.step_uses_round`: algo.lr_decay, every
+optim.schedule) replays the same graph in every round: under `graphs` its `rnd` argument is a
+`fedrun.algorithms.rates.RoundRates`, which gives each such rate as a tensor that the runner refills
+with the round's value before each replay (`RoundRates.at`), as it refills the other static inputs;
+one graph per shape serves the whole run. A step that reads its round otherwise (RoundNotCapturable),
+or whose capture fails (one that reads a value back to the host), runs eagerly: the reason is printed
+once and the run goes on with the same numbers.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from ..algorithms.rates import RoundNotCapturable, RoundRates
 from ..engine.tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..errors import ConfigError
 from ..simulate import local_training, one_step
@@ -88,6 +92,14 @@ def _say(line: str) -> None:
     print(f"fedrun: {line}", file=sys.stderr, flush=True)
 
 
+def graph_key(algo, engine, data, spec, leaves: list) -> tuple:
+    """What selects a captured graph: the algorithm, engine and data, and the structure, shapes and
+    dtypes of the round's inputs (a round's Local, row indices and augmentation draws). Not the
+    round: its rates are inputs of the graph (fedrun.algorithms.rates)."""
+    return (id(algo), id(engine), id(data), str(spec),
+            tuple((tuple(v.shape), v.dtype) for v in leaves if isinstance(v, torch.Tensor)))
+
+
 class LocalSteps:
     """Runs `tau` local steps for a round's clients as `compile=` says (module docstring).
 
@@ -106,15 +118,14 @@ class LocalSteps:
     def __call__(self, algo, engine, local, data, idx, rnd, aug=None):
         device = tree_leaves(idx)[0].device  # (idx: a tensor, or a round of phases' PhaseDraws)
         if self.compile == "graphs" and self._eager_why is None:
-            if getattr(algo, "step_uses_round", False):
-                self._fall_back(f"algo={algo.name}'s local step changes with the round number "
-                                f"(algo.lr_decay, optim.schedule), so one captured graph cannot serve every round")
-            else:
-                try:
-                    return self._replay(algo, engine, local, data, idx, rnd, aug)
-                except Exception as e:  # a step that cannot be captured: the same numbers, eagerly
-                    self._fall_back(f"algo={algo.name}'s local steps could not be captured as a CUDA graph "
-                                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+            try:
+                return self._replay(algo, engine, local, data, idx, rnd, aug)
+            except RoundNotCapturable as e:  # (raised by the warm-up run, before any capture)
+                self._fall_back(f"algo={algo.name}'s local step changes with the round in a way one captured "
+                                f"graph cannot replay ({str(e)[:200]})")
+            except Exception as e:  # a step that cannot be captured: the same numbers, eagerly
+                self._fall_back(f"algo={algo.name}'s local steps could not be captured as a CUDA graph "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
         step = None
         if self.compile == "default":
             step = self._step_fn(algo)
@@ -150,23 +161,25 @@ class LocalSteps:
         # (augmentation params are drawn on the CPU: a host-to-device copy cannot be captured)
         for i in tensors:
             leaves[i] = leaves[i].to(device, non_blocking=True)
-        key = (id(algo), id(engine), id(data), str(spec),
-               tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensors))
+        key = graph_key(algo, engine, data, spec, leaves)
         entry = self._graphs.get(key)
         if entry is None:
             static = list(leaves)
             for i in tensors:
                 static[i] = leaves[i].clone()
+            rates = RoundRates(device).at(rnd)  # (the round's rates: made by the warm-up run, read by the graph)
+
             def run():
                 s_local, s_idx, s_aug = tree_unflatten(static, spec)
-                return local_training(algo, engine, s_local, data, s_idx, rnd, s_aug)
+                return local_training(algo, engine, s_local, data, s_idx, rates, s_aug)
             with precision_scope(self.precision, device):
                 replay, out = self._capture(run)
-            entry = self._graphs[key] = (replay, static, out)
+            entry = self._graphs[key] = (replay, static, out, rates)
             self.captures += 1
-        replay, static, out = entry
+        replay, static, out, rates = entry
         for i in tensors:
             static[i].copy_(leaves[i])
+        rates.at(rnd)
         replay()
         return tree_map(torch.clone, out)  # the next replay overwrites the graph's outputs
 
