@@ -184,6 +184,127 @@ def test_apple_held_out_client_starts_from_its_statistics_and_its_onboarding_mov
     _assert_stats(_row(served, C - 1), _torch_stats(model, {**mixed, **stats}, x[0]), "held out")
 
 
+# -- FedCP ------------------------------------------------------------------------------------------------
+
+def _fedcp(bn="averaged"):
+    algo = build("fedcp", lr=0.1, lam=1.0)
+    algo.set_bn(bn)
+    model = _model()
+    state = algo.init(params_of(model), C)
+    return algo, model, state
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES)
+def test_fedcp_step_is_pfllibs_ensemble_in_train_mode(engine_cls):
+    """One plain FedCP step on a BatchNorm model equals PFLlib's clientCP step written in torch: the
+    client's model and the frozen copy of the received body both in train() (batch statistics), the
+    loss CE(head_p(f p) + head_g(f g)) + lam MMD(f, f0), SGD of lr on the model: the new parameters and
+    the model's running statistics (one forward's update); the frozen copy's stay as they were."""
+    algo, model, state = _fedcp()
+    engine = engine_cls(model)
+    clients = torch.tensor([2, 0])
+    local = algo.start_local(state, clients, 1)
+    local = {**local, "params": _noisy(local["params"], 0.2, 4)}  # (the model apart from the received body)
+    before = copy.deepcopy(local)
+    x, y = _batch(len(clients))
+    d = local["ctx"].shape[-1]
+    noise = algo.gumbel(local, 1, (B, 2, d))
+    out = algo.train_step(engine, local, [(x, y)], 1)
+    head = ("net.3.weight", "net.3.bias")
+    for i in range(len(clients)):
+        mine, base = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+        mine.load_state_dict(_row(before["params"], i))
+        base.load_state_dict({**_row(before["params"], i), **_row(before["frozen"], i)})
+        rep = mine(x[i], features=True)
+        out_i = cp_output(_row(before["cpn"], i), rep, before["ctx"][i], noise[i],
+                          (mine.net[3].weight, mine.net[3].bias), (before["head_g"]["weight"][i], before["head_g"]["bias"][i]))
+        rep_base = base(x[i], features=True).detach()
+        loss = F.cross_entropy(out_i, y[i]) + 1.0 * mmd(rep, rep_base)
+        loss.backward()
+        with torch.no_grad():
+            for prm in mine.parameters():
+                prm -= 0.1 * prm.grad
+        want = mine.state_dict()
+        for k, v in want.items():
+            if v.is_floating_point():
+                torch.testing.assert_close(out["params"][k][i], v, **TOL, msg=f"client {i}: {k}")
+            else:
+                assert torch.equal(out["params"][k][i], v), k
+        assert set(head) <= set(want)
+    for k, v in before["frozen"].items():
+        assert torch.equal(out["frozen"][k], v), k
+
+
+def _fedcp_round(bn, engine=None):
+    algo, model, state = _fedcp(bn)
+    engine = engine or VmapEngine(model)
+    clients = torch.tensor([2, 0])
+    local = algo.start_local(state, clients, 1)
+    x, y = _batch(len(clients))
+    local = algo.train_step(engine, local, [(x, y)], 1)
+    end = algo.end_round(state, local, clients, torch.arange(len(clients)), None, C)
+    return algo, engine, model, state, clients, local, end
+
+
+def test_fedcp_serves_the_averaged_or_each_clients_own_statistics():
+    """bn=averaged: every client is served the body with the trained clients' statistics averaged (the
+    counter: the largest), the server's; bn=local: each client its own (a trained client's from its
+    step, the others' the initial model's) and the server's model carries the first aggregated client's."""
+    algo, engine, model, state, clients, local, end = _fedcp_round("averaged")
+    served, _ = algo.personalize(engine, end, None)
+    stats = [k for k in state.params if is_buffer(k)]
+    assert stats and "bn_local" not in end.clients
+    for k in stats:
+        v = local["params"][k]
+        want = v.mean(0) if v.is_floating_point() else v.max(0).values
+        torch.testing.assert_close(end.params[k], want, **TOL)
+        for c in range(C):
+            assert torch.equal(served[k][c], end.params[k]), (k, c)
+    algo, engine, model, state, clients, local, end = _fedcp_round("local")
+    served, _ = algo.personalize(engine, end, None)
+    for k in stats:
+        for i, c in enumerate(clients.tolist()):
+            assert torch.equal(served[k][c], local["params"][k][i]), (k, c)
+        for c in (1, 3):
+            assert torch.equal(served[k][c], state.params[k]), (k, c)
+        assert torch.equal(end.params[k], local["params"][k][0]), k
+    # (what is served is scored with those statistics: eval() of torch's model)
+    split = _data(holdout=True).test
+    loss, _ = algo.score(engine, served, split)
+    rows = split.client_rows(2)
+    mine = copy.deepcopy(model).eval()
+    mine.load_state_dict({k: served[k][2] for k in state.params})
+    feat = mine(split.x[rows], features=True)
+    out = cp_output({k[4:]: v[2] for k, v in served.items() if k.startswith("cpn.")}, feat, served["ctx"][2], None,
+                    (served["net.3.weight"][2], served["net.3.bias"][2]), (served["hg.weight"][2], served["hg.bias"][2]))
+    torch.testing.assert_close(loss[2], F.cross_entropy(out, split.y[rows], reduction="sum"), **TOL)
+
+
+@pytest.mark.parametrize("bn", ["averaged", "local"])
+def test_fedcp_held_out_client_fits_in_train_mode_and_keeps_its_statistics_under_bn_local(bn):
+    """A held-out client's onboarding step runs its body in training mode: under bn=local its own
+    statistics (the initial model's) move as torch's train() forward on its minibatch moves them and it
+    is served those; under bn=averaged it is served the server's."""
+    algo, engine, model, state, clients, local, end = _fedcp_round(bn)
+    algo.new_client_steps = 1
+    data = _data(holdout=True)
+    new = torch.tensor([C - 1])
+    ctx = lambda: EvalContext(data, torch.Generator().manual_seed(5), 2, 3)  # noqa: E731
+    out = algo.onboard(engine, end, ctx(), new)
+    served, _ = algo.personalize(engine, out, None)
+    (x, _), = onboarding_batches(ctx(), new, 1)[0]
+    stats = [k for k in state.params if is_buffer(k)]
+    if bn == "averaged":
+        for k in stats:
+            assert torch.equal(served[k][C - 1], end.params[k]), k
+        return
+    body = {k: v for k, v in end.params.items() if not k.startswith("net.3")}
+    want = _torch_stats(model, {**body, **{k: end.params[k] for k in ("net.3.weight", "net.3.bias")},
+                                **{k: end.clients["bn_local"][k][C - 1] for k in stats}}, x[0])
+    _assert_stats(_row(served, C - 1), want, "held out")
+    assert not torch.equal(served[stats[0]][C - 1], end.clients["bn_local"][stats[0]][C - 1])
+
+
 # -- the tiny federated problem (simulate: vmap = loop) ------------------------------------------------
 
 def _data(holdout=False):
