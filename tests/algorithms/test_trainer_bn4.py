@@ -24,14 +24,15 @@ import torch.nn.functional as F
 from fedrun.algorithms import build
 from fedrun.algorithms.base import EvalContext
 from fedrun.algorithms.fedcp import cp_output, mmd
+from fedrun.algorithms.optim import local_optim
 from fedrun.algorithms.personalize import onboarding_batches
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
-from fedrun.engine.tree import is_buffer, param_names, stack
+from fedrun.engine.tree import is_buffer, param_names
 from fedrun.models.small import MLPBN
 from fedrun.simulate import Schedule, simulate
 
-C, M, B, D, K = 4, 3, 6, 4, 3  # clients (the last held out), of them training, rows a batch, features, classes
+C, B, D, K = 4, 6, 4, 3  # clients (the last held out), rows a batch, features, classes
 ENGINES = [VmapEngine, LoopEngine]
 # float64; a step is a few dozen ops on numbers of size <= ~10 (BatchNorm's normalized activations,
 # variances of unit-scale data): each rounds by eps64 ~ 1.1e-16 relative; 1e-12 is 1e3 x above that and
@@ -91,7 +92,6 @@ def _apple(follow="paper", bn="averaged", optim=None):
     algo.sizes = torch.tensor([3.0, 5.0, 2.0], dtype=torch.float64)  # 3 training clients of 4: client 3 held out
     algo.set_bn(bn)
     if optim is not None:
-        from fedrun.algorithms.optim import local_optim
         algo.set_optim(local_optim(optim, 3))
     model = _model()
     state = algo.init(params_of(model), C)
@@ -124,12 +124,6 @@ def test_apple_step_moves_each_clients_own_statistics_as_torch_train(engine_cls,
         own = {k: v[c] for k, v in state.clients["theta"].items() if is_buffer(k)}
         want = _torch_stats(model, {**mixed, **own}, x[i])
         _assert_stats(_row(out["theta"], i), want, f"client {c}")
-        # (the step trained through that mixture: the gradient at it is torch's, train mode)
-        mine = copy.deepcopy(model)
-        mine.load_state_dict({**mixed, **own})
-        mine.train()
-        F.cross_entropy(mine(x[i]), y[i]).backward()
-        assert mine.net[0].weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("follow", ["paper", "pfllib"])
@@ -216,8 +210,9 @@ def test_fedcp_step_is_pfllibs_ensemble_in_train_mode(engine_cls):
         mine.load_state_dict(_row(before["params"], i))
         base.load_state_dict({**_row(before["params"], i), **_row(before["frozen"], i)})
         rep = mine(x[i], features=True)
+        hg = _row(before["head_g"], i)
         out_i = cp_output(_row(before["cpn"], i), rep, before["ctx"][i], noise[i],
-                          (mine.net[3].weight, mine.net[3].bias), (before["head_g"]["weight"][i], before["head_g"]["bias"][i]))
+                          (mine.net[3].weight, mine.net[3].bias), (hg["weight"], hg["bias"]))
         rep_base = base(x[i], features=True).detach()
         loss = F.cross_entropy(out_i, y[i]) + 1.0 * mmd(rep, rep_base)
         loss.backward()
@@ -275,8 +270,9 @@ def test_fedcp_serves_the_averaged_or_each_clients_own_statistics():
     mine = copy.deepcopy(model).eval()
     mine.load_state_dict({k: served[k][2] for k in state.params})
     feat = mine(split.x[rows], features=True)
-    out = cp_output({k[4:]: v[2] for k, v in served.items() if k.startswith("cpn.")}, feat, served["ctx"][2], None,
-                    (served["net.3.weight"][2], served["net.3.bias"][2]), (served["hg.weight"][2], served["hg.bias"][2]))
+    two = _row(served, 2)
+    out = cp_output({k[4:]: v for k, v in two.items() if k.startswith("cpn.")}, feat, two["ctx"], None,
+                    (two["net.3.weight"], two["net.3.bias"]), (two["hg.weight"], two["hg.bias"]))
     torch.testing.assert_close(loss[2], F.cross_entropy(out, split.y[rows], reduction="sum"), **TOL)
 
 
