@@ -353,6 +353,44 @@ MUTANTS += [
            "pii = (p * own).sum(1) * local[\"scale\"]", "pii = (p * own).sum(1)",
            (APPLE_TRACE,), "APPLE: the own core's step without PFLlib's lr x C"),
 ]
+# issue 44 item 3, APPLE and FedCP on BatchNorm models (tests/algorithms/test_trainer_bn4.py)
+BN4 = "tests/algorithms/test_trainer_bn4.py"
+MUTANTS += [
+    Mutant("apple-bn-step-statistics-dropped", "fedrun/algorithms/apple.py",
+           'g, _, local = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, '
+           '"theta", x, y)',
+           'g, _, _ = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, "theta", x, y)\n'
+           '        local = {**local, "theta": {**local["theta"], **self.theta(local)}}',
+           (BN4, "-k", "apple_step"), "APPLE: the step's training-mode forward does not move theta_i's statistics"),
+    Mutant("apple-bn-paper-served-initial-statistics", "fedrun/algorithms/apple.py",
+           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
+           'state.clients["theta"]), None',
+           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
+           'stack(state.params, len(state.clients["p"]["p"]))), None',
+           (BN4, "-k", "apple_serves"), "APPLE paper: theta_i served with the initial model's statistics, not its own"),
+    Mutant("apple-bn-onboard-statistics-dropped", "fedrun/algorithms/apple.py",
+           '"theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), local["theta"]))}',
+           '"theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), '
+           'state.clients["theta"], new))}',
+           (BN4, "-k", "apple_held_out"), "APPLE: a held-out client's onboarding forwards do not move its statistics"),
+    Mutant("fedcp-bn-model-statistics-dropped", "fedrun/algorithms/fedcp.py",
+           'P = {**local["params"], **{k[2:]: v for k, v in moved["q"].items() '
+           'if k.startswith("m.") and is_buffer(k)}}',
+           'P = dict(local["params"])',
+           (BN4, "-k", "fedcp_step"), "FedCP: the model's training-mode forward does not move its statistics"),
+    Mutant("fedcp-bn-frozen-statistics-kept", "fedrun/algorithms/fedcp.py",
+           'if k.startswith("m.") and is_buffer(k)}}', 'if k.startswith("f.") and is_buffer(k)}}',
+           (BN4, "-k", "fedcp_step"), "FedCP: the frozen copy's moved statistics kept as the model's"),
+    Mutant("fedcp-bn-frozen-copy-eval-mode", "fedrun/algorithms/fedcp.py",
+           "feat0 = engine.features({**base, head[0]: model[head[0]], head[1]: model[head[1]]}, x)",
+           "feat0 = torch.func.functional_call(engine.model.eval(), {**base, head[0]: model[head[0]], "
+           "head[1]: model[head[1]]}, (x,), {\"features\": True}); engine.model.train()",
+           (BN4, "-k", "fedcp_step"), "FedCP: the frozen copy of the received body runs in eval mode (its running "
+                                      "statistics), not PFLlib's train() (batch statistics)"),
+    Mutant("fedcp-bn-local-served-server-statistics", "fedrun/algorithms/fedcp.py",
+           "            models = {**models, **own}", "            models = models",
+           (BN4, "-k", "fedcp_serves"), "FedCP bn=local: every client served the server's statistics, not its own"),
+]
 # issue 44, the mixing and representation methods on the local trainer (tests/algorithms/test_trainer_mixing.py)
 TRAINER_MIX = "tests/algorithms/test_trainer_mixing.py"
 MUTANTS += [

@@ -173,17 +173,17 @@ def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["basic", "batched"])
 def test_a_sweep_with_a_refused_job_stops_before_any_job_trains(tmp_path, launcher):
-    """fedbn then fedcp on a BatchNorm model: FedCP refuses BatchNorm layers (docs/baselines.md).
+    """fedbn then pavg on a BatchNorm model: P-Avg (adaptation=maml) refuses BatchNorm layers (docs/baselines.md).
     The sweep stops with that one line, naming the job, before job 0 trains; no sweep folder is left."""
     sweep = tmp_path / "sweep"
-    r = fedrun(["-m", *TINY, "algo=fedbn,fedcp", "model=mlp_bn", f"hydra/launcher={launcher}",
+    r = fedrun(["-m", *TINY, "algo=fedbn,pavg", "model=mlp_bn", f"hydra/launcher={launcher}",
                 f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("fedrun: error: algo=fedcp does not handle BatchNorm layers")
+    assert line.startswith("fedrun: error: algo=pavg with algo.adaptation=maml does not handle BatchNorm layers")
     assert ("(sweep job: " in line and "model=mlp_bn" in line.split("(sweep job: ")[1]
             and "refused before its batch" in line)
-    assert "algo=fedcp" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
+    assert "algo=pavg" in line.split("(sweep job: ")[1] and "algo=fedbn" not in line
     assert not sweep.exists() and "outputs in" not in r.stdout
 
 
@@ -193,7 +193,7 @@ def test_a_refused_rerun_into_a_finished_sweep_leaves_its_folder_as_it_was(tmp_p
     sweep = tmp_path / "sweep"
     assert fedrun(["-m", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}"], tmp_path).returncode == 0
     before = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
-    r = fedrun(["-m", *TINY, "algo=fedbn,fedcp", "seed=0,1,2", "model=mlp_bn", f"hydra.sweep.dir={sweep}"], tmp_path)
+    r = fedrun(["-m", *TINY, "algo=fedbn,pavg", "seed=0,1,2", "model=mlp_bn", f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 2 and "refused before its batch started" in r.stderr
     assert {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
 

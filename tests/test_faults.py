@@ -77,7 +77,7 @@ CASES = [  # (arguments, the option the error line names)
     (["algo=fedper", "model=mlr"], "algo=fedper"),       # a one-layer model has no body to share
     (["algo=lgfedavg", "model=mlr"], "algo=lgfedavg"),
     (["algo=fedbn"], "algo=fedbn"),                      # FedBN needs BatchNorm layers to keep local
-    (["algo=fedcp", "model=mlp_bn"], "algo=fedcp"),      # an algorithm that does not handle BatchNorm
+    (["algo=pavg", "model=mlp_bn"], "algo=pavg"),        # an algorithm that does not handle BatchNorm (MAML's)
 ]
 
 

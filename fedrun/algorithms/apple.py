@@ -33,6 +33,16 @@ Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointe
 round's clients and scattered back, so unsampled clients keep theirs): `params`, the core models
 (started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C].
 Held-out clients have no core: their columns of every p are 0 and never move (`extra["member"]`).
+
+BatchNorm (a model state with running statistics): theta_i is the model that runs (PFLlib's
+clientAPPLE: `self.model`, whose `parameters()` `aggregate_parameters` overwrites with the p-weighted
+mix of the cores before each step, its buffers untouched), so its running statistics are the
+client's own: kept in `clients["theta"]` (from the initial model's), updated by each step's forward
+in training mode (its minibatch's statistics) and served with theta_i. The cores are parameters only
+(PFLlib's `model_c`, a copy of the client's model, is only ever mixed by `parameters()`): no
+statistics are mixed, averaged or uploaded, so `bn=averaged` and `bn=local` are the same run. A
+held-out client's theta starts from the initial model's statistics and its onboarding steps'
+forwards (training mode) move them.
 """
 from __future__ import annotations
 
@@ -42,7 +52,7 @@ import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, scatter, stack
+from ..engine.tree import Params, gather, is_buffer, only, param_names, scatter, stack
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
@@ -133,15 +143,17 @@ class APPLE(Algorithm):
         p0[: len(n)] = n / n.sum()
         p = torch.where(member, 1.0 / len(n), 0.0).to(first.dtype)
         extra = {"p0": p0.to(first.dtype).to(first.device), "member": member.to(first.device)}
-        return ServerState(params=params, extra=extra,
-                           clients={"params": stack(params, num_clients), "theta": stack(params, num_clients),
+        return ServerState(params=params, extra=extra,  # (cores: parameters only; theta: the model state)
+                           clients={"params": stack(only(params, param_names(params)), num_clients),
+                                    "theta": stack(params, num_clients),
                                     "p": {"p": p.to(first.device).expand(num_clients, -1).clone()}})
 
     def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> Local:
         m, C = len(clients), len(state.extra["p0"])
         first = next(iter(core.values()))
         return {"p": p, "shape.p": {"p": p},  # (p's shape for its optimizer slot, a dict as the trainer's slots take)
-                "params": core, "theta": mix(p, state.clients["params"]),
+                "params": core, "theta": self.with_statistics(mix(p, state.clients["params"]), state.clients["theta"],
+                                                              clients),
                 "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
                 "own": (clients.unsqueeze(1) == torch.arange(C, device=clients.device)).to(first.dtype),  # (one_hot
                 # checks its indices on the host)
@@ -152,6 +164,16 @@ class APPLE(Algorithm):
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
         return self._local(state, clients, state.clients["p"]["p"][clients], gather(state.clients["params"], clients),
                            self.lam_at(rnd))
+
+    @staticmethod
+    def with_statistics(mixed: Params, theta: Params, clients: Tensor | None = None) -> Params:
+        """The model state of the mixtures `mixed` (parameters) with the clients' own running statistics
+        from `theta` (stacked over all clients: rows `clients`; None: `theta`'s rows are the clients'), in
+        the model's order; `mixed` itself without BatchNorm."""
+        names = [k for k in theta if is_buffer(k)]
+        if not names:
+            return mixed
+        return {k: mixed[k] if k in mixed else (theta[k] if clients is None else theta[k][clients]) for k in theta}
 
     @staticmethod
     def theta(local: Local) -> Params:
@@ -165,8 +187,9 @@ class APPLE(Algorithm):
     def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
         p, own = local["p"], local["own"]
-        theta = self.theta(local)
-        g, _ = engine.grad(theta, x, y)
+        # the step's forward at theta_i, training mode (BatchNorm: the client's own statistics move)
+        g, _, local = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, "theta", x, y)
+        theta = local["theta"]
         pii = (p * own).sum(1) * local["scale"]
         if self.optim.plain:  # (the arithmetic the golden traces pin)
             core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
@@ -189,26 +212,29 @@ class APPLE(Algorithm):
     # PFLlib's clientAPPLE takes SGD steps of its own core (lr) and of its p_i (dr_lr): optim.* applies to
     # each, two slots ("opt" for the core, "opt.p" for p)
     optim_ok = True
-    batchnorm_ok = False
-    batchnorm_why = ("its model theta_i = sum_j p_ij c_j mixes every client's core model, and the cores, never run "
-                     "on their own, have no running statistics to mix")
+    # theta_i's running statistics are the client's own (PFLlib's clientAPPLE mixes `parameters()` only); the
+    # cores carry none, so bn=averaged and bn=local are the same run (module docstring)
+    batchnorm_ok = True
+
+    def shared_buffers(self, local: Local) -> Params:  # (trainer, bn=local): no shared model's statistics
+        return {}
 
     def optim_slots(self, local: Local) -> dict:
-        return {"opt": ("params", list(local["params"])), slot_of("p"): ("shape.p", ["p"])}
+        return {"opt": ("params", param_names(local["params"])), slot_of("p"): ("shape.p", ["p"])}
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        up = local["theta"] if self.follow == "pfllib" else local["params"]
+        up = local["theta"] if self.follow == "pfllib" else local["params"]  # (scatter takes the cores' entries)
         kept = {"params": scatter(state.clients["params"], clients, up),
                 "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
-        served = local["theta"] if self.follow == "pfllib" else self.theta(local)
+        served = local["theta"] if self.follow == "pfllib" else self.with_statistics(self.theta(local), local["theta"])
         kept["theta"] = scatter(state.clients["theta"], clients, served)
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.follow == "pfllib":
             return state.clients["theta"], None
-        return mix(state.clients["p"]["p"], state.clients["params"]), None
+        return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), state.clients["theta"]), None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no core in the mixtures: it starts from p_i = p0 (the FedAvg mixture
@@ -221,5 +247,5 @@ class APPLE(Algorithm):
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
         kept = {"p": {"p": state.clients["p"]["p"].index_copy(0, new, local["p"])},
-                "theta": scatter(state.clients["theta"], new, self.theta(local))}
+                "theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), local["theta"]))}
         return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})

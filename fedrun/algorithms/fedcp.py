@@ -31,6 +31,17 @@ selected clients only, so a client starts its next round from the ones of the la
 in (`clients["head_g"]`, `clients["cpn"]`); follow=paper: every client starts from the current global
 ones (the server's broadcast). `clients["cond"]["ctx"]` [C, d] holds every client's condition
 (unnormalized: random until its first round, then its head's row sum).
+
+BatchNorm (the body's layers; PFLlib's clientCP trains its `Ensemble` in train()): a step's forward of
+the trained model runs in training mode (the minibatch's statistics; the body's running statistics
+move, once a step); so does the frozen copy of the received body in the MMD term (PFLlib's
+`Ensemble.base`, in train() with the rest: batch statistics), whose own running statistics are never
+read (only `test_metrics` runs in eval(), and it does not call the copy), so they are dropped. The
+body's statistics go where the body goes: averaged with it by the server (`bn=averaged`), or each
+client's own (`bn=local`, PFLlib's: `set_parameters` writes parameters only), the model a client is
+served carrying them (PFLlib scores each client's own model). A held-out client's onboarding steps
+run in training mode too; under `bn=local` the statistics they move (from its own, the initial
+model's) are the ones it is served with, under `bn=averaged` it is served the server's.
 """
 from __future__ import annotations
 
@@ -41,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
+from ..engine.tree import Params, expand, gather, head_names, is_buffer, param_names, scatter, stack, weighted_mean
 from .base import EvalContext, Local, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
@@ -61,9 +72,9 @@ class FedCP(PartSharing):
     # as two slots (`optim_slots`: the model's "opt", the CPN's "opt.cpn") that step together; every
     # optimizer of optim.* keeps per-parameter state only, so one slot over both would give the same numbers
     optim_ok = True
-    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
-    batchnorm_why = ("its loss runs the trained body and the round's frozen copy (the MMD term) through the CPN's "
-                     "features, not yet written with the local trainer's value_and_grad")
+    # the trained body's statistics move with its training-mode forwards; the frozen copy's (also training mode:
+    # batch statistics) are dropped; served: the server's (bn=averaged) or each client's own (bn=local)
+    batchnorm_ok = True
     models_per_round = 1
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}
@@ -161,18 +172,20 @@ class FedCP(PartSharing):
             model = {k[2:]: v for k, v in q.items() if k.startswith("m.")}
             cpn = {k[2:]: v for k, v in q.items() if k.startswith("c.")}
             hg = {k[2:]: v.detach() for k, v in q.items() if k.startswith("g.")}
-            base = {k[2:]: v.detach() for k, v in q.items() if k.startswith("f.")}
+            base = {k[2:]: v if is_buffer(k) else v.detach() for k, v in q.items() if k.startswith("f.")}
             feat = engine.features(model, x)
             out = cp_output(cpn, feat, ctx, noise, (model[head[0]], model[head[1]]), (hg["weight"], hg["bias"]))
             feat0 = engine.features({**base, head[0]: model[head[0]], head[1]: model[head[1]]}, x)
             return F.cross_entropy(out, y) + lam * mmd(feat, feat0.detach())
 
-        g, _ = engine.value_and_grad(loss, q, x, y, local["ctx"], noise)
+        # (training mode: the model's and the frozen copy's forwards each move their copy of the statistics)
+        g, _, moved = self.value_and_grad(engine, {"q": q}, "q", loss, x, y, local["ctx"], noise)
+        P = {**local["params"], **{k[2:]: v for k, v in moved["q"].items() if k.startswith("m.") and is_buffer(k)}}
         lr = self.lr
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            return {**local, "params": {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()},
+            return {**local, "params": {**P, **{k: P[k] - lr * g[f"m.{k}"] for k in param_names(P)}},
                     "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}, "step": local["step"] + 1}
-        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in local["params"]}, lr, rnd)
+        local = self.descend({**local, "params": P}, "params", {k: g[f"m.{k}"] for k in param_names(P)}, lr, rnd)
         local = self.descend(local, "cpn", {k: g[f"c.{k}"] for k in local["cpn"]}, lr, rnd)
         return {**local, "step": local["step"] + 1}
 
@@ -207,6 +220,9 @@ class FedCP(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), its global
         head (`hg.*`), CPN (`cpn.*`) and condition (`ctx`)."""
         models, _ = super().personalize(engine, state, ctx)
+        own = state.clients.get("bn_local") if self.bn == "local" else None
+        if own is not None:  # each client's own statistics of the body (PFLlib scores each client's own model)
+            models = {**models, **own}
         C = state.clients["cond"]["ctx"].shape[0]
         head_g, cpn = self._modules_of(state, C)
         return {**models, **{f"hg.{k}": v for k, v in head_g.items()}, **{f"cpn.{k}": v for k, v in cpn.items()},
@@ -230,7 +246,8 @@ class FedCP(PartSharing):
         """A held-out client receives the global body, global head and CPN (follow=pfllib: as its own
         copies) and keeps its initial condition (it never trained, as PFLlib's clients before their
         first round); it fits its head with the rest frozen: new_client_steps (null: tau) SGD steps of
-        lr on the served (noise-free) output's cross-entropy over minibatches of its training rows."""
+        lr on the served (noise-free) output's cross-entropy over minibatches of its training rows, the
+        forward in training mode (BatchNorm: under bn=local its own statistics move and are kept)."""
         m = len(new)
         clients = dict(state.clients)
         if self.follow == "pfllib":
@@ -238,6 +255,9 @@ class FedCP(PartSharing):
             clients["cpn"] = scatter(state.clients["cpn"], new, expand(state.extra["cpn"], m))
         part = state.clients["part"]
         body = {k: v for k, v in stack(state.params, m).items() if k not in part}
+        own = state.clients.get("bn_local") if self.bn == "local" else None
+        if own is not None:  # its own statistics (the initial model's: it never trained)
+            body = {**body, **gather(own, new)}
         head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
         cond = state.clients["cond"]["ctx"][new]
         heads = gather(part, new)
@@ -250,11 +270,13 @@ class FedCP(PartSharing):
         q = {**{f"h.{k}": v for k, v in heads.items()}, **{f"b.{k}": v for k, v in body.items()},
              **{f"c.{k}": v for k, v in cpn.items()}, **{f"g.{k}": v for k, v in head_g.items()}}
         split_q = lambda q, p: {k[2:]: v for k, v in q.items() if k.startswith(p)}
-        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
-            g, _ = engine.value_and_grad(lambda q, c, x, y: loss(split_q(q, "h."), split_q(q, "b."), split_q(q, "c."),
-                                                                 split_q(q, "g."), c, x, y), q, cond, x, y)
-            q = {k: v - self.lr * g[k] if k.startswith("h.") else v for k, v in q.items()}
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):  # (training mode: the statistics move)
+            g, _, moved = self.value_and_grad(engine, {"q": q}, "q", lambda q, c, x, y: loss(
+                split_q(q, "h."), split_q(q, "b."), split_q(q, "c."), split_q(q, "g."), c, x, y), cond, x, y)
+            q = {k: v - self.lr * g[k] if k.startswith("h.") else moved["q"][k] for k, v in q.items()}
         clients["part"] = scatter(part, new, split_q(q, "h."))
+        if own is not None:
+            clients["bn_local"] = scatter(own, new, split_q(q, "b."))
         return ServerState(params=state.params, extra=state.extra, clients=clients)
 
 

@@ -43,9 +43,9 @@ def test_held_out_columns_stay_zero_and_state_survives_a_resume(tmp_path):
     local["params"] = {"w": torch.ones(2, 2)}
     local["cores"] = {"w": torch.randn(2, 4, 2)}
 
-    class Engine:
-        def grad(self, w, x, y):
-            return {"w": torch.ones_like(w["w"])}, None
+    class Engine:  # (the local trainer's `grad` calls state_grad: gradients, losses, BatchNorm buffers)
+        def state_grad(self, w, x, y):
+            return {"w": torch.ones_like(w["w"])}, None, {}
     out = algo.client_step(Engine(), local, [(None, None)], 1)
     assert (out["p"][:, 2:] == 0).all() and (out["p"][:, :2] != local["p"][:, :2]).all()
     resume_check(tmp_path, APPLE(lr=0.1, dr_lr=1.0, mu=0.5, decay=1.0, decay_rounds=3))

@@ -50,8 +50,6 @@ CELLS = design()
 # (algorithm, factor value) -> the words of its one-line refusal, for every refused cell (a refusal
 # holds for every cell with that value). Kept in step with docs/baselines.md.
 REFUSED: dict[tuple[str, str], str] = {
-    ("apple", "bn"): "algo=apple does not handle BatchNorm layers",  # mixes core models that never run alone
-    ("fedcp", "bn"): "algo=fedcp does not handle BatchNorm layers",  # not yet written for running statistics
     ("fedpac", "bn"): "algo=fedpac does not handle BatchNorm layers",  # (the same)
     ("gpfl", "bn"): "algo=gpfl does not handle BatchNorm layers",  # (the same)
     ("pavg", "bn"): "algo=pavg with algo.adaptation=maml does not handle BatchNorm",  # second order through batch stats
