@@ -55,7 +55,8 @@ def served(algo: Algorithm, engine: Engine, state: ServerState, ctx: EvalContext
     data = ctx.data
     if data.num_train_clients < data.num_clients:
         new = torch.arange(data.num_train_clients, data.num_clients, device=data.train.x.device)
-        state = replace(algo.onboard(engine, state, ctx, new), trainer=state.trainer)  # (the trainer's state kept)
+        onboarded = algo.onboard(engine, state, ctx, new)  # (the trainer's state kept, with what onboard set of it)
+        state = replace(onboarded, trainer={**state.trainer, **onboarded.trainer})
     return algo.finetune_served(engine, state, ctx, *algo.personalize(engine, state, ctx))
 
 

@@ -627,7 +627,8 @@ MUTANTS += [
            "local = self.client_init(state, new, 0)",
            (BY_HAND, "-k", "apfl"), "APFL: a held-out client's v starts from the initial model, not w^t"),
     Mutant("apple-paper-served-stale-theta", "fedrun/algorithms/apple.py",
-           'return mix(state.clients["p"]["p"], state.clients["params"]), None',
+           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
+           'state.clients["theta"]), None',
            'return state.clients["theta"], None',
            (BY_HAND, "-k", "apple"),
            "APPLE paper: served theta_i of the client's last step, not p_i times the new cores"),

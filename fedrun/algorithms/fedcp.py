@@ -220,7 +220,7 @@ class FedCP(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), its global
         head (`hg.*`), CPN (`cpn.*`) and condition (`ctx`)."""
         models, _ = super().personalize(engine, state, ctx)
-        own = state.clients.get("bn_local") if self.bn == "local" else None
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is not None:  # each client's own statistics of the body (PFLlib scores each client's own model)
             models = {**models, **own}
         C = state.clients["cond"]["ctx"].shape[0]
@@ -255,7 +255,7 @@ class FedCP(PartSharing):
             clients["cpn"] = scatter(state.clients["cpn"], new, expand(state.extra["cpn"], m))
         part = state.clients["part"]
         body = {k: v for k, v in stack(state.params, m).items() if k not in part}
-        own = state.clients.get("bn_local") if self.bn == "local" else None
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is not None:  # its own statistics (the initial model's: it never trained)
             body = {**body, **gather(own, new)}
         head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
@@ -275,9 +275,8 @@ class FedCP(PartSharing):
                 split_q(q, "h."), split_q(q, "b."), split_q(q, "c."), split_q(q, "g."), c, x, y), cond, x, y)
             q = {k: v - self.lr * g[k] if k.startswith("h.") else moved["q"][k] for k, v in q.items()}
         clients["part"] = scatter(part, new, split_q(q, "h."))
-        if own is not None:
-            clients["bn_local"] = scatter(own, new, split_q(q, "b."))
-        return ServerState(params=state.params, extra=state.extra, clients=clients)
+        trainer = state.trainer if own is None else {**state.trainer, "bn_local": scatter(own, new, split_q(q, "b."))}
+        return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
 
 
 def cp_output(cpn: Params, feat: Tensor, ctx: Tensor, noise: Tensor | None, head_p: tuple, head_g: tuple) -> Tensor:

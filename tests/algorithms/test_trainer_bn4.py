@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from fedrun.algorithms import build
-from fedrun.algorithms.base import EvalContext
+from fedrun.algorithms.base import EvalContext, RunInfo, flat_clients
 from fedrun.algorithms.fedcp import cp_output, mmd
-from fedrun.algorithms.optim import local_optim
+from fedrun.algorithms.optim import PLAIN, local_optim
 from fedrun.algorithms.personalize import onboarding_batches
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -89,10 +89,8 @@ def _assert_stats(got, want, what):
 
 def _apple(follow="paper", bn="averaged", optim=None):
     algo = build("apple", dr_lr=0.5, follow=follow)
-    algo.sizes = torch.tensor([3.0, 5.0, 2.0], dtype=torch.float64)  # 3 training clients of 4: client 3 held out
-    algo.set_bn(bn)
-    if optim is not None:
-        algo.set_optim(local_optim(optim, 3))
+    algo = algo.bind(RunInfo(train_sizes=torch.tensor([3, 5, 2]), bn=bn,  # 3 training clients of 4: 3 held out
+                             optim=PLAIN if optim is None else local_optim(optim, 3)))
     model = _model()
     state = algo.init(params_of(model), C)
     # cores apart, p off uniform, every client's statistics its own
@@ -142,7 +140,7 @@ def test_apple_serves_theta_with_the_clients_own_statistics_under_either_bn(foll
             local = algo.client_step(engine, local, [(x, y)], 1)
         end = algo.end_round(state, local, clients, torch.arange(len(clients)), None, C)
         served, _ = algo.personalize(engine, end, None)
-        assert "bn_local" not in end.clients
+        assert "bn_local" not in end.trainer
         for k, v in served.items():
             if is_buffer(k):
                 assert torch.equal(v[clients], local["theta"][k]), k
@@ -181,8 +179,7 @@ def test_apple_held_out_client_starts_from_its_statistics_and_its_onboarding_mov
 # -- FedCP ------------------------------------------------------------------------------------------------
 
 def _fedcp(bn="averaged"):
-    algo = build("fedcp", lr=0.1, lam=1.0)
-    algo.set_bn(bn)
+    algo = build("fedcp", lr=0.1, lam=1.0).bind(RunInfo(bn=bn))
     model = _model()
     state = algo.init(params_of(model), C)
     return algo, model, state
@@ -296,9 +293,9 @@ def test_fedcp_held_out_client_fits_in_train_mode_and_keeps_its_statistics_under
         return
     body = {k: v for k, v in end.params.items() if not k.startswith("net.3")}
     want = _torch_stats(model, {**body, **{k: end.params[k] for k in ("net.3.weight", "net.3.bias")},
-                                **{k: end.clients["bn_local"][k][C - 1] for k in stats}}, x[0])
+                                **{k: end.trainer["bn_local"][k][C - 1] for k in stats}}, x[0])
     _assert_stats(_row(served, C - 1), want, "held out")
-    assert not torch.equal(served[stats[0]][C - 1], end.clients["bn_local"][stats[0]][C - 1])
+    assert not torch.equal(served[stats[0]][C - 1], end.trainer["bn_local"][stats[0]][C - 1])
 
 
 # -- the tiny federated problem (simulate: vmap = loop) ------------------------------------------------
@@ -323,10 +320,12 @@ def _simulate(algo, engine_cls, rounds=2, holdout=True):
 def _assert_states_close(a, b, what):
     for k, v in a.params.items():
         torch.testing.assert_close(v, b.params[k], **TOL, msg=f"{what}: server {k}")
-    for key, tree in a.clients.items():
+    ca, cb = flat_clients(a), flat_clients(b)
+    assert ca.keys() == cb.keys(), what
+    for key, tree in ca.items():
         if isinstance(tree, dict):
             for k, v in tree.items():
-                torch.testing.assert_close(v, b.clients[key][k], **TOL, msg=f"{what}: clients.{key}.{k}")
+                torch.testing.assert_close(v, cb[key][k], **TOL, msg=f"{what}: clients.{key}.{k}")
 
 
 @pytest.mark.parametrize("name", ["apple", "fedcp"])
@@ -337,7 +336,7 @@ def test_vmap_equals_loop_with_a_batchnorm_model(name, bn):
     runs = []
     for engine_cls in ENGINES:
         algo = build(name, **({"dr_lr": 0.5} if name == "apple" else {"lr": 0.1, "lam": 1.0}))
-        algo.set_bn(bn)
+        algo = algo.bind(RunInfo(bn=bn))
         state, last = _simulate(algo, engine_cls)
         runs.append((state, last.row))
     (sv, rv), (sl, rl) = runs
