@@ -78,7 +78,8 @@ INNER_STEPS = 2
 # pfldyn, no adaptation as scaffold; PFLScaf: MAML as pavg, PFLScaf's control variate as scaffold), which
 # test_the_debiased_steps_left_out_are_traced_by_the_kept_cases holds true (6.4 + 10.3 s saved).
 TRACED_BY = {"feddyn": ("pfldyn", "scaffold"), "pflscaf": ("pavg", "scaffold")}
-STEP_PARTS = ("client_step", "client_init", "linear_term", "proximal_term", "logits_embedding", "batches_per_step")
+STEP_PARTS = ("client_step", "client_init", "linear_term", "proximal_term", "logits_embedding", "count_step",
+              "batches_per_step")
 
 
 @pytest.mark.parametrize("algo_name", [n for n in names() if n not in TRACED_BY])

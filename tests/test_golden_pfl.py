@@ -134,7 +134,7 @@ def run_fedrun(method, trace, overrides=()):
 
     def capture(state, local, clients, selected, weights):
         new = server_update(state, local, clients, selected, weights)
-        out[len(out) + 1] = {"clients": {int(c): {k: v[i] for k, v in local["params"].items()}
+        out[len(out) + 1] = {"clients": {int(c): {k: v[i] for k, v in local.params.items()}
                                          for i, c in enumerate(clients)}, "state": new}
         return new
 
@@ -204,7 +204,8 @@ def compare(method, overrides=(), rounds=None):
         if algo.name in STATE:
             per, server = STATE[algo.name]
             for c, theirs in rec["state_clients"].items():
-                pairs.append((f"r{r} state{c} ", {k: v[int(c)] for k, v in state.clients[per].items()}, theirs))
+                mine = {k: v[int(c)] for k, v in getattr(state.clients, per).items()}
+                pairs.append((f"r{r} state{c} ", mine, theirs))
             pairs.append((f"r{r} state_server ", state.extra[server], rec["state_server"]))
         if got["eval"] is None:  # fedrun evaluates after the last round only (the models are compared every round)
             continue

@@ -37,7 +37,7 @@ from ..data.federated import ClientSplit
 from ..engine import Engine
 from ..engine.batchnorm import is_buffer
 from ..engine.proto import class_means, proto_logits
-from ..engine.tree import Params, clip_per_client, sgd_each, stack
+from ..engine.tree import Params, axpy, clip_per_client, sgd_each, stack
 from .checks import check_choice, check_int, check_positive
 
 MetaLoss = Callable[..., Tensor]  # (p, *batch tensors) -> scalar, per client
@@ -91,7 +91,7 @@ class MAML(NoAdaptation):
         for _ in range(self.inner_steps):
             g = engine.inner_grad(engine.loss, p, x, y, create_graph=not self.first_order)
             if self.weight_decay:
-                g = {k: g[k] + self.weight_decay * p[k] for k in g}
+                g = axpy(self.weight_decay, p, g)  # g + weight_decay p
             p = sgd_each(p, g, self.inner_lr)  # (inside vmap)
         return p
 

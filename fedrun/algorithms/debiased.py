@@ -24,9 +24,10 @@ in round t, and clip a per-client gradient-norm clip (0/None: off). Per algorith
            A client sends its model AND its control variate: models_per_round = 2.
   feddyn, scaffold   pfldyn / pflscaf without adaptation and without personalized models.
 
-The per-client states g_i / c_i persist for EVERY client in `ServerState.clients` (stacked [C, ...]
-on the device, checkpointed with the run); a round gathers the sampled clients' rows and scatters
-them back, so unsampled clients keep theirs unchanged ("freeze stale devices", Alg. 1).
+The per-client states g_i / c_i persist for EVERY client in `ServerState.clients` (a NamedTuple:
+PAvgClients, PFLDynClients, PFLScafClients; stacked [C, ...] on the device, checkpointed with the
+run); a round gathers the sampled clients' rows into its Local (PAvgLocal, PFLDynLocal, PFLScafLocal)
+and scatters them back, so unsampled clients keep theirs unchanged ("freeze stale devices", Alg. 1).
 
 What follows the authors' code (github.com/alpemreacar/PFL), checked number by number against
 traces of it (tests/test_golden_pfl.py, scripts/golden/record_pfl.py):
@@ -41,7 +42,7 @@ Two choices of that code differ from the paper and are options, on under protoco
   * eval_model=clients_mean: the model scored ("global") and personalized is the mean of EVERY
     client's latest local model (clients never sampled: the initial model), which is what the
     paper's curves plot; the honest default is the server model w^t (Alg. 1's output). It keeps
-    one model per client in `ServerState.clients["last"]`.
+    one model per client in `ServerState.clients.last` ({} under eval_model=server).
   * PAvg(proto_first_step_only=True): their P-Avg (Proto) loop switches the model's Proto mode off
     inside its step loop, so each round's steps after the first embed with the network's outputs.
 """
@@ -51,10 +52,10 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params, clip_per_client, gather, scatter, stack, weighted_mean
+from ..engine.tree import Params, add, axpy, clip_per_client, only, scatter, stack, weighted_mean
 from ..errors import ConfigError
 from .adaptation import make_adaptation
-from .base import Algorithm, EvalContext, Local, RunInfo, ServerState
+from .base import Algorithm, EvalContext, RunInfo, ServerState
 from .checks import check_choice, check_positive, require_body
 from .rates import per_round
 
@@ -68,8 +69,9 @@ NO_ADAPTATION = dict(adaptation="none", inner_lr=0.01, inner_steps=1, first_orde
 
 class DebiasedSGD(Algorithm):
     """The shared local optimizer on the adaptation's meta-loss, with the linear and proximal terms
-    of a subclass's regularizer (none: P-Avg); its per-client state and server update are the
-    subclass's."""
+    of a subclass's regularizer (none: P-Avg); its per-client state (a NamedTuple with the field
+    `last`: `last_models`, `keep_last`), its Local (a NamedTuple with the fields `params` and `opt`),
+    its round's start and its server update are the subclass's."""
 
     name = "pavg"
     protocol = {"eval_model": dict(honest="server", official="clients_mean")}  # what the authors' code scored
@@ -138,72 +140,71 @@ class DebiasedSGD(Algorithm):
         """The local step reads the round number when the learning rate decays over rounds."""
         return self.lr_decay != 1 or super().step_uses_round
 
-    def init(self, params: Params, num_clients: int) -> ServerState:
-        clients = {"last": stack(params, num_clients)} if self.eval_model == "clients_mean" else {}
-        return ServerState(params=params, clients=clients)
+    def last_models(self, params: Params, num_clients: int) -> Params:
+        """The per-client state `last` at the start: every client's model is the initial one
+        (eval_model=clients_mean); {} (none kept) under eval_model=server."""
+        return stack(params, num_clients) if self.eval_model == "clients_mean" else {}
 
     def eval_params(self, state: ServerState) -> Params:
         if self.eval_model == "clients_mean":
-            return weighted_mean(state.clients["last"])  # (BatchNorm's integer step counter: the largest)
+            return weighted_mean(state.clients.last)  # (BatchNorm's integer step counter: the largest)
         return state.params
 
-    def keep_last(self, clients_state: dict, ids: Tensor, w: Params) -> dict:
+    def keep_last(self, clients_state, ids: Tensor, w: Params):
         """`clients_state` with the sampled clients' new models as their latest (eval_model=clients_mean)."""
-        if "last" not in clients_state:
+        if not clients_state.last:
             return clients_state
-        return {**clients_state, "last": scatter(clients_state["last"], ids, w)}
+        return clients_state._replace(last=scatter(clients_state.last, ids, w))
 
-    def linear_term(self, local: Local) -> Params | None:
+    def linear_term(self, local) -> Params | None:
         """Gradient of the regularizer's linear part."""
         return None
 
-    def proximal_term(self, local: Local) -> Params | None:
+    def proximal_term(self, local) -> Params | None:
         return None
 
-    def logits_embedding(self, local: Local) -> bool:
+    def logits_embedding(self, local) -> bool:
         """Proto: embed with the network's outputs in this step (see PAvg.proto_first_step_only)."""
         return False
 
-    def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
+    def count_step(self, local):
+        """`local` after a step, its step counter advanced where its Local keeps one (`steps`: PFLScaf's
+        K, P-Avg's proto_first_step_only); default: none kept."""
+        return local
+
+    def client_step(self, engine: Engine, local, batches: list[tuple[Tensor, Tensor]], rnd: int):
         logits = self.logits_embedding(local)
         meta_loss = self.adapt.meta_loss(engine, logits=True) if logits else self.adapt.meta_loss(engine)
         g, _, local = self.value_and_grad(engine, local, "params", meta_loss, *[t for b in batches for t in b])
-        w = local["params"]
+        w = local.params
         terms = [t for t in (self.linear_term(local), self.proximal_term(local)) if t is not None]
         for term in terms:
-            g = {k: g[k] + term[k] for k in g}
+            g = add(g, term)
         g = clip_per_client(g, self.clip)
         # as torch.optim, which skips parameters without a gradient: a layer the loss does not use
         # (Proto's output layer when no regularizer touches all parameters) is neither decayed nor stepped
         skip = frozenset()
         if not terms and (self.weight_decay or not self.optim.plain):
             skip = self.adapt.unused(engine, w, batches[0][0], logits)
-        if self.weight_decay:
-            g = {k: g[k] + self.weight_decay * w[k] if k not in skip else g[k] for k in g}
+        if self.weight_decay:  # g + weight_decay w
+            g = {**g, **axpy(self.weight_decay, w, only(g, [k for k in g if k not in skip]))}
         lr = self.lr_at(rnd)
-        if self.optim.plain:  # (the authors' arithmetic, bit for bit: tests/test_golden_pfl.py)
-            out = {**local, "params": {**w, **{k: w[k] - lr * g[k] for k in g}}}
+        if self.optim.plain:  # w - lr g (the authors' arithmetic, bit for bit: tests/test_golden_pfl.py)
+            out = local._replace(params={**w, **axpy(-lr, g, only(w, g))})
         else:
             out = self.descend_used(local, g, lr, rnd, skip)
-        if "steps" in local:
-            out["steps"] = local["steps"] + 1
-        return out
+        return self.count_step(out)
 
-    def descend_used(self, local: Local, g: Params, lr: float, rnd: int, skip: frozenset) -> Local:
+    def descend_used(self, local, g: Params, lr: float, rnd: int, skip: frozenset):
         """`descend` of the model's parameters but `skip` (the optimizer's state of those kept as it was)."""
         if not skip:
             return self.descend(local, "params", g, lr, rnd)
         out = self.descend(local, "params", g, lr, rnd, names=[k for k in g if k not in skip])
-        before, after = local.get("opt"), out.get("opt")
+        before, after = local.opt.get("opt"), out.opt.get("opt")
         if before and after:
-            out["opt"] = {kind: {**before[kind], **v} if isinstance(v, dict) else v for kind, v in after.items()}
+            kept = {kind: {**before[kind], **v} if isinstance(v, dict) else v for kind, v in after.items()}
+            out = out._replace(opt={**out.opt, "opt": kept})
         return out
-
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
-                      weights: Tensor | None) -> ServerState:
-        w = gather(local["params"], selected)
-        return ServerState(params=weighted_mean(w, weights), extra=state.extra,
-                           clients=self.keep_last(state.clients, clients[selected], w))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         batches = None

@@ -190,7 +190,7 @@ def test_pfldyn_with_vanishing_alpha_trains_like_pavg(tiny, adaptation):
     for algo in (PFLDyn(alpha=1e-12, **opts), PAvg(**opts)):
         _, trained, idx = sample_round(data, sched, algo.batches_per_step, 0, 1)
         state = algo.init(params_of(model), data.num_clients)
-        out.append(local_training(algo, engine, algo.client_init(state, trained, 1), data, idx, 1)["params"])
+        out.append(local_training(algo, engine, algo.client_init(state, trained, 1), data, idx, 1).params)
     head = {"net.2.weight", "net.2.bias"} if adaptation == "proto" else set()
     for k in out[0]:
         if k in head:  # Proto never uses the output layer: only PFLDyn's regularizer touches it, so
@@ -231,7 +231,7 @@ def test_scaffold_control_variates_on_quadratic():
         ci, w = new_ci, torch.stack(ys).mean(0)
         torch.testing.assert_close(state.params["weight"][0], w)
         torch.testing.assert_close(state.extra["c"]["weight"][0], c)
-        torch.testing.assert_close(state.clients["c"]["weight"][:, 0], ci)
+        torch.testing.assert_close(state.clients.c["weight"][:, 0], ci)
     assert ci[0].abs().sum() > 0 and ci[1].abs().sum() > 0  # both rounds really changed the states
 
 
@@ -259,15 +259,15 @@ def test_feddyn_state_on_quadratic_and_unsampled_clients_keep_theirs():
     ws = torch.stack(ws)
     g = -alpha * (ws - w0[0])
     h = -alpha / C * (ws - w0[0]).sum(0)
-    torch.testing.assert_close(state.clients["g"]["weight"][:2, 0], g)
-    assert state.clients["g"]["weight"][2].abs().sum() == 0
+    torch.testing.assert_close(state.clients.g["weight"][:2, 0], g)
+    assert state.clients.g["weight"][2].abs().sum() == 0
     torch.testing.assert_close(state.params["weight"][0], ws.mean(0) - h / alpha)
-    before = state.clients["g"]["weight"].clone()
+    before = state.clients.g["weight"].clone()
     ids = torch.tensor([2])
     local = algo.client_step(engine, algo.client_init(state, ids, 2), [(x[ids], y[ids])], 2)
     state = algo.server_update(state, local, ids, torch.arange(1), None)
-    torch.testing.assert_close(state.clients["g"]["weight"][:2], before[:2])  # stale devices frozen
-    assert not torch.equal(state.clients["g"]["weight"][2], before[2])
+    torch.testing.assert_close(state.clients.g["weight"][:2], before[:2])  # stale devices frozen
+    assert not torch.equal(state.clients.g["weight"][2], before[2])
 
 
 def test_pflscaf_counts_two_models_per_client_and_round(tiny):
@@ -304,7 +304,7 @@ def test_state_resumes_to_the_same_numbers(tiny):
     resumed, _ = simulate(algo, VmapEngine(model), data, params_of(model), Schedule(2, 2, 3, 5), 0, start=saved[-1])
     for k in full.params:
         torch.testing.assert_close(full.params[k], resumed.params[k], rtol=0, atol=0)
-        torch.testing.assert_close(full.clients["c"][k], resumed.clients["c"][k], rtol=0, atol=0)
+        torch.testing.assert_close(full.clients.c[k], resumed.clients.c[k], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("bad,option", [

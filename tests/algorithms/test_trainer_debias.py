@@ -53,11 +53,11 @@ def test_momentum_step_with_batchnorm_is_torchs_per_client(name, engine_cls):
     state = algo.init(p, 5)
     names = param_names(p)
     key = "c" if name == "scaffold" else "g"
-    assert list(state.clients[key]) == names  # the method's state: parameters only
+    assert list(getattr(state.clients, key)) == names  # the method's state: parameters only
     clients = torch.tensor([0, 2, 4])
     trained = {k: p[k] for k in names}
     rows = {k: torch.stack([_randn_like(trained, 10 + c)[k] for c in range(5)]) for k in names}
-    state = replace(state, clients={**state.clients, key: rows})
+    state = replace(state, clients=state.clients._replace(**{key: rows}))
     if name == "scaffold":
         state = replace(state, extra={"c": _randn_like(trained, 99)})
     rnd = 2
@@ -83,8 +83,8 @@ def test_momentum_step_with_batchnorm_is_torchs_per_client(name, engine_cls):
             torch.nn.utils.clip_grad_norm_(mine.parameters(), 0.5)
             o.step()
         for k, v in mine.state_dict().items():
-            torch.testing.assert_close(local["params"][k][i], v, **TOL, msg=f"{name} client {c} {k}")
-        assert local["params"]["net.1.num_batches_tracked"][i].item() == 2
+            torch.testing.assert_close(local.params[k][i], v, **TOL, msg=f"{name} client {c} {k}")
+        assert local.params["net.1.num_batches_tracked"][i].item() == 2
 
 
 def test_pavg_proto_skips_the_unused_layer_as_torch_optim_does():
@@ -105,8 +105,8 @@ def test_pavg_proto_skips_the_unused_layer_as_torch_optim_does():
         local = algo.client_step(engine, local, b, 1)
     head = ["net.3.weight", "net.3.bias"]
     for k in head:
-        assert torch.equal(local["params"][k], p[k].expand_as(local["params"][k]))
-        assert not local["opt"]["momentum"][k].any()
+        assert torch.equal(local.params[k], p[k].expand_as(local.params[k]))
+        assert not local.opt["opt"]["momentum"][k].any()
     for i in range(M):
         mine = copy.deepcopy(model).train()
         o = torch.optim.SGD(mine.parameters(), lr=0.1, **MW)
@@ -117,7 +117,7 @@ def test_pavg_proto_skips_the_unused_layer_as_torch_optim_does():
             assert all(dict(mine.named_parameters())[k].grad is None for k in head)
             o.step()
         for k, v in mine.state_dict().items():
-            torch.testing.assert_close(local["params"][k][i], v, **TOL, msg=f"client {i} {k}")
+            torch.testing.assert_close(local.params[k][i], v, **TOL, msg=f"client {i} {k}")
 
 
 @pytest.mark.parametrize("name", ["scaffold", "pfldyn"])
@@ -133,20 +133,20 @@ def test_server_averages_buffers_and_keeps_state_over_parameters(name):
     state = algo.init(p, 5)
     clients = torch.tensor([1, 2, 3])
     local = algo.start_local(state, clients, 1)
-    local["params"] = {**local["params"], "net.1.num_batches_tracked": torch.tensor([3, 5, 4])}
+    local = local._replace(params={**local.params, "net.1.num_batches_tracked": torch.tensor([3, 5, 4])})
     for b in _batches(2, algo.batches_per_step):
         local = algo.client_step(VmapEngine(model), local, b, 1)
     new = algo.end_round(state, local, clients, torch.arange(M), None, 5)
     for k in ("net.1.running_mean", "net.1.running_var"):
-        torch.testing.assert_close(new.params[k], local["params"][k].mean(0), **TOL)
+        torch.testing.assert_close(new.params[k], local.params[k].mean(0), **TOL)
     # the largest (5) after 2 steps of one forward per minibatch (Proto: support and query)
     assert new.params["net.1.num_batches_tracked"].item() == 5 + 2 * algo.batches_per_step
     key = "c" if name == "scaffold" else "h"
-    assert list(new.extra[key]) == param_names(p) == list(new.clients["c" if name == "scaffold" else "g"])
+    assert list(new.extra[key]) == param_names(p) == list(new.clients.c if name == "scaffold" else new.clients.g)
     assert any(new.extra[key][k].abs().sum() > 0 for k in new.extra[key])
     served = algo.eval_params(new)
     assert served["net.1.num_batches_tracked"].dtype == torch.long
-    torch.testing.assert_close(served["net.1.running_mean"], new.clients["last"]["net.1.running_mean"].mean(0), **TOL)
+    torch.testing.assert_close(served["net.1.running_mean"], new.clients.last["net.1.running_mean"].mean(0), **TOL)
 
 
 def test_ambiguous_pairs_are_refused_in_one_line():
