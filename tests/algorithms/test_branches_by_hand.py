@@ -201,7 +201,7 @@ def test_apfl_by_hand(engine_cls, follow):
     got, _ = algo.personalize(engine, state, None)
     for i in range(TRAIN + 1):
         close(got, served[i], i)
-        assert state.clients["mix"]["alpha"][i, 0].item() == pytest.approx(a[i], rel=1e-10)
+        assert state.clients.mix["alpha"][i, 0].item() == pytest.approx(a[i], rel=1e-10)
 
 
 # ----------------------------------------------------------------------------------------------
