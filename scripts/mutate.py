@@ -352,7 +352,7 @@ MUTANTS += [
            (TRAINER_MIX, "-k", "batchnorm and moon"), "MOON: the step's running statistics dropped"),
     Mutant("moon-no-optimizer", "fedrun/algorithms/moon.py",
            'return self.descend(local, "params", g, self.lr, rnd)',
-           'return {**local, "params": {**local["params"], **{k: local["params"][k] - self.lr * g[k] for k in g}}}',
+           'return local._replace(params={**local.params, **{k: local.params[k] - self.lr * g[k] for k in g}})',
            (TRAINER_MIX, "-k", "weight_decay and moon"), "MOON: plain SGD whatever optim.* says"),
     Mutant("step-features-statistics-leak", "fedrun/algorithms/representation.py",
            "return client_features(engine, {**params, **{k: v.clone() for k, v in buffers.items()}}, x)",

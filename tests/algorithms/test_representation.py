@@ -6,7 +6,7 @@ import torch
 from test_baselines import run
 
 from fedrun import outputs
-from fedrun.algorithms.base import ServerState
+from fedrun.algorithms.base import flat_clients, state_of
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddbe import FedDBE
 from fedrun.algorithms.fedproto import FedProto
@@ -27,13 +27,16 @@ def test_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     full, last_full, _, _, data = run(algo, rounds=3, clients=2)
     run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: outputs.save_checkpoint(
         str(tmp_path), at.round, {"transmitted": at.transmitted, "state": {
-            "params": at.state.params, "extra": at.state.extra, "clients": at.state.clients}}))
+            "params": at.state.params, "extra": at.state.extra, "clients": flat_clients(at.state)}}))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2
-    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=Progress(ServerState(**ck["state"]), 2, 0))
-    for name, part in full.clients.items():
+    start = Progress(state_of(algo, ck["state"]["params"], ck["state"]["extra"], ck["state"]["clients"]), 2, 0)
+    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
+    assert type(resumed.clients) is type(full.clients)
+    kept = flat_clients(resumed)
+    for name, part in flat_clients(full).items():
         for k in part:
-            assert torch.equal(part[k], resumed.clients[name][k]), (name, k)
+            assert torch.equal(part[k], kept[name][k]), (name, k)
     for k, v in full.extra.items():
         assert torch.equal(v, resumed.extra[k]), k
     assert last.row == last_full.row
