@@ -255,9 +255,9 @@ MUTANTS = [
            "w = counts if self.follow == \"paper\" else has.to(counts.dtype)", "w = counts",
            (FEAT_TRACES, "-k", "fedproto"), "FedProto: the global prototypes weighted by rows under follow=pfllib too"),
     Mutant("fedproto-protos-after-step", "fedrun/algorithms/fedproto.py",
-           "z = step_features(engine, local[\"params\"], x)",
-           "z = step_features(engine, self.descend(local, \"params\", engine.grad(local[\"params\"], x, y)[0], "
-           "self.lr, rnd)[\"params\"], x)",
+           "z = step_features(engine, local.params, x)",
+           "z = step_features(engine, self.descend(local, \"params\", engine.grad(local.params, x, y)[0], "
+           "self.lr, rnd).params, x)",
            (FEAT_TRACES, "-k", "fedproto"),
            "FedProto: local prototypes from the model after the step (a plain CE step)"),
     Mutant("feddbe-momentum-swapped", "fedrun/algorithms/feddbe.py",
@@ -360,9 +360,9 @@ MUTANTS += [
            (TRAINER_MIX, "-k", "batchnorm and (fedproto or feddbe)"),
            "FedProto/FedDBE: the prototype / running-mean forward moves the model's statistics a second time"),
     Mutant("fedproto-no-optimizer", "fedrun/algorithms/fedproto.py",
-           'return {**self.descend(local, "params", g, self.lr, rnd), "sums": sums, "counts": counts}',
-           'return {**local, "params": {**local["params"], **{k: local["params"][k] - self.lr * g[k] for k in g}}, '
-           '"sums": sums, "counts": counts}',
+           'return self.descend(local, "params", g, self.lr, rnd)._replace(sums=sums, counts=counts)',
+           'return local._replace(params={**local.params, **{k: local.params[k] - self.lr * g[k] for k in g}}, '
+           'sums=sums, counts=counts)',
            (TRAINER_MIX, "-k", "weight_decay and fedproto"), "FedProto: plain SGD whatever optim.* says"),
     Mutant("feddbe-bias-no-optimizer", "fedrun/algorithms/feddbe.py",
            'return self.descend(local, "dbe", {"bias": g[BIAS]}, self.lr, rnd)',

@@ -371,7 +371,7 @@ def test_fedproto_by_hand(engine_cls, follow):
     torch.testing.assert_close(state.extra["protos"], protos, **TOL)
     torch.testing.assert_close(state.extra["present"], present)
     for i in range(TRAIN + 1):
-        close(state.clients["params"], models[i], i)
+        close(state.clients.params, models[i], i)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ import torch
 from test_baselines import run
 
 from fedrun import outputs
-from fedrun.algorithms.base import flat_clients, state_of
+from fedrun.algorithms.base import ServerState, flat_clients, state_of
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddbe import FedDBE
-from fedrun.algorithms.fedproto import FedProto
+from fedrun.algorithms.fedproto import FedProto, FedProtoClients, FedProtoLocal
 from fedrun.algorithms.fedrod import FedRoD
 from fedrun.algorithms.moon import MOON
 from fedrun.engine import VmapEngine
@@ -99,8 +99,10 @@ def test_fedproto_global_prototypes_by_hand():
     clients that have the class; weighted (paper), by their rows; a class neither has: none."""
     sums = torch.tensor([[[2.0, 0.0], [0.0, 0.0], [3.0, 3.0]], [[4.0, 8.0], [1.0, 1.0], [0.0, 0.0]]])
     counts = torch.tensor([[1.0, 0.0, 3.0], [4.0, 1.0, 0.0]])
-    local = {"sums": sums, "counts": counts, "params": {"w": torch.zeros(2, 1)}}
-    state = ServerState(params={"w": torch.zeros(1)}, extra={}, clients={"params": {"w": torch.zeros(3, 1)}})
+    local = FedProtoLocal(params={"w": torch.zeros(2, 1)}, protos=torch.zeros(2, 3, 2),
+                          present=torch.zeros(2, 3, dtype=torch.bool), sums=sums, counts=counts)
+    state = ServerState(params={"w": torch.zeros(1)}, extra={},
+                        clients=FedProtoClients(params={"w": torch.zeros(3, 1)}))
     pick = torch.tensor([0, 1])
     plain = FedProto(lr=0.1, follow="pfllib").server_update(state, local, pick, pick, None).extra
     paper = FedProto(lr=0.1, follow="paper").server_update(state, local, pick, pick, None).extra
