@@ -52,7 +52,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             close("server", v, state.params[G.NAMES[name]])
         src, mine = PER_CLIENT[algo]
         if algo == "feddbe":  # every client's representation bias, and the global mean fixed before round 1
-            close("bias", [it["bias"][str(c)] for c in range(len(it["bias"]))], state.clients["dbe"]["bias"])
+            close("bias", [it["bias"][str(c)] for c in range(len(it["bias"]))], state.clients.dbe["bias"])
             close("global_mean", trace["init_period"]["global_mean"], state.extra["global_mean"])
             continue
         for c, models in it[src].items():

@@ -73,15 +73,15 @@ def test_feddbe_global_mean_by_hand_and_its_bias_served_before_the_head():
     t = data.num_train_clients
     local = algo.client_init(algo.init({k: v for k, v in model.state_dict().items()}, data.num_clients),
                              torch.arange(t), 0)
-    running = torch.zeros(t, local["running"].shape[1])
+    running, params = torch.zeros(t, local.running.shape[1]), local.params
     from fedrun.algorithms.feddbe import init_rows
 
     for rows in init_rows(ctx, torch.arange(t), None).unbind(1):
         x, y = data.train.rows(rows)
         running = 0.7 * running + 0.3 * torch.stack(
-            [engine.features({k: v[c] for k, v in local["params"].items()}, x[c]).mean(0) for c in range(t)])
-        g, _ = engine.grad(local["params"], x, y)
-        local["params"] = {k: v - 0.1 * g[k] for k, v in local["params"].items()}
+            [engine.features({k: v[c] for k, v in params.items()}, x[c]).mean(0) for c in range(t)])
+        g, _ = engine.grad(params, x, y)
+        params = {k: v - 0.1 * g[k] for k, v in params.items()}
     n = data.train.sizes[:t].to(running.dtype)
     torch.testing.assert_close(state.extra["global_mean"], (n.unsqueeze(1) * running).sum(0) / n.sum(),
                                rtol=1e-5, atol=1e-6)
@@ -89,7 +89,7 @@ def test_feddbe_global_mean_by_hand_and_its_bias_served_before_the_head():
     x = data.test.x[:5]
     z = engine.features(state.params, x)
     for c in (0, 2):
-        by_hand = (z + state.clients["dbe"]["bias"][c]) @ state.params["net.2.weight"].T + state.params["net.2.bias"]
+        by_hand = (z + state.clients.dbe["bias"][c]) @ state.params["net.2.weight"].T + state.params["net.2.bias"]
         torch.testing.assert_close(engine.logits({k: v[c] for k, v in served.items()}, x), by_hand,
                                    rtol=1e-5, atol=1e-6)
 
