@@ -19,6 +19,7 @@ from test_golden_pfedme import golden_data
 from test_golden_pfllib import ATOL, RTOL, load
 
 import fedrun.simulate
+from fedrun.algorithms.base import client_entries
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol
@@ -31,7 +32,7 @@ OPTIONS = {
                          f"algo.mu_rounds={a['global_rounds']}"],
     "fedala": None,  # replay_fedala
 }
-# trace field -> where fedrun keeps it ("server": state.params, else state.clients[name])
+# trace field -> where fedrun keeps it ("server": state.params, else the per-client entry name)
 FIELDS = {
     "fedamp": {"clients": "params", "cloud": "u"},
     "fedphp": {"server": "server", "clients": "params", "historical": "historical"},
@@ -113,7 +114,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
                     continue
                 for name, ref in models.items():
                     key = base.NAMES[name]
-                    val = state.params[key] if c is None else state.clients[mine][key][int(c)]
+                    val = state.params[key] if c is None else client_entries(state.clients)[mine][key][int(c)]
                     ref = np.asarray(ref, dtype=np.float64)
                     d = np.abs(ref - val.detach().double().numpy())
                     worst[field] = max(worst.get(field, -np.inf), float((d - ATOL - RTOL * np.abs(ref)).max()))

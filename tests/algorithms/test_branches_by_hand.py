@@ -144,8 +144,8 @@ def test_fedamp_by_hand(engine_cls, follow, form):
     algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
     w, new = fedamp_by_hand(p0, rows, follow, **opts, rounds=2, steps=2)
     for i in range(TRAIN):
-        close(state.clients["params"], w[i], i)
-    close(onboard(algo, engine, state, data, 4).clients["params"], new, TRAIN)
+        close(state.clients.params, w[i], i)
+    close(onboard(algo, engine, state, data, 4).clients.params, new, TRAIN)
 
 
 # ----------------------------------------------------------------------------------------------
