@@ -96,7 +96,7 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
         fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
                                  cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
     for it, state in zip(its, states):  # PFLlib's ALA passes: 0 on the first round, its start phase, then 1
-        ran = state.clients["ala"]["started"]
+        ran = state.clients.ala["started"]
         assert ({int(c): p for c, p in it["ala_passes"].items()}
                 == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)})
     return states

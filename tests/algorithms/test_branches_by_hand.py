@@ -559,9 +559,9 @@ def test_fedala_by_hand(engine_cls, form):
         p = step(p, grad(p, *rows[TRAIN]), lr)
     models[TRAIN] = p
     for i in range(TRAIN + 1):
-        close(state.clients["params"], models[i], i)
+        close(state.clients.params, models[i], i)
     for i in range(TRAIN):
-        close(state.clients["weights"], W[i], i)
+        close(state.clients.weights, W[i], i)
 
 
 # ----------------------------------------------------------------------------------------------
