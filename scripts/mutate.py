@@ -427,8 +427,8 @@ MUTANTS += [
            "pos = w.clamp(min=0)", "pos = w.abs()",
            (FOMO_TRACE,), "FedFomo: neighbours that raise the loss mixed in (abs(w_n), not max(w_n, 0))"),
     Mutant("fedfomo-affinity-positive-only", "fedrun/algorithms/fedfomo.py",
-           'local["ids"][selected]), local["w"][selected],',
-           'local["ids"][selected]), local["w"][selected].clamp(min=0),',
+           "local.ids[selected]), local.w[selected],",
+           "local.ids[selected]), local.w[selected].clamp(min=0),",
            (FOMO_TRACE,), "FedFomo: P accumulates only the positive w_n (P's golden tolerance, issue 46)"),
 ]
 
@@ -583,7 +583,7 @@ MUTANTS += [
            "self.lam_at((self.run_rounds or 0) + 1))", "self.lam_at(1))",
            (BY_HAND, "-k", "apple"), "APPLE: a held-out client's p steps with round 1's lam_t, not the next round's"),
     Mutant("fedfomo-paper-base-old", "fedrun/algorithms/fedfomo.py",
-           'base = local["old"] if self.follow == "pfllib" else local["params"]', 'base = local["old"]',
+           'base = local.old if self.follow == "pfllib" else local.params', "base = local.old",
            (BY_HAND, "-k", "fedfomo"), "FedFomo paper: w_n measured from the model after the last mixture (pfllib's)"),
     Mutant("fedfomo-onboard-step-short", "fedrun/algorithms/fedfomo.py",
            "for s in range(self.val_batches, self.val_batches + steps):",

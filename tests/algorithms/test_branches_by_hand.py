@@ -304,9 +304,9 @@ def test_fedfomo_by_hand(engine_cls, follow):
             for _ in range(2):
                 models[i] = step(models[i], grad(models[i], *rows[i]), lr)
     for i in range(TRAIN):
-        close(state.clients["params"], models[i], i)
-        close(state.clients["old"], old[i], i)
-    torch.testing.assert_close(state.clients["affinity"]["P"], torch.tensor(P, dtype=torch.float64), **TOL)
+        close(state.clients.params, models[i], i)
+        close(state.clients.old, old[i], i)
+    torch.testing.assert_close(state.clients.affinity["P"], torch.tensor(P, dtype=torch.float64), **TOL)
     assert P[0][1] != 0 and P[1][0] != 0
 
 
@@ -327,7 +327,7 @@ def test_fedfomo_held_out_client_by_hand(engine_cls):
     assert max(w) > 0
     for _ in range(2):
         mixed = step(mixed, grad(mixed, *rows[TRAIN]), lr)
-    close(onboard(algo, engine, state, data, 5).clients["params"], mixed, TRAIN)
+    close(onboard(algo, engine, state, data, 5).clients.params, mixed, TRAIN)
 
 
 # ----------------------------------------------------------------------------------------------
