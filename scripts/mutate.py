@@ -397,7 +397,7 @@ MUTANTS += [  # the local trainer under Per-FedAvg, pFedMe, FedBN and FedAvg's b
            "if k in mixed else avg[k] for k in avg}", "if k in mixed or 'running' in k else avg[k] for k in avg}",
            (META, "-k", "pfedme_server"), "pFedMe: running statistics mixed with beta like the parameters"),
     Mutant("pfedme-bn-local-theta-server-stats", "fedrun/algorithms/pfedme.py",
-           '"theta": {**local["theta"], **buffers}}', '"theta": local["theta"]}',
+           "theta={**local.theta, **buffers})", "theta=local.theta)",
            (META, "-k", "pfedme_bn_local"), "pFedMe bn=local: theta starts from the server's statistics"),
     Mutant("fedbn-bn-local-server-mean", "fedrun/algorithms/fedbn.py",
            'if self.bn == "local":  # the server', 'if self.bn == "never":  # the server',
