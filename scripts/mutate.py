@@ -380,6 +380,11 @@ MUTANTS += [
            (TRAINER_MIX, "-k", "batchnorm and fedphp"),
            "FedPHP: two training forwards a step (statistics moved twice)"),
 ]
+MUTANTS += [  # issue 44: typed per-client state (state_of rebuilds a checkpoint's in the declared type)
+    Mutant("typed-clients-undeclared", "fedrun/algorithms/fedfomo.py",
+           "    Clients = FedFomoClients\n", "",
+           ("tests/algorithms/test_typed_state.py",), "FedFomo: its Clients type not declared (resumes as a dict)"),
+]
 
 META = "tests/algorithms/test_trainer_meta.py"
 MUTANTS += [  # the local trainer under Per-FedAvg, pFedMe, FedBN and FedAvg's bn=local (issue 44)
