@@ -307,7 +307,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
                         close(mine, v, kept[NAMES[name]][int(c)])
         if algo == "apfl":
             close("alpha", [it["alpha"][str(c)] for c in range(len(it["alpha"]))],
-                  state.clients["mix"]["alpha"].view(-1))
+                  state.clients.mix["alpha"].view(-1))
     assert len(states) == len(trace["iterations"])
     return worst
 

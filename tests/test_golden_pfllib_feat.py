@@ -19,6 +19,7 @@ import test_golden_pfllib as G
 import torch
 
 import fedrun.algorithms.feddbe
+from fedrun.algorithms.base import client_entries
 
 # algo -> fedrun options saying what the recorder's PFLlib arguments said (added to the replay's table)
 G.OPTIONS.update({
@@ -51,12 +52,12 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             close("server", v, state.params[G.NAMES[name]])
         src, mine = PER_CLIENT[algo]
         if algo == "feddbe":  # every client's representation bias, and the global mean fixed before round 1
-            close("bias", [it["bias"][str(c)] for c in range(len(it["bias"]))], state.clients["dbe"]["bias"])
+            close("bias", [it["bias"][str(c)] for c in range(len(it["bias"]))], state.clients.dbe["bias"])
             close("global_mean", trace["init_period"]["global_mean"], state.extra["global_mean"])
             continue
         for c, models in it[src].items():
             for name, v in models.items():
-                close(mine, v, state.clients[mine][G.NAMES[name]][int(c)])
+                close(mine, v, client_entries(state.clients)[mine][G.NAMES[name]][int(c)])
         if "protos" in it:  # FedProto's global prototypes, and which classes have one
             present = state.extra["present"].tolist()
             assert present == [str(k) in it["protos"] for k in range(len(present))]

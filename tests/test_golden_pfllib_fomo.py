@@ -62,8 +62,8 @@ def compare(trace: dict, states: list) -> Worst:
         for field, mine in (("clients", "params"), ("old", "old")):
             for c, models in it[field].items():
                 for name, ref in models.items():
-                    worse(field, ref, state.clients[mine][NAMES[name]][int(c)])
-        d = np.abs(np.asarray(it["affinity"]) - state.clients["affinity"]["P"].double().numpy())
+                    worse(field, ref, getattr(state.clients, mine)[NAMES[name]][int(c)])
+        d = np.abs(np.asarray(it["affinity"]) - state.clients.affinity["P"].double().numpy())
         worst["affinity"] = max(worst.get("affinity", -np.inf), float(d.max()) - AFFINITY_TOL)
     return worst
 

@@ -19,6 +19,7 @@ from test_golden_pfedme import golden_data
 from test_golden_pfllib import ATOL, RTOL, load
 
 import fedrun.simulate
+from fedrun.algorithms.base import client_entries
 from fedrun.config import CONF_DIR
 from fedrun.engine import ENGINES
 from fedrun.run.protocol import apply_protocol
@@ -31,7 +32,7 @@ OPTIONS = {
                          f"algo.mu_rounds={a['global_rounds']}"],
     "fedala": None,  # replay_fedala
 }
-# trace field -> where fedrun keeps it ("server": state.params, else state.clients[name])
+# trace field -> where fedrun keeps it ("server": state.params, else the per-client entry name)
 FIELDS = {
     "fedamp": {"clients": "params", "cloud": "u"},
     "fedphp": {"server": "server", "clients": "params", "historical": "historical"},
@@ -95,7 +96,7 @@ def replay_fedala(trace: dict, extra: list[str] = (), engine: str = "vmap") -> l
         fedrun.simulate.simulate(algorithm, ENGINES[cfg.engine](model), data, params, schedule(cfg, data.num_clients),
                                  cfg.seed, on_checkpoint=lambda at: states.append(at.state), checkpoint_every=1)
     for it, state in zip(its, states):  # PFLlib's ALA passes: 0 on the first round, its start phase, then 1
-        ran = state.clients["ala"]["started"]
+        ran = state.clients.ala["started"]
         assert ({int(c): p for c, p in it["ala_passes"].items()}
                 == {c: (11 if it is its[1] else 1) * bool(ran[c]) for c in range(4)})
     return states
@@ -113,7 +114,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
                     continue
                 for name, ref in models.items():
                     key = base.NAMES[name]
-                    val = state.params[key] if c is None else state.clients[mine][key][int(c)]
+                    val = state.params[key] if c is None else client_entries(state.clients)[mine][key][int(c)]
                     ref = np.asarray(ref, dtype=np.float64)
                     d = np.abs(ref - val.detach().double().numpy())
                     worst[field] = max(worst.get(field, -np.inf), float((d - ATOL - RTOL * np.abs(ref)).max()))

@@ -22,26 +22,45 @@ every round, fedrun on the round's clients.
 
 Served: each client's last trained model (the shared model until it first trains).
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): `clients["params"]`, each
-client's model, `clients["weights"]` (its W, shaped as the higher layers, started at ones) and
-`clients["ala"]["started"]` ([C] bool, its first ALA done).
+Per-client state (stacked over ALL clients in `ServerState.clients`, a `FedALAClients`, checkpointed,
+gathered for the round's clients and scattered back, so unsampled clients keep theirs): `params`, each
+client's model, `weights` (its W, shaped as the higher layers, started at ones) and `ala["started"]`
+([C] bool, its first ALA done). A round's clients hold a `FedALALocal`.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, param_names, per_client, scatter, stack, weighted_mean
+from ..engine.tree import Params, gather, only, param_names, per_client, scatter, stack, weighted_mean
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
 
+class FedALAClients(NamedTuple):
+    params: Params  # every client's model
+    weights: Params  # every client's ALA weights W, shaped as the higher layers
+    ala: dict  # {"started": [C] bool}, whose first ALA is done
+
+
+class FedALALocal(NamedTuple):
+    params: Params  # theta: the client's model, the server's mixed into it by W
+    local: Params  # the client's own higher layers before the mixture
+    server: Params  # the server model's higher layers (expanded)
+    weights: Params  # W
+    active: Tensor  # [m] bool: the clients whose ALA runs (their model is not the server's)
+    start: Tensor  # [m] bool: the clients in their first ALA (its start phase)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedALA(Algorithm):
     name = "fedala"
+    Clients = FedALAClients
 
     # fedrun.bench.agreement (and test_engines_agree): ALA of 2 minibatches, not a pass over a client's
     # rows (its clients have up to 6,552 rows: a pass of 1,310 steps, ~10 min of loop engine)
@@ -102,69 +121,69 @@ class FedALA(Algorithm):
         first = next(iter(params.values()))
         weights = {k: torch.ones(num_clients, *params[k].shape, dtype=params[k].dtype, device=first.device)
                    for k in self.higher(params)}
-        return ServerState(params=params, clients={"params": stack(params, num_clients), "weights": weights,
-                                                   "ala": {"started": torch.zeros(num_clients, dtype=torch.bool,
-                                                                                  device=first.device)}})
+        started = torch.zeros(num_clients, dtype=torch.bool, device=first.device)
+        return ServerState(params=params, clients=FedALAClients(params=stack(params, num_clients), weights=weights,
+                                                                ala={"started": started}))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedALALocal:
         g = state.params
-        l = gather(state.clients["params"], clients)
-        weights = gather(state.clients["weights"], clients)
+        l = gather(state.clients.params, clients)
+        weights = gather(state.clients.weights, clients)
         first = param_names(g)[0]
         active = (g[first].unsqueeze(0) - l[first]).flatten(1).sum(1) != 0
-        start = active & ~state.clients["ala"]["started"][clients]
+        start = active & ~state.clients.ala["started"][clients]
         high = self.higher(g)
         theta = {}
         for k in g:
             mixed = l[k] + (g[k] - l[k]) * weights[k] if k in high else g[k].expand_as(l[k])
             theta[k] = torch.where(per_client(active, l[k]).bool(), mixed, l[k])
-        return {"params": theta, "local": {k: l[k] for k in high}, "global": {k: g[k].expand_as(l[k]) for k in high},
-                "weights": weights, "active": active, "start": start}
+        return FedALALocal(params=theta, local=only(l, high), server={k: g[k].expand_as(l[k]) for k in high},
+                           weights=weights, active=active, start=start)
 
-    def _ala(self, engine: Engine, local: Local, batches, on: Tensor) -> Local:
+    def _ala(self, engine: Engine, local: FedALALocal, batches, on: Tensor) -> FedALALocal:
         """One ALA step for the clients `on` ([m] bool); the others keep their Local."""
         (x, y), = batches
-        theta, L, G = local["params"], local["local"], local["global"]
+        theta, L, G = local.params, local.local, local.server
         # (a BatchNorm model: the forward in training mode; its running statistics are not kept, as
         # PFLlib's ALA trains a throwaway copy of the model and copies back its parameters only)
         g = engine.state_grad(theta, x, y)[0] if len(param_names(theta)) < len(theta) \
             else engine.grad(theta, x, y)[0]
-        weights, params = dict(local["weights"]), dict(theta)
+        weights, params = dict(local.weights), dict(theta)
         for k in L:
-            w = torch.clamp(local["weights"][k] - self.eta * (g[k] * (G[k] - L[k])), 0, 1)
+            w = torch.clamp(local.weights[k] - self.eta * (g[k] * (G[k] - L[k])), 0, 1)
             keep = per_client(on, w).bool()
-            weights[k] = torch.where(keep, w, local["weights"][k])
+            weights[k] = torch.where(keep, w, local.weights[k])
             params[k] = torch.where(keep, L[k] + (G[k] - L[k]) * weights[k], theta[k])
-        return {**local, "params": params, "weights": weights}
+        return local._replace(params=params, weights=weights)
 
-    def ala_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._ala(engine, local, batches, local["active"])
+    def ala_step(self, engine: Engine, local: FedALALocal, batches, rnd: int) -> FedALALocal:
+        return self._ala(engine, local, batches, local.active)
 
-    def ala_start_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return self._ala(engine, local, batches, local["start"])
+    def ala_start_step(self, engine: Engine, local: FedALALocal, batches, rnd: int) -> FedALALocal:
+        return self._ala(engine, local, batches, local.start)
 
-    def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def train_step(self, engine: Engine, local: FedALALocal, batches, rnd: int) -> FedALALocal:
         return self.sgd_step(engine, local, batches, self.lr, rnd)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedALALocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(local["params"], selected), weights)
-        started = state.clients["ala"]["started"]
-        kept = {"params": scatter(state.clients["params"], clients, local["params"]),
-                "weights": scatter(state.clients["weights"], clients, local["weights"]),
-                "ala": {"started": started.index_copy(0, clients, started[clients] | local["active"])}}
-        return ServerState(params=new, extra=state.extra, clients={**state.clients, **kept})
+        new = weighted_mean(gather(local.params, selected), weights)
+        started = state.clients.ala["started"]
+        kept = FedALAClients(params=scatter(state.clients.params, clients, local.params),
+                             weights=scatter(state.clients.weights, clients, local.weights),
+                             ala={"started": started.index_copy(0, clients, started[clients] | local.active)})
+        return ServerState(params=new, extra=state.extra, clients=kept)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        return state.clients["params"], None
+        return state.clients.params, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no local model to mix the server model into (its ALA would be skipped,
         as on a first round): new_client_steps (null: tau) of its local SGD from the server model."""
-        local = {"params": stack(state.params, len(new))}
+        local = {"params": stack(state.params, len(new))}  # (the trainer's plain Local: only a model to train)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.train_step(engine, local, batches, 0)
-        return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "params": scatter(state.clients["params"], new, local["params"])})
+        params = scatter(state.clients.params, new, local["params"])
+        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(params=params))

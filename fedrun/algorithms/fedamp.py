@@ -27,19 +27,22 @@ besides the stacked client models (100 clients of a 1M-parameter model: a 100 x 
 
 The shared model (`global_*` metrics) stays the initial model: FedAMP has no global model.
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): each client's model
-`clients["params"]` and its last cloud model `clients["u"]` (parameters only), both started from the initial model;
-`extra["sent"]`, a [C] mask of the clients whose models the previous round uploaded.
+Per-client state (stacked over ALL clients in `ServerState.clients`, a `FedAMPClients`, checkpointed,
+gathered for the round's clients and scattered back, so unsampled clients keep theirs): each client's
+model `params` and its last cloud model `u` (parameters only), both started from the initial model; a
+round's clients hold a `FedAMPLocal`. `extra["sent"]`: a [C] mask of the clients whose models the
+previous round uploaded.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, only, param_names, prox_grad, scatter, stack
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from ..engine.tree import Params, add, gather, only, param_names, prox_grad, scale, scatter, stack
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
@@ -55,8 +58,20 @@ def mixtures(coef: Tensor, models: Params) -> Params:
     return {k: (coef @ v.flatten(1)).view(len(coef), *v.shape[1:]) for k, v in models.items()}
 
 
+class FedAMPClients(NamedTuple):
+    params: Params  # w_i, every client's model
+    u: Params  # u_i, every client's last cloud model (parameters only)
+
+
+class FedAMPLocal(NamedTuple):
+    params: Params  # w_i
+    u: Params  # u_i, the round's cloud model
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedAMP(Algorithm):
     name = "fedamp"
+    Clients = FedAMPClients
 
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's clientAMP: no proximal gradient
@@ -83,53 +98,56 @@ class FedAMP(Algorithm):
         first = next(iter(params.values()))
         return ServerState(params=params,
                            extra={"sent": torch.zeros(num_clients, dtype=torch.bool, device=first.device)},
-                           clients={"params": stack(params, num_clients),
-                                    "u": stack(only(params, param_names(params)), num_clients)})
+                           clients=FedAMPClients(params=stack(params, num_clients),
+                                                 u=stack(only(params, param_names(params)), num_clients)))
 
     def cloud_models(self, state: ServerState, w: Params, ids: Tensor) -> Params:
         """u_i for the clients `ids` whose models are `w` (stacked), from the models the previous round
         uploaded (all of them zero-weighted on the first round: u_i = w_i)."""
         sent = state.extra["sent"]
         names = param_names(w)  # (the parameters: a distance or mixture of running statistics is not the method)
-        models, w = only(state.clients["params"], names), only(w, names)
+        models, w = only(state.clients.params, names), only(w, names)
         d = squared_distances(w, models)  # [m, C]
         others = sent.unsqueeze(0) & (ids.view(-1, 1) != torch.arange(len(sent), device=sent.device))
         coef = torch.where(others, self.alpha_k * torch.exp(-d / self.sigma) / self.sigma, torch.zeros_like(d))
         own = 1 - coef.sum(1)
-        return {k: v + own.view(-1, *[1] * (v.dim() - 1)) * w[k] for k, v in mixtures(coef, models).items()}
+        return add(mixtures(coef, models), scale(w, own))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        w = gather(state.clients["params"], clients)
-        return {"params": w, "u": self.cloud_models(state, w, clients)}
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedAMPLocal:
+        w = gather(state.clients.params, clients)
+        return FedAMPLocal(params=w, u=self.cloud_models(state, w, clients))
 
     optim_ok = True  # one optimizer of the client's model on f_i + lam / (2 alpha_k) ||w - u_i||^2
     batchnorm_ok = True  # u_i and the server's distances over the parameters; each w_i keeps its statistics
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedAMPLocal, batches, rnd: int) -> FedAMPLocal:
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)
         if self.follow == "paper":  # PFLlib's regularizer carries no gradient
-            g = prox_grad(g, local["params"], local["u"], self.lam / self.alpha_k)
+            g = prox_grad(g, local.params, local.u, self.lam / self.alpha_k)
         return self.descend(local, "params", g, self.lr, rnd)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    @staticmethod
+    def _kept(state: ServerState, clients: Tensor, local: FedAMPLocal) -> FedAMPClients:
+        """The per-client state with the clients `clients`' rows replaced by theirs in `local`."""
+        return FedAMPClients(params=scatter(state.clients.params, clients, local.params),
+                             u=scatter(state.clients.u, clients, local.u))
+
+    def server_update(self, state: ServerState, local: FedAMPLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         sent = torch.zeros_like(state.extra["sent"]).index_fill(0, clients[selected], True)
-        kept = {"params": scatter(state.clients["params"], clients, local["params"]),
-                "u": scatter(state.clients["u"], clients, local["u"])}
-        return ServerState(params=state.params, extra={**state.extra, "sent": sent}, clients={**state.clients, **kept})
+        return ServerState(params=state.params, extra={**state.extra, "sent": sent},
+                           clients=self._kept(state, clients, local))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        return state.clients["params"], None
+        return state.clients.params, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client: from the initial model (the shared one; as every client's w starts),
         its cloud model from the last round's uploaded models, then new_client_steps (null: tau) of
         its local FedAMP steps; it is served its trained w."""
-        local = {"params": stack(state.params, len(new))}
-        local["u"] = self.cloud_models(state, local["params"], new)
+        w = stack(state.params, len(new))
+        local = FedAMPLocal(params=w, u=self.cloud_models(state, w, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
-        kept = {"params": scatter(state.clients["params"], new, local["params"]),
-                "u": scatter(state.clients["u"], new, local["u"])}
-        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
+        return ServerState(params=state.params, extra=state.extra, clients=self._kept(state, new, local))

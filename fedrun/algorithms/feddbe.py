@@ -17,16 +17,19 @@ models are discarded (PFLlib's FedDBE server does this in its constructor). The 
 model (FedAvg). Served: the server model with each client's m_i (a linear head: its bias b + W m_i,
 the same logits); `global_*` scores the server model without it.
 
-Per-client state: `clients["dbe"]["bias"]` [C, d]; server: `extra["global_mean"]` [d].
+Per-client state (a `FedDBEClients`): `dbe["bias"]` [C, d]; a round's clients hold a `FedDBELocal`;
+server: `extra["global_mean"]` [d].
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, ServerState
+from ..engine.tree import Params, expand, gather, head_names, only, stack, weighted_mean
+from .base import Algorithm, EvalContext, ServerState
 from .checks import check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
 from .representation import apply_head, features_and_logits, head_of, require_linear_head, step_features
@@ -35,8 +38,21 @@ from .trainer import slot_of
 BIAS = "dbe.bias"  # the client's representation bias among a step's differentiated params
 
 
+class FedDBEClients(NamedTuple):
+    dbe: dict  # {"bias": [C, d]}, every client's representation bias m_i
+
+
+class FedDBELocal(NamedTuple):
+    params: Params  # the client's model, from the server's
+    dbe: dict  # {"bias": [m, d]}, m_i
+    running: Tensor  # r [m, d], the running mean of the round's minibatch representation means
+    global_mean: Tensor  # g [m, d] (expanded: the same for every client)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedDBE(Algorithm):
     name = "feddbe"
+    Clients = FedDBEClients
     agreement_options = dict(lr=0.1, kappa=1.0)  # fedrun.bench.agreement: the regularizer on
 
     def __init__(self, lr: float, momentum: float, kappa: float, new_client_steps: int | None, finetune_steps: int,
@@ -57,7 +73,7 @@ class FedDBE(Algorithm):
         w = next(params[k] for k in head_names(params) if params[k].dim() == 2)
         zero = torch.zeros(w.shape[1], dtype=w.dtype, device=w.device)
         return ServerState(params=params, extra={"global_mean": zero},
-                           clients={"dbe": {"bias": stack({"b": zero}, num_clients)["b"]}})
+                           clients=FedDBEClients(dbe={"bias": stack({"b": zero}, num_clients)["b"]}))
 
     def prepare(self, engine: Engine, state: ServerState, ctx: EvalContext) -> ServerState:
         """The global mean representation g: every training client's running mean after a round of
@@ -71,33 +87,34 @@ class FedDBE(Algorithm):
             local = self.client_init(state, clients, 0)
             for s in range(rows.shape[1]):
                 local = self._step(engine, local, [split.rows(rows[:, s])], dbe=False)
-            return local["running"]
+            return local.running
 
-        local = {"running": ctx.chunked(running, everyone, init_rows(ctx, everyone, None))}
-        n = ctx.data.train.sizes[: ctx.data.num_train_clients].to(local["running"].device, local["running"].dtype)
-        g = (n.unsqueeze(-1) * local["running"]).sum(0) / n.sum()
+        r = ctx.chunked(running, everyone, init_rows(ctx, everyone, None))
+        n = ctx.data.train.sizes[: ctx.data.num_train_clients].to(r.device, r.dtype)
+        g = (n.unsqueeze(-1) * r).sum(0) / n.sum()
         return ServerState(params=state.params, extra={**state.extra, "global_mean": g}, clients=state.clients)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedDBELocal:
         m, g = len(clients), state.extra["global_mean"]
-        return {"params": stack(state.params, m), "dbe": {"bias": state.clients["dbe"]["bias"][clients]},
-                "running": torch.zeros(m, *g.shape, dtype=g.dtype, device=g.device), "global": g.expand(m, *g.shape)}
+        return FedDBELocal(params=stack(state.params, m), dbe={"bias": state.clients.dbe["bias"][clients]},
+                           running=torch.zeros(m, *g.shape, dtype=g.dtype, device=g.device),
+                           global_mean=g.expand(m, *g.shape))
 
     optim_ok = True  # the model's optimizer and the bias's (PFLlib's clientDBE: optimizer, opt_client_mean)
     batchnorm_ok = True  # the running mean r from the step's training-mode forward (batch statistics)
 
-    def optim_slots(self, local: Local) -> dict:
+    def optim_slots(self, local: FedDBELocal) -> dict:
         return {**super().optim_slots(local), slot_of("dbe"): ("dbe", ["bias"])}
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedDBELocal, batches, rnd: int) -> FedDBELocal:
         return self._step(engine, local, batches, dbe=True, rnd=rnd)
 
-    def _step(self, engine: Engine, local: Local, batches, dbe: bool, rnd: int = 0) -> Local:
+    def _step(self, engine: Engine, local: FedDBELocal, batches, dbe: bool, rnd: int = 0) -> FedDBELocal:
         """One SGD step of lr on the model and the bias (`dbe`: FedDBE's loss; else plain
         cross-entropy without the bias, the constructor's round), the running mean moved."""
         (x, y), = batches
         mom, kappa = self.momentum, self.kappa
-        bias = local["dbe"]["bias"]
+        bias = local.dbe["bias"]
 
         def loss(p: Params, x: Tensor, y: Tensor, running: Tensor, g: Tensor) -> Tensor:
             model = {k: v for k, v in p.items() if k != BIAS}
@@ -109,24 +126,24 @@ class FedDBE(Algorithm):
             return out + kappa * (0.5 * (r - g) ** 2).mean()
 
         with torch.no_grad():  # the running mean of the round's minibatch representation means
-            z = client_means(engine, local["params"], x)
-            running = (1 - mom) * local["running"] + mom * z
-        g, _, both = self.value_and_grad(engine, {"both": {**local["params"], BIAS: bias}}, "both", loss, x, y,
-                                         local["running"], local["global"])
-        local = {**local, "params": {k: both["both"][k] for k in local["params"]}, "running": running}
-        local = self.descend(local, "params", {k: g[k] for k in g if k != BIAS}, self.lr, rnd)
+            z = client_means(engine, local.params, x)
+            running = (1 - mom) * local.running + mom * z
+        g, _, both = self.value_and_grad(engine, {"both": {**local.params, BIAS: bias}}, "both", loss, x, y,
+                                         local.running, local.global_mean)
+        local = local._replace(params=only(both["both"], local.params), running=running)
+        local = self.descend(local, "params", only(g, local.params), self.lr, rnd)
         if self.optim.plain:  # (the traces' arithmetic, bit for bit)
-            return {**local, "dbe": {"bias": bias - self.lr * g[BIAS]}}
+            return local._replace(dbe={"bias": bias - self.lr * g[BIAS]})
         return self.descend(local, "dbe", {"bias": g[BIAS]}, self.lr, rnd)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedDBELocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(local["params"], selected), weights)
-        bias = state.clients["dbe"]["bias"].index_copy(0, clients, local["dbe"]["bias"])
-        return ServerState(params=new, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
+        new = weighted_mean(gather(local.params, selected), weights)
+        bias = state.clients.dbe["bias"].index_copy(0, clients, local.dbe["bias"])
+        return ServerState(params=new, extra=state.extra, clients=FedDBEClients(dbe={"bias": bias}))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        bias = state.clients["dbe"]["bias"]
+        bias = state.clients.dbe["bias"]
         served = dict(expand(state.params, bias.shape[0]))
         w = next(k for k in head_names(state.params) if state.params[k].dim() == 2)
         b = next(k for k in head_names(state.params) if state.params[k].dim() == 1)
@@ -140,8 +157,8 @@ class FedDBE(Algorithm):
         local = self.client_init(state, new, 0)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self._step(engine, local, batches, dbe=True)
-        bias = state.clients["dbe"]["bias"].index_copy(0, new, local["dbe"]["bias"])
-        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, "dbe": {"bias": bias}})
+        bias = state.clients.dbe["bias"].index_copy(0, new, local.dbe["bias"])
+        return ServerState(params=state.params, extra=state.extra, clients=FedDBEClients(dbe={"bias": bias}))
 
 
 def init_rows(ctx: EvalContext, clients: Tensor, steps: int | None) -> Tensor:

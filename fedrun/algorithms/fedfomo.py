@@ -36,20 +36,23 @@ gathered models, 200 MB in float32).
 Served: each client's last trained model. The shared model (`global_*` metrics) stays the initial
 model: FedFomo has no global model.
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back): `clients["params"]` (its model: the server's copy of its upload
-and the client's own model are the same tensors), `clients["old"]` (its model after its last mixture,
-PFLlib's old_model), `clients["affinity"]["P"]` (its row of P); `extra["sent"]`, a [C] mask of the
-clients whose models the previous round uploaded, `extra["trained"]`, of those that ever did.
+Per-client state (stacked over ALL clients in `ServerState.clients`, a `FedFomoClients`, checkpointed,
+gathered for the round's clients and scattered back): `params` (its model: the server's copy of its
+upload and the client's own model are the same tensors), `old` (its model after its last mixture,
+PFLlib's old_model), `affinity["P"]` (its row of P); a round's clients hold a `FedFomoLocal`.
+`extra["sent"]`: a [C] mask of the clients whose models the previous round uploaded; `extra["trained"]`:
+of those that ever did.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, param_names, per_client, scatter, stack
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_choice, check_int, check_optional_int, check_positive
 
 
@@ -81,8 +84,25 @@ def weigh(engine: Engine, base: Params, own: Params, nbrs: Params, live: Tensor,
     return {k: mixed.get(k, own[k]) for k in own}, w
 
 
+class FedFomoClients(NamedTuple):
+    params: Params  # every client's model
+    old: Params  # every client's model after its last mixture (PFLlib's old_model)
+    affinity: dict  # {"P": [C, C]}, every client's row of the affinities P
+
+
+class FedFomoLocal(NamedTuple):
+    params: Params  # the client's model
+    old: Params  # its model after its last mixture
+    nbrs: Params  # the M neighbours' models it weighs [m, M, ...]
+    ids: Tensor  # their clients [m, M]
+    live: Tensor  # [m, M] bool: the neighbours that count (uploaded in the previous round)
+    w: Tensor  # the weights w_n the weighing found [m, M]
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedFomo(Algorithm):
     name = "fedfomo"
+    Clients = FedFomoClients
 
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib: w_n measured from old_model
@@ -121,42 +141,43 @@ class FedFomo(Algorithm):
         first = next(iter(params.values()))
         none = torch.zeros(num_clients, dtype=torch.bool, device=first.device)
         return ServerState(params=params, extra={"sent": none, "trained": none.clone()},
-                           clients={"params": stack(params, num_clients), "old": stack(params, num_clients),
-                                    "affinity": {"P": torch.eye(num_clients, dtype=first.dtype, device=first.device)}})
+                           clients=FedFomoClients(params=stack(params, num_clients), old=stack(params, num_clients),
+                                                  affinity={"P": torch.eye(num_clients, dtype=first.dtype,
+                                                                           device=first.device)}))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        P = state.clients["affinity"]["P"]
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedFomoLocal:
+        P = state.clients.affinity["P"]
         M = min(self.M, len(P))
         ids = torch.topk(P[clients], M, dim=1).indices  # [m, M]
         count = torch.clamp(state.extra["sent"].sum(), max=self.M)  # PFLlib: min(M, previous uploads)
         live = (torch.arange(M, device=ids.device) < count).expand(len(clients), M)
-        nbrs = {k: v[ids] for k, v in state.clients["params"].items()}
-        return {"params": gather(state.clients["params"], clients), "old": gather(state.clients["old"], clients),
-                "nbrs": nbrs, "ids": ids, "live": live, "w": torch.zeros(ids.shape, dtype=P.dtype, device=P.device)}
+        return FedFomoLocal(params=gather(state.clients.params, clients), old=gather(state.clients.old, clients),
+                            nbrs=gather(state.clients.params, ids), ids=ids, live=live,
+                            w=torch.zeros(ids.shape, dtype=P.dtype, device=P.device))
 
-    def weigh_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        base = local["old"] if self.follow == "pfllib" else local["params"]
-        mixed, w = weigh(engine, base, local["params"], local["nbrs"], local["live"], batches)
-        return {**local, "params": mixed, "old": mixed, "w": w}
+    def weigh_step(self, engine: Engine, local: FedFomoLocal, batches, rnd: int) -> FedFomoLocal:
+        base = local.old if self.follow == "pfllib" else local.params
+        mixed, w = weigh(engine, base, local.params, local.nbrs, local.live, batches)
+        return local._replace(params=mixed, old=mixed, w=w)
 
-    def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def train_step(self, engine: Engine, local: FedFomoLocal, batches, rnd: int) -> FedFomoLocal:
         return self.sgd_step(engine, local, batches, self.lr, rnd)  # one plain SGD step (FedAvg's)
 
     client_step = train_step
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedFomoLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         up = clients[selected]
-        P = state.clients["affinity"]["P"].index_put((up.unsqueeze(1), local["ids"][selected]), local["w"][selected],
-                                                accumulate=True)
+        P = state.clients.affinity["P"].index_put((up.unsqueeze(1), local.ids[selected]), local.w[selected],
+                                                  accumulate=True)
         sent = torch.zeros_like(state.extra["sent"]).index_fill(0, up, True)
-        kept = {"params": scatter(state.clients["params"], clients, local["params"]),
-                "old": scatter(state.clients["old"], clients, local["old"]), "affinity": {"P": P}}
+        kept = FedFomoClients(params=scatter(state.clients.params, clients, local.params),
+                              old=scatter(state.clients.old, clients, local.old), affinity={"P": P})
         return ServerState(params=state.params, extra={"sent": sent, "trained": state.extra["trained"] | sent},
-                           clients={**state.clients, **kept})
+                           clients=kept)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        return state.clients["params"], None
+        return state.clients.params, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no affinities of its own: from the initial model (as every client
@@ -164,7 +185,7 @@ class FedFomo(Algorithm):
         P off its diagonal, among clients that ever uploaded) on val_batches minibatches of its
         training rows, mixes them as a training client does, then takes new_client_steps (null: tau)
         steps of local SGD; it is served the result."""
-        P, trained = state.clients["affinity"]["P"], state.extra["trained"]
+        P, trained = state.clients.affinity["P"], state.extra["trained"]
         M = min(self.M, len(P))
         popular = torch.where(trained, P.sum(0) - P.diagonal(), torch.full_like(P[0], -float("inf")))
         ids = torch.topk(popular, M).indices.expand(len(new), M)
@@ -173,8 +194,8 @@ class FedFomo(Algorithm):
         steps = self.new_client_steps or ctx.tau
         x, y = ctx.train_batch(ctx.batch_size, steps=(self.val_batches + steps,), clients=new)
         val = [(x[:, s], y[:, s]) for s in range(self.val_batches)]
-        w, _ = weigh(engine, start, start, {k: v[ids] for k, v in state.clients["params"].items()}, live, val)
-        for s in range(self.val_batches, self.val_batches + steps):
+        w, _ = weigh(engine, start, start, gather(state.clients.params, ids), live, val)
+        for s in range(self.val_batches, self.val_batches + steps):  # (the trainer's plain Local: a model)
             w = self.train_step(engine, {"params": w}, [(x[:, s], y[:, s])], 0)["params"]
-        return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "params": scatter(state.clients["params"], new, w)})
+        params = scatter(state.clients.params, new, w)
+        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(params=params))

@@ -21,12 +21,14 @@ Served (`serve`): `local`, each client's model as its last round's personalizati
 shared model until it first trains; PFLlib scores a client's `model`, which is the round's global
 model for the clients not sampled), or `hpm`, its inherited private model v_i.
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): `clients["historical"]`, the
-v_i, started from the initial model, and `clients["params"]`, each client's last personalized w_i
-(kept for `serve=local`).
+Per-client state (stacked over ALL clients in `ServerState.clients`, a `FedPHPClients`, checkpointed,
+gathered for the round's clients and scattered back, so unsampled clients keep theirs): `historical`,
+the v_i, started from the initial model, and `params`, each client's last personalized w_i (kept for
+`serve=local`). A round's clients hold a `FedPHPLocal`.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -34,7 +36,7 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.batchnorm import is_buffer
 from ..engine.tree import Params, gather, per_client, scatter, stack, weighted_mean
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
 from .representation import client_features, features_and_logits
@@ -54,8 +56,21 @@ def mmd_rbf(a: Tensor, b: Tensor, bandwidths=BANDWIDTHS) -> Tensor:
     return k.mean()
 
 
+class FedPHPClients(NamedTuple):
+    params: Params  # w_i, every client's last personalized model
+    historical: Params  # v_i, every client's inherited private model
+
+
+class FedPHPLocal(NamedTuple):
+    params: Params  # w_i, from the server's model
+    historical: Params  # v_i
+    mu: Tensor  # mu_t [m], the round's inheritance weight
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedPHP(Algorithm):
     name = "fedphp"
+    Clients = FedPHPClients
 
     SERVE = ("local", "hpm")
     agreement_options = dict(lr=0.1, mu_rounds=2)  # fedrun.bench.agreement: mu_t > 0 in its second round
@@ -91,26 +106,27 @@ class FedPHP(Algorithm):
         return None if self.local_epochs is None else (Phase(self.client_step, epochs=self.local_epochs),)
 
     def init(self, params: Params, num_clients: int) -> ServerState:
-        return ServerState(params=params, clients={"params": stack(params, num_clients),
-                                                   "historical": stack(params, num_clients)})
+        return ServerState(params=params, clients=FedPHPClients(params=stack(params, num_clients),
+                                                                historical=stack(params, num_clients)))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedPHPLocal:
         first = next(iter(state.params.values()))
-        return {"params": stack(state.params, len(clients)), "historical": gather(state.clients["historical"], clients),
-                "mu": torch.full((len(clients),), self.mu_at(rnd), dtype=first.dtype, device=first.device)}
+        m = len(clients)
+        return FedPHPLocal(params=stack(state.params, m), historical=gather(state.clients.historical, clients),
+                           mu=torch.full((m,), self.mu_at(rnd), dtype=first.dtype, device=first.device))
 
     optim_ok = True  # one optimizer of the client's model (PFLlib's clientPHP)
     # v_i, a constant teacher, gives its features by an eval-mode forward (its running statistics); it
     # inherits w_i's statistics as its parameters (mixed by mu_t; the step counter: w_i's)
     batchnorm_ok = True
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedPHPLocal, batches, rnd: int) -> FedPHPLocal:
         (x, y), = batches
         lam = self.lam
         if lam:  # (a constant of the step: no gradient flows to v_i)
-            z_hist = client_features(engine, local["historical"], x)
+            z_hist = client_features(engine, local.historical, x)
 
-        batchnorm = any(is_buffer(k) for k in local["params"])
+        batchnorm = any(is_buffer(k) for k in local.params)
 
         def loss(p, x, y, *hist):
             if not lam:
@@ -125,22 +141,25 @@ class FedPHP(Algorithm):
         return self.descend(local, "params", g, self.lr, rnd)
 
     @staticmethod
-    def inherit(local: Local) -> Params:
+    def inherit(local: FedPHPLocal) -> Params:
         """v_i <- (1 - mu_t) w_i + mu_t v_i (mu_t: the round's, set by client_init); of a BatchNorm
         model, the running statistics as the parameters, the integer step counter w_i's."""
-        w, v, mu = local["params"], local["historical"], local["mu"]
+        w, v, mu = local.params, local.historical, local.mu
         return {k: w[k] * per_client(1 - mu, w[k]) + v[k] * per_client(mu, w[k]) if w[k].is_floating_point()
                 else w[k] for k in w}
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def _kept(self, state: ServerState, clients: Tensor, local: FedPHPLocal) -> FedPHPClients:
+        """The per-client state with the clients `clients`' rows replaced: their w_i, their inherited v_i."""
+        return FedPHPClients(params=scatter(state.clients.params, clients, local.params),
+                             historical=scatter(state.clients.historical, clients, self.inherit(local)))
+
+    def server_update(self, state: ServerState, local: FedPHPLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(local["params"], selected), weights)
-        kept = {"params": scatter(state.clients["params"], clients, local["params"]),
-                "historical": scatter(state.clients["historical"], clients, self.inherit(local))}
-        return ServerState(params=new, extra=state.extra, clients={**state.clients, **kept})
+        new = weighted_mean(gather(local.params, selected), weights)
+        return ServerState(params=new, extra=state.extra, clients=self._kept(state, clients, local))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        return state.clients["params" if self.serve == "local" else "historical"], None
+        return state.clients.params if self.serve == "local" else state.clients.historical, None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client personalizes as a sampled client of the next round: new_client_steps
@@ -149,6 +168,4 @@ class FedPHP(Algorithm):
         local = self.client_init(state, new, 1)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
-        kept = {"params": scatter(state.clients["params"], new, local["params"]),
-                "historical": scatter(state.clients["historical"], new, self.inherit(local))}
-        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
+        return ServerState(params=state.params, extra=state.extra, clients=self._kept(state, new, local))

@@ -21,13 +21,14 @@ Served: each client's own model classifying a row by its nearest global prototyp
 Euclidean distance; logits = minus the distance, so the test loss is the cross-entropy of those).
 The server model is never trained (`global_*` score the initial model, as for `local`).
 
-Per-client state: every client's model, `clients["params"]` (stacked over ALL clients, the initial
-model until it trains); server state: the global prototypes `extra["protos"]` [K, d] and which
-classes have one, `extra["present"]` [K].
+Per-client state (a `FedProtoClients`): every client's model, `params` (stacked over ALL clients, the
+initial model until it trains); a round's clients hold a `FedProtoLocal`. Server state: the global
+prototypes `extra["protos"]` [K, d] and which classes have one, `extra["present"]` [K].
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,7 +37,7 @@ from ..data.federated import ClientSplit
 from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, scatter, stack
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, ServerState
+from .base import Algorithm, EvalContext, ServerState
 from .checks import check_choice, check_optional_int, check_positive, require_body
 from .personalize import onboarding_batches
 from .representation import features_and_logits, step_features
@@ -55,8 +56,22 @@ class NearestPrototype:
         return engine.evaluate(self.params, split, False, self.centers, self.present)
 
 
+class FedProtoClients(NamedTuple):
+    params: Params  # every client's own model
+
+
+class FedProtoLocal(NamedTuple):
+    params: Params  # the client's model
+    protos: Tensor  # the global prototypes [m, K, d] (expanded: the same for every client)
+    present: Tensor  # which classes have one [m, K]
+    sums: Tensor  # the client's sums of its rows' representations by class [m, K, d]
+    counts: Tensor  # and the numbers of rows behind them [m, K]
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
 class FedProto(Algorithm):
     name = "fedproto"
+    Clients = FedProtoClients
     models_per_round = 0  # prototypes travel, not models
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # the official code's unweighted mean
@@ -84,21 +99,21 @@ class FedProto(Algorithm):
         K, d = w.shape
         extra = {"protos": torch.zeros(K, d, dtype=w.dtype, device=w.device),
                  "present": torch.zeros(K, dtype=torch.bool, device=w.device)}
-        return ServerState(params=params, extra=extra, clients={"params": stack(params, num_clients)})
+        return ServerState(params=params, extra=extra, clients=FedProtoClients(params=stack(params, num_clients)))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedProtoLocal:
         m = len(clients)
         protos, present = state.extra["protos"], state.extra["present"]
-        return {"params": gather(state.clients["params"], clients),
-                "protos": protos.expand(m, *protos.shape), "present": present.expand(m, *present.shape),
-                "sums": torch.zeros(m, *protos.shape, dtype=protos.dtype, device=protos.device),
-                "counts": torch.zeros(m, protos.shape[0], dtype=protos.dtype, device=protos.device)}
+        return FedProtoLocal(params=gather(state.clients.params, clients),
+                             protos=protos.expand(m, *protos.shape), present=present.expand(m, *present.shape),
+                             sums=torch.zeros(m, *protos.shape, dtype=protos.dtype, device=protos.device),
+                             counts=torch.zeros(m, protos.shape[0], dtype=protos.dtype, device=protos.device))
 
     optim_ok = True  # one optimizer of the client's model (PFLlib's clientProto)
     # prototypes from the training forward (batch statistics), as clientProto collects them in train()
     batchnorm_ok = True
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedProtoLocal, batches, rnd: int) -> FedProtoLocal:
         (x, y), = batches
         lam = self.lam
 
@@ -111,15 +126,15 @@ class FedProto(Algorithm):
             return out
 
         with torch.no_grad():  # the rows' representations as the step computes them, summed per class
-            z = step_features(engine, local["params"], x)
-            onehot = (y.unsqueeze(-1) == torch.arange(local["counts"].shape[1], device=y.device)).to(z.dtype)
-            sums, counts = local["sums"] + onehot.transpose(1, 2) @ z, local["counts"] + onehot.sum(1)
-        g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, local["protos"], local["present"])
-        return {**self.descend(local, "params", g, self.lr, rnd), "sums": sums, "counts": counts}
+            z = step_features(engine, local.params, x)
+            onehot = (y.unsqueeze(-1) == torch.arange(local.counts.shape[1], device=y.device)).to(z.dtype)
+            sums, counts = local.sums + onehot.transpose(1, 2) @ z, local.counts + onehot.sum(1)
+        g, _, local = self.value_and_grad(engine, local, "params", loss, x, y, local.protos, local.present)
+        return self.descend(local, "params", g, self.lr, rnd)._replace(sums=sums, counts=counts)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedProtoLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        sums, counts = local["sums"][selected], local["counts"][selected]  # [s, K, d], [s, K]
+        sums, counts = local.sums[selected], local.counts[selected]  # [s, K, d], [s, K]
         has = counts > 0
         mine = sums / counts.clamp(min=1).unsqueeze(-1)  # each client's local prototypes
         w = counts if self.follow == "paper" else has.to(counts.dtype)  # rows behind each, or 1 per client
@@ -127,12 +142,12 @@ class FedProto(Algorithm):
         protos = (w.unsqueeze(-1) * mine).sum(0) / total.clamp(min=1e-30).unsqueeze(-1)
         present = has.any(0)
         protos = torch.where(present.unsqueeze(-1), protos, torch.zeros_like(protos))
-        kept = scatter(state.clients["params"], clients, local["params"])
+        kept = scatter(state.clients.params, clients, local.params)
         return ServerState(params=state.params, extra={**state.extra, "protos": protos, "present": present},
-                           clients={**state.clients, "params": kept})
+                           clients=FedProtoClients(params=kept))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        p = state.clients["params"]
+        p = state.clients.params
         C = next(iter(p.values())).shape[0]
         protos, present = state.extra["protos"], state.extra["present"]
         return NearestPrototype(p, protos.expand(C, *protos.shape), present.expand(C, *present.shape)), None
@@ -148,4 +163,4 @@ class FedProto(Algorithm):
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
         return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "params": scatter(state.clients["params"], new, local["params"])})
+                           clients=FedProtoClients(params=scatter(state.clients.params, new, local.params)))

@@ -47,6 +47,7 @@ from ..errors import ConfigError
 from .base import Algorithm, EvalContext, Local, Phase, ServerState
 from .checks import check_choice, check_int, check_positive
 from .personalize import OneStepPersonalization
+from .trainer import get, put
 
 
 class PerFedAvg(OneStepPersonalization, Algorithm):
@@ -125,7 +126,7 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
         outer_step_from=w_tilde)."""
         (x, y), (x2, y2) = batches[:2]
         g, _, local = self.grad(engine, local, "params", x, y)  # (the statistics: moved by D's forward)
-        w = local["params"]
+        w = get(local, "params")
         adapted = {"w_tilde": {**w, **sgd(only(w, g), g, self.alpha)}}
         g2, _, adapted = self.grad(engine, adapted, "w_tilde", x2, y2)  # (and by D''s, at w~)
         w_tilde = adapted["w_tilde"]
@@ -133,11 +134,11 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             x3, y3 = batches[2]
             at = only(w, g2)  # the finite difference's points: their statistics are left unused
             gp, _, _ = self.grad(engine, {"p": {**w, **axpy(self.delta, g2, at)}}, "p", x3, y3)
-            gm, _, _ = self.grad(engine, {"p": {**w, **{k: at[k] - self.delta * g2[k] for k in g2}}}, "p", x3, y3)
+            gm, _, _ = self.grad(engine, {"p": {**w, **axpy(-self.delta, g2, at)}}, "p", x3, y3)
             g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in g2}
         elif self.variant == "exact":  # (no BatchNorm: refused)
             x3, y3 = batches[2]
             hv = engine.hvp(w, g2, x3, y3)
-            g2 = {k: g2[k] - self.alpha * hv[k] for k in g2}
+            g2 = axpy(-self.alpha, hv, g2)
         start = w_tilde if self.outer_step_from == "w_tilde" else {**w, **only(w_tilde, [k for k in w if k not in g])}
-        return self.descend({**local, "params": start}, "params", g2, self.beta, rnd)
+        return self.descend(put(local, params=start), "params", g2, self.beta, rnd)

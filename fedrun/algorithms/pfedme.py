@@ -40,13 +40,22 @@ The local trainer (fedrun.algorithms.trainer):
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, param_names, weighted_mean
-from .base import Algorithm, EvalContext, Local, ServerState
+from .base import Algorithm, EvalContext, ServerState
 from .checks import check_choice, check_int, check_positive
+from .trainer import get
+
+
+class PFedMeLocal(NamedTuple):
+    params: Params  # w_i, the local model (from the server's)
+    theta: Params  # theta_i, the inner problem's solution (warm-started: w_i's copy at the round's start)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
 
 
 class PFedMe(Algorithm):
@@ -79,20 +88,20 @@ class PFedMe(Algorithm):
         self.personalized = personalized or "theta"
         self.train_all = bool(train_all)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        local = super().client_init(state, clients, rnd)
-        return {**local, "theta": {k: v.clone() for k, v in local["params"].items()}}
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> PFedMeLocal:
+        params = get(super().client_init(state, clients, rnd), "params")
+        return PFedMeLocal(params=params, theta={k: v.clone() for k, v in params.items()})
 
-    def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
+    def with_shared_buffers(self, local: PFedMeLocal, buffers: Params) -> PFedMeLocal:
         """(`bn=local`) the client's own statistics in its local model and in theta, which starts as its copy."""
-        return {**local, "params": {**local["params"], **buffers}, "theta": {**local["theta"], **buffers}}
+        return local._replace(params={**local.params, **buffers}, theta={**local.theta, **buffers})
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: PFedMeLocal, batches, rnd: int) -> PFedMeLocal:
         (x, y), = batches
-        names = param_names(local["params"])
-        shapes = [local["params"][k].shape for k in names]
-        w, theta = _flat([local["params"][k] for k in names]), _flat([local["theta"][k] for k in names])
-        state = local["theta"]  # theta's model state (with a BatchNorm model's running statistics)
+        names = param_names(local.params)
+        shapes = [local.params[k].shape for k in names]
+        w, theta = _flat([local.params[k] for k in names]), _flat([local.theta[k] for k in names])
+        state = local.theta  # theta's model state (with a BatchNorm model's running statistics)
         for _ in range(self.K):  # the inner problem, on the same minibatch
             at = {"theta": {**state, **dict(zip(names, _views(theta, shapes)))}}
             g, _, at = self.grad(engine, at, "theta", x, y)
@@ -103,11 +112,11 @@ class PFedMe(Algorithm):
         if self.optim.plain:  # (this order of operations: the golden traces' numbers)
             t = w - theta
             t.mul_(self.eta * self.lam)
-            return {**local, "params": {**local["params"], **buffers, **dict(zip(names, _views(w - t, shapes)))},
-                    "theta": new_theta}
+            return local._replace(params={**local.params, **buffers, **dict(zip(names, _views(w - t, shapes)))},
+                                  theta=new_theta)
         t = w - theta
         t.mul_(self.lam)  # the Moreau envelope's gradient lam (w - theta)
-        local = {**local, "params": {**local["params"], **buffers}, "theta": new_theta}
+        local = local._replace(params={**local.params, **buffers}, theta=new_theta)
         return self.descend(local, "params", dict(zip(names, _views(t, shapes))), self.eta, rnd)
 
     def _inner_step(self, theta: Tensor, w: Tensor, g: Tensor) -> Tensor:
@@ -127,14 +136,14 @@ class PFedMe(Algorithm):
         t.mul_(self.personal_lr)
         return t
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: PFedMeLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        avg = weighted_mean(gather(local["params"], selected), weights)
+        avg = weighted_mean(gather(local.params, selected), weights)
         mixed = set(param_names(avg))  # (BatchNorm's running statistics: the clients' mean, not mixed)
         new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] if k in mixed else avg[k] for k in avg}
         extra = dict(state.extra)
         if self.train_all:  # every client trained: what it would serve is at hand
-            extra["served"] = local["params" if self.personalized == "local" else "theta"]
+            extra["served"] = local.params if self.personalized == "local" else local.theta
         return ServerState(params=new, extra=extra, clients=state.clients)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, None]:
@@ -147,7 +156,7 @@ class PFedMe(Algorithm):
             local = self.with_shared_buffers(local, state.trainer["bn_local"])
         for r in range(ctx.tau):
             local = self.client_step(engine, local, [(x[:, r], y[:, r])], 0)
-        return local["params" if self.personalized == "local" else "theta"], None
+        return local.params if self.personalized == "local" else local.theta, None
 
 
 def _flat(tensors: list[Tensor]) -> Tensor:

@@ -6,7 +6,7 @@ from helpers import half_squared, quad_grad, quadratic_setup
 
 from fedrun import outputs
 from fedrun.algorithms import build, names
-from fedrun.algorithms.apfl import APFL
+from fedrun.algorithms.apfl import APFL, APFLLocal
 from fedrun.algorithms.base import ServerState, client_entries, flat_clients, state_of
 from fedrun.algorithms.ditto import Ditto, DittoLocal
 from fedrun.algorithms.fedavg import FedAvg
@@ -127,20 +127,20 @@ def test_apfl_step_by_hand(E):
     v0 = w0 + 0.4
     a0 = torch.tensor([[0.2], [0.5], [0.9]], dtype=torch.float64)
     out = APFL(lr=lr, alpha=0.5, alpha_lr=alr).client_step(
-        engine, {"params": {"weight": w0}, "v": {"weight": v0}, "alpha": a0}, [batches[0]], 1)
+        engine, APFLLocal(params={"weight": w0}, v={"weight": v0}, alpha=a0), [batches[0]], 1)
     for i in range(3):
         x, y = batches[0][0][i], batches[0][1][i]
         w, v, a = w0[i, 0], v0[i, 0], a0[i, 0]
         vbar = a * v + (1 - a) * w
         gbar = quad_grad(vbar, x, y)
-        torch.testing.assert_close(out["params"]["weight"][i, 0], w - lr * quad_grad(w, x, y))
-        torch.testing.assert_close(out["v"]["weight"][i, 0], v - lr * a * gbar)
-        torch.testing.assert_close(out["alpha"][i, 0], (a - alr * (v - w) @ gbar).clamp(0, 1))
+        torch.testing.assert_close(out.params["weight"][i, 0], w - lr * quad_grad(w, x, y))
+        torch.testing.assert_close(out.v["weight"][i, 0], v - lr * a * gbar)
+        torch.testing.assert_close(out.alpha[i, 0], (a - alr * (v - w) @ gbar).clamp(0, 1))
 
 
 def test_apfl_fixed_alpha_zero_serves_the_global_model():
     state, last, _, _, _ = run(APFL(lr=0.1, alpha=0.0, alpha_lr=0.0))
-    assert (state.clients["mix"]["alpha"] == 0).all()
+    assert (state.clients.mix["alpha"] == 0).all()
     assert last.row["pers_acc"] == pytest.approx(last.row["global_acc"], abs=1e-6)
 
 

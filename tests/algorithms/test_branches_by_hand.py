@@ -144,8 +144,8 @@ def test_fedamp_by_hand(engine_cls, follow, form):
     algo, state, engine, data, p0, rows = run(algo, engine_cls, rounds=2, tau=2 if form == "steps" else 5)
     w, new = fedamp_by_hand(p0, rows, follow, **opts, rounds=2, steps=2)
     for i in range(TRAIN):
-        close(state.clients["params"], w[i], i)
-    close(onboard(algo, engine, state, data, 4).clients["params"], new, TRAIN)
+        close(state.clients.params, w[i], i)
+    close(onboard(algo, engine, state, data, 4).clients.params, new, TRAIN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_apfl_by_hand(engine_cls, follow):
     got, _ = algo.personalize(engine, state, None)
     for i in range(TRAIN + 1):
         close(got, served[i], i)
-        assert state.clients["mix"]["alpha"][i, 0].item() == pytest.approx(a[i], rel=1e-10)
+        assert state.clients.mix["alpha"][i, 0].item() == pytest.approx(a[i], rel=1e-10)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,9 +304,9 @@ def test_fedfomo_by_hand(engine_cls, follow):
             for _ in range(2):
                 models[i] = step(models[i], grad(models[i], *rows[i]), lr)
     for i in range(TRAIN):
-        close(state.clients["params"], models[i], i)
-        close(state.clients["old"], old[i], i)
-    torch.testing.assert_close(state.clients["affinity"]["P"], torch.tensor(P, dtype=torch.float64), **TOL)
+        close(state.clients.params, models[i], i)
+        close(state.clients.old, old[i], i)
+    torch.testing.assert_close(state.clients.affinity["P"], torch.tensor(P, dtype=torch.float64), **TOL)
     assert P[0][1] != 0 and P[1][0] != 0
 
 
@@ -327,7 +327,7 @@ def test_fedfomo_held_out_client_by_hand(engine_cls):
     assert max(w) > 0
     for _ in range(2):
         mixed = step(mixed, grad(mixed, *rows[TRAIN]), lr)
-    close(onboard(algo, engine, state, data, 5).clients["params"], mixed, TRAIN)
+    close(onboard(algo, engine, state, data, 5).clients.params, mixed, TRAIN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ def test_fedproto_by_hand(engine_cls, follow):
     torch.testing.assert_close(state.extra["protos"], protos, **TOL)
     torch.testing.assert_close(state.extra["present"], present)
     for i in range(TRAIN + 1):
-        close(state.clients["params"], models[i], i)
+        close(state.clients.params, models[i], i)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -559,9 +559,9 @@ def test_fedala_by_hand(engine_cls, form):
         p = step(p, grad(p, *rows[TRAIN]), lr)
     models[TRAIN] = p
     for i in range(TRAIN + 1):
-        close(state.clients["params"], models[i], i)
+        close(state.clients.params, models[i], i)
     for i in range(TRAIN):
-        close(state.clients["weights"], W[i], i)
+        close(state.clients.weights, W[i], i)
 
 
 # ----------------------------------------------------------------------------------------------

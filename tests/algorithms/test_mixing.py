@@ -11,7 +11,7 @@ from test_baselines import test_per_client_state_survives_a_checkpoint_and_resum
 
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedala import FedALA
-from fedrun.algorithms.fedamp import FedAMP
+from fedrun.algorithms.fedamp import FedAMP, FedAMPClients
 from fedrun.algorithms.fedphp import FedPHP, mmd_rbf
 from fedrun.errors import ConfigError
 
@@ -22,7 +22,7 @@ def test_fedamp_cloud_models_and_fedphp_mmd_by_hand():
     algo = FedAMP(lr=0.1, alpha_k=2.0, sigma=3.0)
     W = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [5.0, 5.0]], dtype=torch.float64)
     state = ServerState(params={"w": W[0]}, extra={"sent": torch.tensor([True, True, True, False])},
-                        clients={"params": {"w": W}})
+                        clients=FedAMPClients(params={"w": W}, u={"w": W}))
     ids = torch.tensor([0, 3])
     u = algo.cloud_models(state, {"w": W[ids]}, ids)["w"]
     for row, i in enumerate(ids.tolist()):

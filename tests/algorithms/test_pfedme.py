@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from fedrun.algorithms.base import ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
-from fedrun.algorithms.pfedme import PFedMe
+from fedrun.algorithms.pfedme import PFedMe, PFedMeLocal
 from fedrun.config import CONF_DIR
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
@@ -28,7 +28,7 @@ def test_inner_solver_reaches_the_closed_form_prox_on_a_quadratic(E, mu):
     lam = 2.0
     algo = PFedMe(lam=lam, eta=0.05, personal_lr=0.1, K=400, mu=mu)
     engine = E(model, criterion=half_squared)
-    local = {"params": params, "theta": {k: v.clone() for k, v in params.items()}}
+    local = PFedMeLocal(params=params, theta={k: v.clone() for k, v in params.items()})
     out = algo.client_step(engine, local, batches[:1], 1)
     x, y = batches[0]
     for i in range(len(x)):
@@ -36,8 +36,8 @@ def test_inner_solver_reaches_the_closed_form_prox_on_a_quadratic(E, mu):
         H = x[i].T @ x[i] / len(y[i])
         eye = torch.eye(len(w), dtype=w.dtype)
         theta = torch.linalg.solve(H + (lam + mu) * eye, x[i].T @ y[i] / len(y[i]) + lam * w)
-        torch.testing.assert_close(out["theta"]["weight"][i, 0], theta, rtol=1e-9, atol=1e-10)
-        torch.testing.assert_close(out["params"]["weight"][i, 0], w - 0.05 * lam * (w - theta), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(out.theta["weight"][i, 0], theta, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(out.params["weight"][i, 0], w - 0.05 * lam * (w - theta), rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("E", ENGINES)
@@ -60,7 +60,7 @@ def test_large_lam_and_K_approach_fedavg_local_steps(E):
         local = algo.client_init(ServerState(w0), torch.arange(m), 1)
         for b in batches:
             local = algo.client_step(engine, local, [b], 1)
-        gaps.append(max(float((local["params"][k] - fed["params"][k]).abs().max()) for k in w0))
+        gaps.append(max(float((local.params[k] - fed["params"][k]).abs().max()) for k in w0))
     assert gaps[0] > gaps[1] > gaps[2]
     assert gaps[2] < gaps[0] / 50 and gaps[2] < 1e-4, gaps
 
@@ -77,7 +77,7 @@ def test_local_step_is_the_formula_in_its_order_bitwise(mu):
     x, y = torch.randn(4, 6, 7), torch.randint(0, 3, (4, 6))
     algo = PFedMe(lam=15.0, eta=0.005, personal_lr=0.09, K=3, beta=1.0, mu=mu, personalized="local", train_all=False)
     engine = VmapEngine(model)
-    out = algo.client_step(engine, {"params": w, "theta": theta}, [(x, y)], 1)
+    out = algo.client_step(engine, PFedMeLocal(params=w, theta=theta), [(x, y)], 1)
     th = dict(theta)
     for _ in range(3):
         g, _ = engine.grad(th, x, y)
@@ -89,14 +89,14 @@ def test_local_step_is_the_formula_in_its_order_bitwise(mu):
             step[k] = th[k] - t * 0.09
         th = step
     for k in w:
-        assert torch.equal(out["theta"][k], th[k])
-        assert torch.equal(out["params"][k], w[k] - (w[k] - th[k]) * (0.005 * 15.0))
+        assert torch.equal(out.theta[k], th[k])
+        assert torch.equal(out.params[k], w[k] - (w[k] - th[k]) * (0.005 * 15.0))
 
 
 def test_server_mixes_with_beta_and_aggregates_only_the_selected():
     algo = PFedMe(beta=2.0)
     w = {"a": torch.tensor([1.0])}
-    local = {"params": {"a": torch.tensor([[3.0], [100.0], [5.0]])}, "theta": {"a": torch.zeros(3, 1)}}
+    local = PFedMeLocal(params={"a": torch.tensor([[3.0], [100.0], [5.0]])}, theta={"a": torch.zeros(3, 1)})
     out = algo.server_update(ServerState(w), local, torch.arange(3), torch.tensor([0, 2]), None)
     torch.testing.assert_close(out.params["a"], torch.tensor([(1 - 2) * 1.0 + 2 * 4.0]))
     out = algo.server_update(ServerState(w), local, torch.arange(3), torch.tensor([0, 2]), torch.tensor([1.0, 3.0]))

@@ -6,10 +6,10 @@ import torch
 from test_baselines import run
 
 from fedrun import outputs
-from fedrun.algorithms.base import ServerState
+from fedrun.algorithms.base import ServerState, flat_clients, state_of
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.feddbe import FedDBE
-from fedrun.algorithms.fedproto import FedProto
+from fedrun.algorithms.fedproto import FedProto, FedProtoClients, FedProtoLocal
 from fedrun.algorithms.fedrod import FedRoD
 from fedrun.algorithms.moon import MOON
 from fedrun.engine import VmapEngine
@@ -27,13 +27,16 @@ def test_state_survives_a_checkpoint_and_resume(tmp_path, algo):
     full, last_full, _, _, data = run(algo, rounds=3, clients=2)
     run(algo, rounds=2, clients=2, data=data, on_checkpoint=lambda at: outputs.save_checkpoint(
         str(tmp_path), at.round, {"transmitted": at.transmitted, "state": {
-            "params": at.state.params, "extra": at.state.extra, "clients": at.state.clients}}))
+            "params": at.state.params, "extra": at.state.extra, "clients": flat_clients(at.state)}}))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2
-    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=Progress(ServerState(**ck["state"]), 2, 0))
-    for name, part in full.clients.items():
+    start = Progress(state_of(algo, ck["state"]["params"], ck["state"]["extra"], ck["state"]["clients"]), 2, 0)
+    resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
+    assert type(resumed.clients) is type(full.clients)
+    kept = flat_clients(resumed)
+    for name, part in flat_clients(full).items():
         for k in part:
-            assert torch.equal(part[k], resumed.clients[name][k]), (name, k)
+            assert torch.equal(part[k], kept[name][k]), (name, k)
     for k, v in full.extra.items():
         assert torch.equal(v, resumed.extra[k]), k
     assert last.row == last_full.row
@@ -70,15 +73,15 @@ def test_feddbe_global_mean_by_hand_and_its_bias_served_before_the_head():
     t = data.num_train_clients
     local = algo.client_init(algo.init({k: v for k, v in model.state_dict().items()}, data.num_clients),
                              torch.arange(t), 0)
-    running = torch.zeros(t, local["running"].shape[1])
+    running, params = torch.zeros(t, local.running.shape[1]), local.params
     from fedrun.algorithms.feddbe import init_rows
 
     for rows in init_rows(ctx, torch.arange(t), None).unbind(1):
         x, y = data.train.rows(rows)
         running = 0.7 * running + 0.3 * torch.stack(
-            [engine.features({k: v[c] for k, v in local["params"].items()}, x[c]).mean(0) for c in range(t)])
-        g, _ = engine.grad(local["params"], x, y)
-        local["params"] = {k: v - 0.1 * g[k] for k, v in local["params"].items()}
+            [engine.features({k: v[c] for k, v in params.items()}, x[c]).mean(0) for c in range(t)])
+        g, _ = engine.grad(params, x, y)
+        params = {k: v - 0.1 * g[k] for k, v in params.items()}
     n = data.train.sizes[:t].to(running.dtype)
     torch.testing.assert_close(state.extra["global_mean"], (n.unsqueeze(1) * running).sum(0) / n.sum(),
                                rtol=1e-5, atol=1e-6)
@@ -86,7 +89,7 @@ def test_feddbe_global_mean_by_hand_and_its_bias_served_before_the_head():
     x = data.test.x[:5]
     z = engine.features(state.params, x)
     for c in (0, 2):
-        by_hand = (z + state.clients["dbe"]["bias"][c]) @ state.params["net.2.weight"].T + state.params["net.2.bias"]
+        by_hand = (z + state.clients.dbe["bias"][c]) @ state.params["net.2.weight"].T + state.params["net.2.bias"]
         torch.testing.assert_close(engine.logits({k: v[c] for k, v in served.items()}, x), by_hand,
                                    rtol=1e-5, atol=1e-6)
 
@@ -96,8 +99,10 @@ def test_fedproto_global_prototypes_by_hand():
     clients that have the class; weighted (paper), by their rows; a class neither has: none."""
     sums = torch.tensor([[[2.0, 0.0], [0.0, 0.0], [3.0, 3.0]], [[4.0, 8.0], [1.0, 1.0], [0.0, 0.0]]])
     counts = torch.tensor([[1.0, 0.0, 3.0], [4.0, 1.0, 0.0]])
-    local = {"sums": sums, "counts": counts, "params": {"w": torch.zeros(2, 1)}}
-    state = ServerState(params={"w": torch.zeros(1)}, extra={}, clients={"params": {"w": torch.zeros(3, 1)}})
+    local = FedProtoLocal(params={"w": torch.zeros(2, 1)}, protos=torch.zeros(2, 3, 2),
+                          present=torch.zeros(2, 3, dtype=torch.bool), sums=sums, counts=counts)
+    state = ServerState(params={"w": torch.zeros(1)}, extra={},
+                        clients=FedProtoClients(params={"w": torch.zeros(3, 1)}))
     pick = torch.tensor([0, 1])
     plain = FedProto(lr=0.1, follow="pfllib").server_update(state, local, pick, pick, None).extra
     paper = FedProto(lr=0.1, follow="paper").server_update(state, local, pick, pick, None).extra

@@ -126,8 +126,8 @@ def test_pfedme_envelope_step_is_torch_sgd_momentum_and_theta_moves_the_statisti
         want_theta.append(theta)
         want_w.append({**theta, **{k: v.detach() for (k, _), v in zip(net.named_parameters(), w)}})
     for c in range(M):
-        assert_rows(local["theta"], want_theta, c)
-        assert_rows(local["params"], want_w, c)
+        assert_rows(local.theta, want_theta, c)
+        assert_rows(local.params, want_w, c)
 
 
 def test_pfedme_server_mixes_parameters_with_beta_and_takes_the_mean_statistics():
@@ -137,7 +137,7 @@ def test_pfedme_server_mixes_parameters_with_beta_and_takes_the_mean_statistics(
     local = algo.start_local(state, torch.arange(M), 1)
     local = algo.client_step(engine, local, [(x[0, 0], y[0, 0])], 1)
     new = algo.server_update(state, local, torch.arange(M), torch.arange(M), None)
-    for k, v in local["params"].items():
+    for k, v in local.params.items():
         if k.endswith(("running_mean", "running_var")):
             torch.testing.assert_close(new.params[k], v.mean(0), **TOL)
         elif k.endswith("num_batches_tracked"):
@@ -156,8 +156,8 @@ def test_pfedme_bn_local_starts_theta_from_the_clients_own_statistics():
     local = algo.client_step(engine, local, [(x[0, 0], y[0, 0])], 1)
     state = algo.end_round(state, local, everyone, everyone, None, M)
     again = algo.start_local(state, torch.tensor([2]), 2)
-    for k, v in split_buffers(local["params"])[1].items():
-        assert torch.equal(again["theta"][k][0], v[2]) and torch.equal(again["params"][k][0], v[2])
+    for k, v in split_buffers(local.params)[1].items():
+        assert torch.equal(again.theta[k][0], v[2]) and torch.equal(again.params[k][0], v[2])
         if v.is_floating_point():
             assert not torch.equal(v[2], v[0])  # (feature-shifted clients: their own statistics differ)
 

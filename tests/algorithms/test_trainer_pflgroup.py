@@ -20,6 +20,7 @@ from fedrun.algorithms import build
 from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.fedfomo import weigh
 from fedrun.algorithms.optim import local_optim
+from fedrun.algorithms.trainer import get
 from fedrun.engine import VmapEngine, params_of
 from fedrun.engine.tree import stack
 from fedrun.models import MLP
@@ -49,7 +50,7 @@ def _batches(m: int, n: int, seed: int = 1):
 
 
 def _get(local, path):
-    v = local[path[0]]
+    v = get(local, path[0])
     return v if len(path) == 1 else v[path[1]]
 
 
@@ -59,7 +60,7 @@ def check_steps(algo, local, step, slots, n=2, wd=WD, others=()):
     (key,) of a tensor entry); `others`: paths that must stay unchanged."""
     opt = local_optim({"momentum": MOM, "weight_decay": wd}, 3)
     bufs = {}
-    for s, batches in enumerate(_batches(len(local["params"][next(iter(local["params"]))]), n)):
+    for s, batches in enumerate(_batches(len(next(iter(get(local, "params").values()))), n)):
         plain = step(local, batches, s, algo.bind(RunInfo()))
         new = step(local, batches, s, algo.bind(RunInfo(optim=opt)))
         for slot, entries in slots.items():
@@ -196,7 +197,7 @@ def test_fedfomo_fedala_batchnorm_statistics_are_torchs():
             F.cross_entropy(mine(x[c]), y[c]).backward()
             o.step()
             for k, v in mine.state_dict().items():
-                close(out["params"][k][c], v, f"{name} {k}")
+                close(get(out, "params")[k][c], v, f"{name} {k}")
 
 
 def test_fedfomo_weighs_parameters_and_keeps_each_clients_statistics():
@@ -229,11 +230,11 @@ def test_fedala_mixes_parameters_and_takes_the_servers_statistics():
     algo = build("fedala", layer_idx=0)
     state = algo.init(p, 4)
     names = [k for k in p if "running" not in k and "num_batches" not in k]
-    assert len(names) < len(p) and list(state.clients["weights"]) == names
+    assert len(names) < len(p) and list(state.clients.weights) == names
     server = {k: v + 1 if v.is_floating_point() else v + 3 for k, v in p.items()}
     state = type(state)(params=server, extra=state.extra, clients=state.clients)
     local = algo.client_init(state, torch.tensor([0, 2]), 2)
-    assert local["active"].all()
+    assert local.active.all()
     for k in p:
         if k not in names:
-            assert torch.equal(local["params"][k], server[k].expand_as(local["params"][k])), k
+            assert torch.equal(local.params[k], server[k].expand_as(local.params[k])), k

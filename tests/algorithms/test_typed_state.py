@@ -1,0 +1,34 @@
+"""Every algorithm's per-client state is of the type it declares (`Algorithm.Clients`: a NamedTuple, or
+None for a dict), and a checkpoint's flat form of it (`base.flat_clients`, the names runs have always
+written) is read back by `base.state_of` into that type with the same tensors: a type whose class
+attribute was forgotten would resume as a dict, which its own code then cannot read."""
+import pytest
+import torch
+
+from fedrun.algorithms import build, names
+from fedrun.algorithms.base import client_entries, flat_clients, state_of
+from fedrun.engine import params_of
+from fedrun.errors import ConfigError
+from fedrun.models import MLP
+
+
+def _leaves(tree):
+    return [tree] if torch.is_tensor(tree) else [t for v in tree.values() for t in _leaves(v)]
+
+
+@pytest.mark.parametrize("name", names())
+def test_per_client_state_is_the_declared_type_and_reads_back_from_its_flat_form(name):
+    torch.manual_seed(0)
+    algo = build(name)
+    try:
+        state = algo.init(params_of(MLP(6, 3, hidden=[5])), 4)
+    except ConfigError:  # (a method that needs another model: FedBN's BatchNorm layers)
+        pytest.skip(f"algo={name} refuses this model")
+    kind = algo.Clients
+    assert type(state.clients) is (dict if kind is None else kind), name
+    back = state_of(algo, state.params, state.extra, flat_clients(state))
+    assert type(back.clients) is type(state.clients)
+    before, after = client_entries(state.clients), client_entries(back.clients)
+    assert before.keys() == after.keys()
+    for k in before:
+        assert all(a is b for a, b in zip(_leaves(before[k]), _leaves(after[k]), strict=True)), (name, k)
