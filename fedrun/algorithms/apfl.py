@@ -28,8 +28,20 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import is_buffer
-from ..engine.tree import (Params, add, dot, expand, gather, param_names, per_client, scale, scatter, stack, sub,
-                           weighted_mean)
+from ..engine.tree import (
+    Params,
+    add,
+    dot,
+    expand,
+    gather,
+    param_names,
+    per_client,
+    scale,
+    scatter,
+    stack,
+    sub,
+    weighted_mean,
+)
 from .base import Algorithm, EvalContext, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches

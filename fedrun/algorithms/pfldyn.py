@@ -10,8 +10,21 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..engine.tree import (Params, axpy, expand, gather, only, param_names, scale, scatter, stack, sub, tree_map,
-                           weighted_mean, zeros_like)
+from ..engine.tree import (
+    Params,
+    axpy,
+    expand,
+    gather,
+    only,
+    param_names,
+    scale,
+    scatter,
+    stack,
+    sub,
+    tree_map,
+    weighted_mean,
+    zeros_like,
+)
 from .base import ServerState
 from .checks import check_positive
 from .debiased import AGREEMENT_META, DebiasedSGD

@@ -10,8 +10,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..engine.tree import (Params, expand, gather, only, param_names, per_client, scatter, stack, sub,
-                           weighted_mean, zeros_like)
+from ..engine.tree import (
+    Params,
+    expand,
+    gather,
+    only,
+    param_names,
+    per_client,
+    scatter,
+    stack,
+    sub,
+    weighted_mean,
+    zeros_like,
+)
 from .base import ServerState
 from .debiased import AGREEMENT_META, DebiasedSGD
 
