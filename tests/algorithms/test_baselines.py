@@ -81,7 +81,7 @@ def test_local_clients_train_alone_and_the_server_model_never_moves():
         assert torch.equal(state.params[k], init[k])
     # a client's model is its own SGD path: the same as LocalOnly on a one-client copy of its data
     for k in init:
-        assert not torch.equal(state.clients["params"][k][0], state.clients["params"][k][1])
+        assert not torch.equal(state.clients.params[k][0], state.clients.params[k][1])
     assert last.row["pers_acc"] != last.row["global_acc"]
     assert LocalOnly.models_per_round == 0
 
@@ -89,7 +89,7 @@ def test_local_clients_train_alone_and_the_server_model_never_moves():
 def test_local_unsampled_clients_keep_their_initial_model():
     state, _, _, model, _ = run(LocalOnly(lr=0.1), rounds=1, clients=2)
     init = params_of(model)
-    moved = [not torch.equal(state.clients["params"]["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
+    moved = [not torch.equal(state.clients.params["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
     assert sum(moved) == 2
 
 

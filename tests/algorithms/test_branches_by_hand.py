@@ -790,7 +790,7 @@ def test_held_out_client_by_hand(engine_cls, name):
         p = dict(p0)
         for _ in range(2):
             p = step(p, grad(p, x, y), lr)
-        close(state.clients["params"], p, TRAIN)
+        close(state.clients.params, p, TRAIN)
     elif name == "ditto":
         v = dict(server)
         for _ in range(2):
