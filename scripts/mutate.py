@@ -894,7 +894,7 @@ MUTANTS += [
            "first = {k: v[selected[-1]] for k, v in buffers.items()}", BN_TRACES,
            "bn=local: the server's statistics from the last aggregated client instead of the first"),
     Mutant("fedavg-bn-local-averaged", "fedrun/algorithms/batchnorm.py",
-           '        return local.get("buffers", {})\n', "        return {}\n", BN_TRACES,
+           '        return local.buffers\n', "        return {}\n", BN_TRACES,
            "FedAvg under bn=local: the clients' statistics averaged by the server (bn=local ignored)"),
     Mutant("fedavg-bn-local-server-averaged", "fedrun/algorithms/batchnorm.py",
            '        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, '

@@ -37,15 +37,15 @@ def test_fedprox_two_steps_on_a_quadratic(E):
     w0 = params["weight"][:, 0]
     state = ServerState(params={"weight": params["weight"][0]})
     local = algo.client_init(state, torch.arange(3), 1)
-    local["params"] = {"weight": params["weight"].clone()}  # per-client starting points (anchor: w^t = client 0's)
-    local["anchor"] = {"weight": params["weight"][:1].expand_as(params["weight"])}
+    local = local._replace(params={"weight": params["weight"].clone()},  # per-client starting points (anchor: w^t =
+                           anchor={"weight": params["weight"][:1].expand_as(params["weight"])})  # client 0's)
     for b in batches[:2]:
         local = algo.client_step(engine, local, [b], 1)
     for i in range(3):
         anchor = w0[0]
         w1 = w0[i] - beta * (quad_grad(w0[i], *[t[i] for t in batches[0]]) + mu * (w0[i] - anchor))
         w2 = w1 - beta * (quad_grad(w1, *[t[i] for t in batches[1]]) + mu * (w1 - anchor))
-        torch.testing.assert_close(local["params"]["weight"][i, 0], w2, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(local.params["weight"][i, 0], w2, rtol=1e-12, atol=1e-12)
 
 
 def tiny(num_clients=6, seed=1):
