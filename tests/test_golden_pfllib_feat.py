@@ -19,6 +19,7 @@ import test_golden_pfllib as G
 import torch
 
 import fedrun.algorithms.feddbe
+from fedrun.algorithms.base import client_entries
 
 # algo -> fedrun options saying what the recorder's PFLlib arguments said (added to the replay's table)
 G.OPTIONS.update({
@@ -56,7 +57,7 @@ def compare(trace: dict, states: list) -> dict[str, float]:
             continue
         for c, models in it[src].items():
             for name, v in models.items():
-                close(mine, v, state.clients[mine][G.NAMES[name]][int(c)])
+                close(mine, v, client_entries(state.clients)[mine][G.NAMES[name]][int(c)])
         if "protos" in it:  # FedProto's global prototypes, and which classes have one
             present = state.extra["present"].tolist()
             assert present == [str(k) in it["protos"] for k in range(len(present))]

@@ -15,7 +15,7 @@ from fedrun.algorithms.fedbn import FedBN
 from fedrun.algorithms.fedpac import FedPAC
 from fedrun.algorithms.fedper import FedPer
 from fedrun.algorithms.fedprox import FedProx
-from fedrun.algorithms.fedrep import FedRep
+from fedrun.algorithms.fedrep import FedRep, FedRepLocal
 from fedrun.algorithms.lgfedavg import LGFedAvg
 from fedrun.algorithms.local import LocalOnly
 from fedrun.algorithms.personalize import finetune, finetune_epochs
@@ -160,13 +160,13 @@ def test_fedper_and_lgfedavg_average_one_part_and_keep_the_other(cls, personal):
     init = params_of(model)
     head = head_names(init)
     mine = head if personal == "head" else [k for k in init if k not in head]
-    assert set(state.clients["part"]) == set(mine)
+    assert set(state.clients.part) == set(mine)
     for k in mine:  # the server's copy of the personal part never moves
         assert torch.equal(state.params[k], init[k])
     for k in init:
         if k not in mine:
             assert not torch.equal(state.params[k], init[k])
-    moved = [not torch.equal(state.clients["part"][mine[0]][c], init[mine[0]]) for c in range(6)]
+    moved = [not torch.equal(state.clients.part[mine[0]][c], init[mine[0]]) for c in range(6)]
     assert sum(moved) == 2
 
 
@@ -179,7 +179,7 @@ def test_fedrep_trains_the_head_first_then_the_body(E):
     batches = [(torch.randn(2, 5, 6, generator=g), torch.randint(0, 4, (2, 5), generator=g)) for _ in range(3)]
     engine = E(model)
     algo = FedRep(lr=0.1, head_steps=2)
-    local = {"params": p0, "step": torch.zeros(2, 1, dtype=torch.long)}
+    local = FedRepLocal(params=p0, step=torch.zeros(2, 1, dtype=torch.long))
     head = head_names(p0)
     expected = dict(p0)
     for s, b in enumerate(batches):
@@ -187,9 +187,9 @@ def test_fedrep_trains_the_head_first_then_the_body(E):
         gr, _ = engine.grad(expected, *b)
         expected = {k: expected[k] - 0.1 * gr[k] if (k in head) == (s < 2) else expected[k] for k in expected}
         for k in p0:
-            torch.testing.assert_close(local["params"][k], expected[k])
+            torch.testing.assert_close(local.params[k], expected[k])
     for k in p0:  # both phases happened
-        assert not torch.equal(local["params"][k], p0[k])
+        assert not torch.equal(local.params[k], p0[k])
 
 
 def test_fedbabu_keeps_the_head_at_its_initial_value_and_fine_tunes_at_test_time():

@@ -147,7 +147,7 @@ def test_fedrod_generic_model_and_personal_head_are_pfllib_clientrod(engine_cls)
     model = _model()
     state = algo.init(params_of(model), M)
     counts = torch.tensor([[5., 1., 2., 9.], [1., 1., 1., 1.], [3., 7., 1., 2.]])
-    state.clients["counts"] = {"n": counts}
+    state = replace(state, clients=state.clients._replace(counts={"n": counts}))
     _, local = _run(algo, engine_cls, 3, rounds_state=state)
     for c in range(M):
         mine = copy.deepcopy(model).train()
