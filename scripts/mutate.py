@@ -750,7 +750,7 @@ MUTANTS += [
            (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
                                                                   "not personal_lr"),
     Mutant("bodyhead-onboard-fits-shared-part", "fedrun/algorithms/bodyhead.py",
-           "names = param_names(part)", 'names = [k for k in param_names(local["params"]) if k not in part]',
+           "names = param_names(part)", 'names = [k for k in param_names(get(local, "params")) if k not in part]',
            (BY_HAND, "-k", "held_out_client_by_hand"), "FedPer/LG-FedAvg/FedRep/FedPAC: a held-out client fits the "
                                                        "shared part, its own part frozen"),
 ]
@@ -968,16 +968,16 @@ MUTANTS += [
            "first = {k: v[selected[-1]] for k, v in buffers.items()}", BN_TRACES,
            "bn=local: the server's statistics from the last aggregated client instead of the first"),
     Mutant("fedavg-bn-local-averaged", "fedrun/algorithms/batchnorm.py",
-           '        return local.get("buffers", {})\n', "        return {}\n", BN_TRACES,
+           '        return local.buffers\n', "        return {}\n", BN_TRACES,
            "FedAvg under bn=local: the clients' statistics averaged by the server (bn=local ignored)"),
     Mutant("fedavg-bn-local-server-averaged", "fedrun/algorithms/batchnorm.py",
            '        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, '
            'clients=state.clients)\n', "        return state\n", BN_TRACES,
            "FedAvg under bn=local: the server's model keeps the averaged statistics, not its first client's"),
     Mutant("fedrep-head-steps-stats-dropped", "fedrun/algorithms/fedrep.py",
-           '        g, _, local = self.grad(engine, local, "params", x, y)\n        p = local["params"]\n',
+           '        g, _, local = self.grad(engine, local, "params", x, y)\n        p = local.params\n',
            '        g, _, stepped = self.grad(engine, local, "params", x, y)\n'
-           '        local = local if bool((step < self.head_steps).all()) else stepped\n        p = local["params"]\n',
+           '        local = local if bool((step < self.head_steps).all()) else stepped\n        p = local.params\n',
            ("tests/test_golden_pfllib_bn.py", "-k", "local_replays and fedrep"),
            "FedRep: the head steps' forward leaves the running statistics (PFLlib's head epochs run in train mode)"),
 ]
@@ -1040,11 +1040,11 @@ MUTANTS += [  # issue 44: the body/head family on the local trainer
            "{k: v for k, v in g.items() if k not in head}", "g",
            (BODYHEAD, "-k", "fedbabu"), "FedBABU: the frozen head stepped with the body"),
     Mutant("fedrod-statistics-dropped", "fedrun/algorithms/fedrod.py",
-           '{k: out["both"][k] for k in local["params"]}', '{k: local["params"][k] for k in local["params"]}',
+           '{k: out["both"][k] for k in local.params}', '{k: local.params[k] for k in local.params}',
            (BODYHEAD, "-k", "fedrod and Vmap"), "FedRoD: the step's BatchNorm statistics not kept"),
     Mutant("partsharing-personal-statistics-shared", "fedrun/algorithms/bodyhead.py",
-           "split_buffers(local[\"params\"])[1].items() if k not in mine}",
-           "split_buffers(local[\"params\"])[1].items()}",
+           "split_buffers(p)[1].items() if k not in mine}",
+           "split_buffers(p)[1].items()}",
            (BODYHEAD, "-k", "personal_statistics and lgfedavg"),
            "LG-FedAvg bn=local: the personal body's statistics put on the server's model"),
     Mutant("local-statistics-shared", "fedrun/algorithms/local.py",

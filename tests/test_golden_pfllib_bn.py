@@ -108,7 +108,7 @@ def compare(trace: dict, states: list, algorithm) -> dict[str, float]:
                 if is_buffer(name) and "bn_local" in state.trainer:
                     close(f"client {kind(name)}", v, state.trainer["bn_local"][fedrun_name(name)][int(c)])
                 if name.startswith("head."):
-                    close("head", v, state.clients["part"][fedrun_name(name)][int(c)])
+                    close("head", v, state.clients.part[fedrun_name(name)][int(c)])
         for c, model in it.get("personal", {}).items():
             for name, v in model.items():
                 close("personal", v, state.clients.personal[fedrun_name(name)][int(c)])

@@ -4,6 +4,8 @@ local_training). On the golden clients (12, 16, 20 and 8 training rows) with bat
 is 2, 3, 4 and 1 steps (the partial last minibatch dropped)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from test_golden_pfedme import golden_data
 
@@ -16,25 +18,32 @@ from fedrun.simulate import Progress, Replica, Schedule, sample_phases, simulate
 PER_EPOCH = torch.tensor([2, 3, 4, 1])
 
 
+class TwoPhasesLocal(NamedTuple):
+    params: dict
+    n: torch.Tensor  # [m, 2]: each client's steps of each phase
+    buffers: dict = {}  # (FedAvg's: a BatchNorm model's statistics)
+    opt: dict = {}
+
+
 class TwoPhases(FedAvg):
     """FedAvg whose round is 2 epochs of SGD, then 3 steps with a smaller lr; `n` counts each
     client's steps per phase."""
 
     def client_init(self, state, clients, rnd):
-        return {**super().client_init(state, clients, rnd), "n": torch.zeros(len(clients), 2)}
+        return TwoPhasesLocal(params=super().client_init(state, clients, rnd).params, n=torch.zeros(len(clients), 2))
 
     def phases(self):
         return Phase(self.first, epochs=2), Phase(self.second, steps=3)
 
     def first(self, engine, local, batches, rnd):
-        return {**self.sgd_step(engine, local, batches, self.lr, rnd), "n": local["n"] + torch.tensor([1.0, 0.0])}
+        return self.sgd_step(engine, local, batches, self.lr, rnd)._replace(n=local.n + torch.tensor([1.0, 0.0]))
 
     def second(self, engine, local, batches, rnd):
-        return {**self.sgd_step(engine, local, batches, self.lr / 2, rnd), "n": local["n"] + torch.tensor([0.0, 1.0])}
+        return self.sgd_step(engine, local, batches, self.lr / 2, rnd)._replace(n=local.n + torch.tensor([0.0, 1.0]))
 
     def server_update(self, state, local, clients, selected, weights):
         new = super().server_update(state, local, clients, selected, weights)
-        counts = state.clients.get("n", torch.zeros(4, 2)).index_copy(0, clients, local["n"])
+        counts = state.clients.get("n", torch.zeros(4, 2)).index_copy(0, clients, local.n)
         return type(new)(new.params, new.extra, {**new.clients, "n": counts})
 
 

@@ -10,7 +10,7 @@ import torch
 from test_acceleration import _cpu_graph
 
 from fedrun.algorithms import build, names, rates
-from fedrun.algorithms.base import RunInfo
+from fedrun.algorithms.base import RunInfo, flat_clients
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.rates import RoundNotCapturable, RoundRates, rate_step
@@ -160,8 +160,8 @@ def test_graphs_replay_one_capture_in_rounds_whose_rates_change(data, monkeypatc
     # (APPLE's served theta, which its server_update mixes from the Local's cores outside the steps, is
     # 1 float32 ulp off on 1 of 8 clients, also before the rates: the graph's static copy of the cores is
     # contiguous where eager's is an expanded view, and the mix sums in another order)
-    kept = lambda clients: {k: v for k, v in clients.items() if (name, k) != ("apple", "theta")}
-    _equal(kept(eager.clients), kept(graphed.clients))
+    kept = lambda state: {k: v for k, v in flat_clients(state).items() if (name, k) != ("apple", "theta")}
+    _equal(kept(eager), kept(graphed))
     assert steps.captures == 1 and steps._eager_why is None
 
 

@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
-from .trainer import LocalTrainer, RunInfo  # noqa: F401  (RunInfo: part of the contract)
+from .trainer import LocalTrainer, RunInfo, get  # noqa: F401  (RunInfo: part of the contract)
 
 Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
 
@@ -244,7 +244,7 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(local["params"], selected), weights)
+        new = weighted_mean(gather(get(local, "params"), selected), weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
     def eval_params(self, state: ServerState) -> Params:

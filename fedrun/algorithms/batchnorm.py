@@ -4,19 +4,30 @@ an algorithm that handles them puts this mixin first among its bases (FedAvg, Fe
 
 A BatchNorm model's state (`engine.params_of`) is its parameters plus the layers' buffers: the
 server keeps the shared buffers in `ServerState.extra["buffers"]`, a round's clients carry theirs
-in `Local["buffers"]`, each local step runs in training mode (`Engine.train_grad`: batch
-statistics, running ones updated), and the server averages them as parameters
-(`engine.batchnorm.mean_buffers`). Without buffers (a model with no BatchNorm) every method is the
-base algorithm's.
+apart from their parameters (a `BatchNormLocal`'s `buffers`), each local step runs in training mode
+(`Engine.train_grad`: batch statistics, running ones updated), and the server averages them as
+parameters (`engine.batchnorm.mean_buffers`). Without buffers (a model with no BatchNorm, `buffers`
+{}) every method is the base algorithm's.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import mean_buffers, split_buffers
-from ..engine.tree import Params, gather, stack
-from .base import Local, ServerState
+from ..engine.tree import Params, gather, stack, weighted_mean
+from .base import ServerState
+from .trainer import get
+
+
+class BatchNormLocal(NamedTuple):
+    """The round's Local of FedAvg and FedBN (the algorithms with `BatchNormState`)."""
+
+    params: Params  # the clients' models (parameters; FedBN's with each client's own BatchNorm layers)
+    buffers: Params = {}  # their BatchNorm running statistics, stacked ({}: a model without BatchNorm)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
 
 
 class BatchNormState:
@@ -33,35 +44,34 @@ class BatchNormState:
         return ServerState(params=state.params, extra={**state.extra, "buffers": buffers} if buffers else state.extra,
                            clients=state.clients)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        local = super().client_init(state, clients, rnd)
-        if "buffers" in state.extra:
-            local["buffers"] = stack(state.extra["buffers"], len(clients))
-        return local
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> BatchNormLocal:
+        params = get(super().client_init(state, clients, rnd), "params")
+        return BatchNormLocal(params=params, buffers=stack(state.extra.get("buffers", {}), len(clients)))
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: BatchNormLocal, batches, rnd: int) -> BatchNormLocal:
         """One SGD step of lr `lr` in training mode (each client's batch statistics, its running
         statistics updated)."""
-        if "buffers" not in local:
+        if not local.buffers:
             return super().client_step(engine, local, batches, rnd)
         (x, y), = batches
-        g, _, buffers = engine.train_grad(local["params"], local["buffers"], x, y)
-        return {**self.descend(local, "params", g, self.lr, rnd), "buffers": buffers}
+        g, _, buffers = engine.train_grad(local.params, local.buffers, x, y)
+        return self.descend(local, "params", g, self.lr, rnd)._replace(buffers=buffers)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: BatchNormLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = super().server_update(state, local, clients, selected, weights)
-        if "buffers" not in local:
-            return new
-        # running statistics averaged like parameters
-        buffers = mean_buffers(gather(local["buffers"], selected), weights)
-        return ServerState(params=new.params, extra={**new.extra, "buffers": buffers}, clients=new.clients)
+        """FedAvg's rule: the (weighted) mean of the clients' parameters, and of their running statistics
+        (averaged like parameters)."""
+        params = weighted_mean(gather(local.params, selected), weights)
+        if not local.buffers:
+            return ServerState(params=params, extra=state.extra, clients=state.clients)
+        buffers = mean_buffers(gather(local.buffers, selected), weights)
+        return ServerState(params=params, extra={**state.extra, "buffers": buffers}, clients=state.clients)
 
-    def shared_buffers(self, local: Local) -> Params:  # (fedrun.algorithms.trainer, bn=local)
-        return local.get("buffers", {})
+    def shared_buffers(self, local: BatchNormLocal) -> Params:  # (fedrun.algorithms.trainer, bn=local)
+        return local.buffers
 
-    def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
-        return {**local, "buffers": buffers} if "buffers" in local else local
+    def with_shared_buffers(self, local: BatchNormLocal, buffers: Params) -> BatchNormLocal:
+        return local._replace(buffers=buffers) if local.buffers else local
 
     def server_with_buffers(self, state: ServerState, buffers: Params) -> ServerState:
         return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, clients=state.clients)

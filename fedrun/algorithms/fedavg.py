@@ -7,12 +7,16 @@ global model after `finetune_steps` gradient steps of lr `alpha` on its own trai
 (`personalize.OneStepPersonalization`).
 
 `AveragedSGD` is FedAvg on a model's parameters, the base of FedProx and FedBABU; `FedAvg` adds
-BatchNorm models (`batchnorm.BatchNormState`: running statistics averaged like parameters).
+BatchNorm models (`batchnorm.BatchNormState`: running statistics averaged like parameters). FedAvg
+keeps no per-client state; a round's clients hold a `batchnorm.BatchNormLocal`.
 """
 from __future__ import annotations
 
+from torch import Tensor
+
 from ..engine import Engine
-from .base import Algorithm, EvalContext, Local, ServerState
+from ..engine.tree import gather, weighted_mean
+from .base import Algorithm, EvalContext, ServerState
 from .batchnorm import BatchNormState
 from .checks import check_int, check_positive
 from .personalize import OneStepPersonalization
@@ -48,8 +52,14 @@ class AveragedSGD(OneStepPersonalization, Algorithm):
             return None, None
         return super().personalize(engine, state, ctx)
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local, batches, rnd: int):
         return self.sgd_step(engine, local, batches, self.beta, rnd)
+
+    def server_update(self, state: ServerState, local, clients: Tensor, selected: Tensor,
+                      weights: Tensor | None) -> ServerState:
+        """The (weighted) mean of the clients' models `local.params` (a typed Local: FedProx's, FedAvg's)."""
+        return ServerState(params=weighted_mean(gather(local.params, selected), weights), extra=state.extra,
+                           clients=state.clients)
 
 
 class FedAvg(BatchNormState, AveragedSGD):

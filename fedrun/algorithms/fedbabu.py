@@ -10,16 +10,26 @@ epochs is `finetune_epochs` (PFLlib's fine_tuning_epochs, 10 by default, lr alph
 The local optimizer (`optim.*`) steps the body only (the frozen head has no gradient, so PFLlib's
 SGD over all parameters skips it, weight decay included); test-time fine-tuning stays plain SGD of
 alpha (`personalize.finetune`, as FedAvg's). A BatchNorm model's running statistics (in the body)
-are averaged with it (`bn=local`: kept by each client); fine-tuning runs in training mode."""
+are averaged with it (`bn=local`: kept by each client); fine-tuning runs in training mode.
+
+No per-client state; a round's clients hold a `FedBABULocal`."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, param_names, weighted_mean
-from .base import Local, Phase, ServerState
+from .base import Phase, ServerState
 from .checks import check_optional_int, require_body
 from .fedavg import AveragedSGD
+from .trainer import get
+
+
+class FedBABULocal(NamedTuple):
+    params: Params  # the round's clients' models (the head frozen at the server's)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`): the body's
 
 
 class FedBABU(AveragedSGD):
@@ -41,19 +51,22 @@ class FedBABU(AveragedSGD):
         super().check_params(params)
         require_body(self.name, params, "trains the model's body with its head frozen")
 
-    def optim_slots(self, local: Local) -> dict:
-        head = set(head_names(local["params"]))
-        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head])}
+    def optim_slots(self, local: FedBABULocal) -> dict:
+        head = set(head_names(local.params))
+        return {"opt": ("params", [k for k in param_names(local.params) if k not in head])}
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedBABULocal:
+        return FedBABULocal(params=get(super().client_init(state, clients, rnd), "params"))
+
+    def client_step(self, engine: Engine, local: FedBABULocal, batches, rnd: int) -> FedBABULocal:
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)
-        head = set(head_names(local["params"]))
+        head = set(head_names(local.params))
         return self.descend(local, "params", {k: v for k, v in g.items() if k not in head}, self.beta, rnd)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedBABULocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         head = set(head_names(state.params))  # the frozen head is not averaged (a mean of equal copies rounds)
-        body = gather({k: v for k, v in local["params"].items() if k not in head}, selected)
+        body = gather({k: v for k, v in local.params.items() if k not in head}, selected)
         return ServerState(params={**state.params, **weighted_mean(body, weights)}, extra=state.extra,
                            clients=state.clients)

@@ -3,9 +3,10 @@ SGD steps of lr `lr`; the server averages the BODY only; each client keeps its H
 (`bodyhead.PartSharing`)."""
 from __future__ import annotations
 
-from .bodyhead import PartSharing
+from .bodyhead import PartClients, PartSharing
 
 
 class FedPer(PartSharing):
     name = "fedper"
+    Clients = PartClients  # (a round's clients hold a `bodyhead.PartLocal`)
     personal_part = "head"

@@ -11,14 +11,24 @@ FedAvg) `finetune_steps` steps of lr `alpha` on the client's training rows (alph
 The paper's systems heterogeneity (stragglers doing fewer steps, "gamma-inexact" solutions) is not
 simulated: every sampled client does `tau` steps. PFLlib's FedProx (clientprox.py,
 PerturbedGradientDescent: d_p = grad + mu (p - w^t)) computes the same step.
+
+A round's clients hold a `FedProxLocal`; there is no per-client state.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..engine import Engine
-from ..engine.tree import expand, prox_grad, stack
-from .base import Local, ServerState
+from ..engine.tree import Params, expand, prox_grad, stack
+from .base import ServerState
 from .checks import check_positive
 from .fedavg import AveragedSGD
+
+
+class FedProxLocal(NamedTuple):
+    params: Params  # w: the clients' models
+    anchor: Params  # w^t, the round's server model (expanded: one copy for all clients)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
 
 
 class FedProx(AveragedSGD):
@@ -30,14 +40,14 @@ class FedProx(AveragedSGD):
         check_positive("algo.mu", mu, allow_zero=True)
         self.mu = mu
 
-    def client_init(self, state: ServerState, clients, rnd: int) -> Local:
-        return {"params": stack(state.params, len(clients)), "anchor": expand(state.params, len(clients))}
+    def client_init(self, state: ServerState, clients, rnd: int) -> FedProxLocal:
+        return FedProxLocal(params=stack(state.params, len(clients)), anchor=expand(state.params, len(clients)))
 
     optim_ok = True
     batchnorm_ok = True
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedProxLocal, batches, rnd: int) -> FedProxLocal:
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)
-        g = prox_grad(g, local["params"], local["anchor"], self.mu)
+        g = prox_grad(g, local.params, local.anchor, self.mu)
         return self.descend(local, "params", g, self.beta, rnd)

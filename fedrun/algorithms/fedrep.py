@@ -21,18 +21,27 @@ kept by each client).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import head_names, param_names, per_client
-from .base import Local, Phase, ServerState
-from .bodyhead import PartSharing
+from ..engine.tree import Params, head_names, param_names, per_client
+from .base import Phase, ServerState
+from .bodyhead import PartClients, PartSharing
 from .checks import check_int, check_optional_int, check_phase_passes, check_split_round
+
+
+class FedRepLocal(NamedTuple):
+    params: Params  # the round's clients' whole models (the shared body with each one's head)
+    step: Tensor  # [m, 1] long: the local steps each client has taken this round (the tau path's phase)
+    opt: dict = {}  # the local trainer's optimizer state, by slot: "opt" (the body's), "opt.head"
 
 
 class FedRep(PartSharing):
     name = "fedrep"
+    Clients = PartClients
     personal_part = "head"
     optim_ok = True  # two optimizers: the head's and the body's (PFLlib's poptimizer, optimizer)
     batchnorm_ok = True
@@ -56,33 +65,34 @@ class FedRep(PartSharing):
             return None
         return Phase(self.head_step, epochs=self.head_epochs), Phase(self.body_step, epochs=self.local_epochs)
 
-    def optim_slots(self, local: Local) -> dict:
-        head = head_names(local["params"])
-        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head]),
+    def optim_slots(self, local: FedRepLocal) -> dict:
+        head = head_names(local.params)
+        return {"opt": ("params", [k for k in param_names(local.params) if k not in head]),
                 "opt.head": ("params", head)}
 
-    def head_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def head_step(self, engine: Engine, local: FedRepLocal, batches, rnd: int) -> FedRepLocal:
         return self._part_step(engine, local, batches, rnd, head=True)
 
-    def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def body_step(self, engine: Engine, local: FedRepLocal, batches, rnd: int) -> FedRepLocal:
         return self._part_step(engine, local, batches, rnd, head=False)
 
-    def _part_step(self, engine: Engine, local: Local, batches, rnd: int, head: bool) -> Local:
+    def _part_step(self, engine: Engine, local: FedRepLocal, batches, rnd: int, head: bool) -> FedRepLocal:
         """One step of the head's (or the body's) optimizer of lr, the other part frozen."""
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)
         slot = "opt.head" if head else "opt"
         return self.descend(local, "params", g, self.lr, rnd, names=self.optim_slots(local)[slot][1], slot=slot)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedRepLocal:
         local = super().client_init(state, clients, rnd)
-        return {**local, "step": torch.zeros(len(clients), 1, dtype=torch.long, device=clients.device)}
+        return FedRepLocal(params=local.params,
+                           step=torch.zeros(len(clients), 1, dtype=torch.long, device=clients.device))
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedRepLocal, batches, rnd: int) -> FedRepLocal:
         (x, y), = batches
-        step = local["step"]
+        step = local.step
         g, _, local = self.grad(engine, local, "params", x, y)
-        p = local["params"]
+        p = local.params
         on_head = step < self.head_steps  # [m, 1]: this step trains the head (else the body)
         if self.optim.plain:
             head = set(head_names(p))
@@ -90,8 +100,8 @@ class FedRep(PartSharing):
             for k in g:
                 mask = per_client(on_head if k in head else ~on_head, p[k])
                 new[k] = p[k] - self.lr * mask * g[k]
-            return {**local, "params": {**p, **new}, "step": step + 1}
+            return local._replace(params={**p, **new}, step=step + 1)
         slots = self.optim_slots(local)
         for slot, live in (("opt.head", on_head[:, 0]), ("opt", ~on_head[:, 0])):
             local = self.descend(local, "params", g, self.lr, rnd, names=slots[slot][1], slot=slot, live=live)
-        return {**local, "step": step + 1}
+        return local._replace(step=step + 1)

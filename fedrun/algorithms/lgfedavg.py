@@ -3,9 +3,10 @@ image: the server averages the HEAD only; each client keeps its BODY, its local 
 (`bodyhead.PartSharing`)."""
 from __future__ import annotations
 
-from .bodyhead import PartSharing
+from .bodyhead import PartClients, PartSharing
 
 
 class LGFedAvg(PartSharing):
     name = "lgfedavg"
+    Clients = PartClients  # (a round's clients hold a `bodyhead.PartLocal`)
     personal_part = "body"

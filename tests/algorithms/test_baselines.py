@@ -15,7 +15,7 @@ from fedrun.algorithms.fedbn import FedBN
 from fedrun.algorithms.fedpac import FedPAC
 from fedrun.algorithms.fedper import FedPer
 from fedrun.algorithms.fedprox import FedProx
-from fedrun.algorithms.fedrep import FedRep
+from fedrun.algorithms.fedrep import FedRep, FedRepLocal
 from fedrun.algorithms.lgfedavg import LGFedAvg
 from fedrun.algorithms.local import LocalOnly
 from fedrun.algorithms.personalize import finetune, finetune_epochs
@@ -37,15 +37,15 @@ def test_fedprox_two_steps_on_a_quadratic(E):
     w0 = params["weight"][:, 0]
     state = ServerState(params={"weight": params["weight"][0]})
     local = algo.client_init(state, torch.arange(3), 1)
-    local["params"] = {"weight": params["weight"].clone()}  # per-client starting points (anchor: w^t = client 0's)
-    local["anchor"] = {"weight": params["weight"][:1].expand_as(params["weight"])}
+    local = local._replace(params={"weight": params["weight"].clone()},  # per-client starting points (anchor: w^t =
+                           anchor={"weight": params["weight"][:1].expand_as(params["weight"])})  # client 0's)
     for b in batches[:2]:
         local = algo.client_step(engine, local, [b], 1)
     for i in range(3):
         anchor = w0[0]
         w1 = w0[i] - beta * (quad_grad(w0[i], *[t[i] for t in batches[0]]) + mu * (w0[i] - anchor))
         w2 = w1 - beta * (quad_grad(w1, *[t[i] for t in batches[1]]) + mu * (w1 - anchor))
-        torch.testing.assert_close(local["params"]["weight"][i, 0], w2, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(local.params["weight"][i, 0], w2, rtol=1e-12, atol=1e-12)
 
 
 def tiny(num_clients=6, seed=1):
@@ -81,7 +81,7 @@ def test_local_clients_train_alone_and_the_server_model_never_moves():
         assert torch.equal(state.params[k], init[k])
     # a client's model is its own SGD path: the same as LocalOnly on a one-client copy of its data
     for k in init:
-        assert not torch.equal(state.clients["params"][k][0], state.clients["params"][k][1])
+        assert not torch.equal(state.clients.params[k][0], state.clients.params[k][1])
     assert last.row["pers_acc"] != last.row["global_acc"]
     assert LocalOnly.models_per_round == 0
 
@@ -89,7 +89,7 @@ def test_local_clients_train_alone_and_the_server_model_never_moves():
 def test_local_unsampled_clients_keep_their_initial_model():
     state, _, _, model, _ = run(LocalOnly(lr=0.1), rounds=1, clients=2)
     init = params_of(model)
-    moved = [not torch.equal(state.clients["params"]["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
+    moved = [not torch.equal(state.clients.params["net.0.weight"][c], init["net.0.weight"]) for c in range(6)]
     assert sum(moved) == 2
 
 
@@ -160,13 +160,13 @@ def test_fedper_and_lgfedavg_average_one_part_and_keep_the_other(cls, personal):
     init = params_of(model)
     head = head_names(init)
     mine = head if personal == "head" else [k for k in init if k not in head]
-    assert set(state.clients["part"]) == set(mine)
+    assert set(state.clients.part) == set(mine)
     for k in mine:  # the server's copy of the personal part never moves
         assert torch.equal(state.params[k], init[k])
     for k in init:
         if k not in mine:
             assert not torch.equal(state.params[k], init[k])
-    moved = [not torch.equal(state.clients["part"][mine[0]][c], init[mine[0]]) for c in range(6)]
+    moved = [not torch.equal(state.clients.part[mine[0]][c], init[mine[0]]) for c in range(6)]
     assert sum(moved) == 2
 
 
@@ -179,7 +179,7 @@ def test_fedrep_trains_the_head_first_then_the_body(E):
     batches = [(torch.randn(2, 5, 6, generator=g), torch.randint(0, 4, (2, 5), generator=g)) for _ in range(3)]
     engine = E(model)
     algo = FedRep(lr=0.1, head_steps=2)
-    local = {"params": p0, "step": torch.zeros(2, 1, dtype=torch.long)}
+    local = FedRepLocal(params=p0, step=torch.zeros(2, 1, dtype=torch.long))
     head = head_names(p0)
     expected = dict(p0)
     for s, b in enumerate(batches):
@@ -187,9 +187,9 @@ def test_fedrep_trains_the_head_first_then_the_body(E):
         gr, _ = engine.grad(expected, *b)
         expected = {k: expected[k] - 0.1 * gr[k] if (k in head) == (s < 2) else expected[k] for k in expected}
         for k in p0:
-            torch.testing.assert_close(local["params"][k], expected[k])
+            torch.testing.assert_close(local.params[k], expected[k])
     for k in p0:  # both phases happened
-        assert not torch.equal(local["params"][k], p0[k])
+        assert not torch.equal(local.params[k], p0[k])
 
 
 def test_fedbabu_keeps_the_head_at_its_initial_value_and_fine_tunes_at_test_time():

@@ -603,7 +603,7 @@ def test_fedrod_by_hand(engine_cls):
     close(state.params, server)
     got, _ = algo.personalize(engine, state, None)
     for i in range(TRAIN + 1):
-        close(state.clients["head"], heads[i], i)
+        close(state.clients.head, heads[i], i)
         close(got, {**server, **{k: server[k] + heads[i][k] for k in HEAD}}, i)
 
 
@@ -790,7 +790,7 @@ def test_held_out_client_by_hand(engine_cls, name):
         p = dict(p0)
         for _ in range(2):
             p = step(p, grad(p, x, y), lr)
-        close(state.clients["params"], p, TRAIN)
+        close(state.clients.params, p, TRAIN)
     elif name == "ditto":
         v = dict(server)
         for _ in range(2):
@@ -803,5 +803,5 @@ def test_held_out_client_by_hand(engine_cls, name):
         for _ in range(2):
             g = grad(p, x, y)
             p = {k: p[k] - lr * g[k] if k in mine else p[k] for k in p}
-        close(state.clients["part"], {k: p[k] for k in mine}, TRAIN)
+        close(state.clients.part, {k: p[k] for k in mine}, TRAIN)
         close(state.params, {k: server[k] for k in p0 if k not in mine})

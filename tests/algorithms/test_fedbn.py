@@ -79,7 +79,7 @@ def test_fedbn_keeps_every_clients_batchnorm_and_averages_the_rest(E):
     state = round_(algo, engine, state, x, y, torch.arange(M))
     # round 2: each client starts from the server's shared layers and ITS OWN BatchNorm layers
     x2, y2 = x.flip(0) * 0.5, y.flip(0)
-    own = [{**state.params, **state.extra["buffers"], **{k: v[c] for k, v in state.clients["bn"].items()}}
+    own = [{**state.params, **state.extra["buffers"], **{k: v[c] for k, v in state.clients.bn.items()}}
            for c in range(M)]
     state2 = round_(algo, engine, state, x2, y2, torch.arange(M))
     hand = [by_hand(model, own[c], x2[:, c], y2[:, c]) for c in range(M)]
@@ -90,10 +90,10 @@ def test_fedbn_keeps_every_clients_batchnorm_and_averages_the_rest(E):
     for c in range(M):
         for k in bn:  # local: the client's own, never averaged
             mine = {**hand[c][0], **hand[c][1]}[k]
-            torch.testing.assert_close(state2.clients["bn"][k][c], mine, rtol=1e-12, atol=1e-12)
-    assert not torch.equal(state2.clients["bn"]["net.1.running_mean"][0], state2.clients["bn"]["net.1.running_mean"][1])
+            torch.testing.assert_close(state2.clients.bn[k][c], mine, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(state2.clients.bn["net.1.running_mean"][0], state2.clients.bn["net.1.running_mean"][1])
     for k in bn:  # the client that never trained keeps the initial BatchNorm layer
-        assert torch.equal(state2.clients["bn"][k][M], init[k])
+        assert torch.equal(state2.clients.bn[k][M], init[k])
     # served: shared layers + the client's own BatchNorm layer, in eval mode (its running statistics)
     served, _ = algo.personalize(engine, state2, None)
     net = copy.deepcopy(model)

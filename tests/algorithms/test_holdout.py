@@ -89,7 +89,7 @@ def test_split_methods_fit_a_held_out_clients_personal_part_with_the_shared_part
     for k, v in state.params.items():
         for c in range(t, data.num_clients):
             if k in mine:  # fitted: moved away from the (never trained) initial part
-                assert not torch.equal(pers[k][c], state.clients["part"][k][c]), k
+                assert not torch.equal(pers[k][c], state.clients.part[k][c]), k
             else:  # frozen: exactly the server's shared part
                 assert torch.equal(pers[k][c], v), k
 

@@ -93,7 +93,7 @@ def test_each_client_trains_as_a_torch_optimizer_on_its_own(data, case, engine_c
                 clock.step()
                 sched.step()
         for k, v in mine.named_parameters():
-            worst = max(worst, (state.clients["params"][k][c] - v.detach()).abs().max().item())
+            worst = max(worst, (state.clients.params[k][c] - v.detach()).abs().max().item())
     print(f"{case} {engine_cls.name}: max |fedrun - torch.optim| = {worst:.2e}")
     assert worst < 2e-6, worst
 

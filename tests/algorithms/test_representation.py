@@ -30,13 +30,14 @@ def test_state_survives_a_checkpoint_and_resume(tmp_path, algo):
             "params": at.state.params, "extra": at.state.extra, "clients": flat_clients(at.state)}}))
     ck = outputs.load_checkpoint(str(tmp_path))
     assert ck["round"] == 2
-    start = Progress(state_of(algo, ck["state"]["params"], ck["state"]["extra"], ck["state"]["clients"]), 2, 0)
+    st = ck["state"]
+    start = Progress(state_of(algo, st["params"], st["extra"], st["clients"]), 2, 0)
     resumed, last, _, _, _ = run(algo, rounds=3, clients=2, data=data, start=start)
     assert type(resumed.clients) is type(full.clients)
-    kept = flat_clients(resumed)
-    for name, part in flat_clients(full).items():
+    full_c, resumed_c = flat_clients(full), flat_clients(resumed)
+    for name, part in full_c.items():
         for k in part:
-            assert torch.equal(part[k], kept[name][k]), (name, k)
+            assert torch.equal(part[k], resumed_c[name][k]), (name, k)
     for k, v in full.extra.items():
         assert torch.equal(v, resumed.extra[k]), k
     assert last.row == last_full.row
@@ -52,13 +53,13 @@ def test_moon_with_mu_zero_is_fedavg_and_its_contrast_acts():
 
 def test_fedrod_counts_classes_and_serves_the_sum_of_both_heads():
     state, _, _, model, data = run(FedRoD(lr=0.1), rounds=2)
-    assert torch.equal(state.clients["counts"]["n"], data.train.label_counts(4).to(state.clients["counts"]["n"].dtype))
+    assert torch.equal(state.clients.counts["n"], data.train.label_counts(4).to(state.clients.counts["n"].dtype))
     algo, engine = FedRoD(lr=0.1), VmapEngine(model)
     served, _ = algo.personalize(engine, state, eval_context(data, Schedule(1, 1, 1, 5), 0, 1))
     x = data.test.x[:7]
     z = engine.features(state.params, x)
     for c in (0, 3):  # h_G(z) + h_P(z), the personal head applied by hand
-        mine = z @ state.clients["head"]["net.2.weight"][c].T + state.clients["head"]["net.2.bias"][c]
+        mine = z @ state.clients.head["net.2.weight"][c].T + state.clients.head["net.2.bias"][c]
         got = engine.logits({k: v[c] for k, v in served.items()}, x)
         torch.testing.assert_close(got, engine.logits(state.params, x) + mine, rtol=1e-5, atol=1e-6)
 

@@ -181,7 +181,7 @@ def test_fedbn_steps_are_torch_sgd_momentum_per_client(E):
             opt.step()
         want.append(state_of(net))
     for c in range(M):
-        assert_rows({**local["params"], **local["buffers"]}, want, c)
+        assert_rows({**local.params, **local.buffers}, want, c)
 
 
 def _round(algo, engine, state, clients, x, y):
@@ -199,15 +199,15 @@ def test_bn_local_keeps_each_clients_statistics_and_the_server_the_first_aggrega
     state = algo.init(init, M)
     local1, state = _round(algo, engine, state, torch.tensor([0, 1]), x, y)
     local2, state = _round(algo, engine, state, torch.tensor([2, 1]), x, y)
-    floats = [k for k, v in local1["buffers"].items() if v.is_floating_point()]
+    floats = [k for k, v in local1.buffers.items() if v.is_floating_point()]
     for k in floats:  # the server's model: the first aggregated client's (client 2)
-        assert torch.equal(state.extra["buffers"][k], local2["buffers"][k][0])
+        assert torch.equal(state.extra["buffers"][k], local2.buffers[k][0])
     back = algo.start_local(state, torch.tensor([0]), 3)  # client 0: its own, from round 1
     for k in floats:
-        assert torch.equal(back["buffers"][k][0], local1["buffers"][k][0])
-        assert not torch.equal(back["buffers"][k][0], state.extra["buffers"][k])
+        assert torch.equal(back.buffers[k][0], local1.buffers[k][0])
+        assert not torch.equal(back.buffers[k][0], state.extra["buffers"][k])
     if isinstance(algo, FedBN):
-        assert "bn_local" not in state.trainer  # (its own BatchNorm layers are kept once, in clients["bn"])
+        assert "bn_local" not in state.trainer  # (its own BatchNorm layers are kept once, in clients.bn)
 
 
 def test_bn_policy_is_refused_in_one_line_for_a_bad_value():
