@@ -19,7 +19,7 @@ from ..engine import Engine
 from ..engine.batchnorm import mean_buffers, split_buffers
 from ..engine.tree import Params, gather, stack, weighted_mean
 from .base import ServerState
-from .trainer import get
+from .trainer import get, has, put
 
 
 class BatchNormLocal(NamedTuple):
@@ -28,6 +28,11 @@ class BatchNormLocal(NamedTuple):
     params: Params  # the clients' models (parameters; FedBN's with each client's own BatchNorm layers)
     buffers: Params = {}  # their BatchNorm running statistics, stacked ({}: a model without BatchNorm)
     opt: dict = {}  # the local trainer's optimizer state, by slot (`trainer.slot_of`)
+
+
+def _buffers(local) -> Params:
+    """A Local's shared BatchNorm statistics ({}: none; a dict Local built by hand may lack the entry)."""
+    return get(local, "buffers") if has(local, "buffers") else {}
 
 
 class BatchNormState:
@@ -51,27 +56,27 @@ class BatchNormState:
     def client_step(self, engine: Engine, local: BatchNormLocal, batches, rnd: int) -> BatchNormLocal:
         """One SGD step of lr `lr` in training mode (each client's batch statistics, its running
         statistics updated)."""
-        if not local.buffers:
+        if not _buffers(local):
             return super().client_step(engine, local, batches, rnd)
         (x, y), = batches
-        g, _, buffers = engine.train_grad(local.params, local.buffers, x, y)
-        return self.descend(local, "params", g, self.lr, rnd)._replace(buffers=buffers)
+        g, _, buffers = engine.train_grad(get(local, "params"), _buffers(local), x, y)
+        return put(self.descend(local, "params", g, self.lr, rnd), buffers=buffers)
 
     def server_update(self, state: ServerState, local: BatchNormLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         """FedAvg's rule: the (weighted) mean of the clients' parameters, and of their running statistics
         (averaged like parameters)."""
-        params = weighted_mean(gather(local.params, selected), weights)
-        if not local.buffers:
+        params = weighted_mean(gather(get(local, "params"), selected), weights)
+        if not _buffers(local):
             return ServerState(params=params, extra=state.extra, clients=state.clients)
-        buffers = mean_buffers(gather(local.buffers, selected), weights)
+        buffers = mean_buffers(gather(_buffers(local), selected), weights)
         return ServerState(params=params, extra={**state.extra, "buffers": buffers}, clients=state.clients)
 
     def shared_buffers(self, local: BatchNormLocal) -> Params:  # (fedrun.algorithms.trainer, bn=local)
-        return local.buffers
+        return _buffers(local)
 
     def with_shared_buffers(self, local: BatchNormLocal, buffers: Params) -> BatchNormLocal:
-        return local._replace(buffers=buffers) if local.buffers else local
+        return put(local, buffers=buffers) if _buffers(local) else local
 
     def server_with_buffers(self, state: ServerState, buffers: Params) -> ServerState:
         return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, clients=state.clients)

@@ -143,7 +143,8 @@ def test_the_replay_catches_an_optimizer_state_dropped_between_steps(monkeypatch
     real = LocalTrainer.descend
 
     def forgetful(self, local, key, g, lr, rnd, names=None, slot=None, live=None):
-        local = {k: v for k, v in local.items() if not k.startswith("opt")}
+        local = local._replace(opt={}) if isinstance(local, tuple) else \
+            {k: v for k, v in local.items() if not k.startswith("opt")}
         return real(self, local, key, g, lr, rnd, names, slot, live)
 
     monkeypatch.setattr(LocalTrainer, "descend", forgetful)
