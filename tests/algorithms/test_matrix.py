@@ -51,8 +51,6 @@ CELLS = design()
 REFUSED: dict[tuple[str, str], str] = {
     ("apple", "bn"): "algo=apple does not handle BatchNorm layers",  # mixes core models that never run alone
     ("fedcp", "bn"): "algo=fedcp does not handle BatchNorm layers",  # not yet written for running statistics
-    ("fedpac", "bn"): "algo=fedpac does not handle BatchNorm layers",  # (the same)
-    ("gpfl", "bn"): "algo=gpfl does not handle BatchNorm layers",  # (the same)
     ("pavg", "bn"): "algo=pavg with algo.adaptation=maml does not handle BatchNorm",  # second order through batch stats
     ("pflscaf", "bn"): "algo=pflscaf with algo.adaptation=maml does not handle BatchNorm",  # (the same)
     ("fedbn", "none"): "algo=fedbn keeps the model's BatchNorm layers local, but this model has none",
