@@ -968,7 +968,7 @@ MUTANTS += [
            "first = {k: v[selected[-1]] for k, v in buffers.items()}", BN_TRACES,
            "bn=local: the server's statistics from the last aggregated client instead of the first"),
     Mutant("fedavg-bn-local-averaged", "fedrun/algorithms/batchnorm.py",
-           '        return local.buffers\n', "        return {}\n", BN_TRACES,
+           '        return _buffers(local)\n', "        return {}\n", BN_TRACES,
            "FedAvg under bn=local: the clients' statistics averaged by the server (bn=local ignored)"),
     Mutant("fedavg-bn-local-server-averaged", "fedrun/algorithms/batchnorm.py",
            '        return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, '
@@ -1023,7 +1023,7 @@ MUTANTS += [  # the local trainer for FedALA, FedFomo, APPLE, FedCP, GPFL, FedPA
            '{"e": g["gce"] + mu * local["gce"]}', '{"e": g["gce"]}',
            (PFLGROUP, "-k", "gpfl"), "GPFL: the GCE's weight decay mu dropped under optim.*"),
     Mutant("fedpac-head-in-body-slot", "fedrun/algorithms/fedpac.py",
-           'names=head_names(p), slot="opt.head")', "names=head_names(p))",
+           'names=head_names(g), slot="opt.head")', "names=head_names(g))",
            (PFLGROUP, "-k", "fedpac"), "FedPAC: the head's steps in the body's optimizer slot"),
 ]
 

@@ -38,10 +38,11 @@ from torch import Tensor
 from torch.func import vmap
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, head_names, per_client, scatter, weighted_mean
-from .base import Local, Phase, ServerState
+from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, stack, weighted_mean
+from .base import EvalContext, Local, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
+from .personalize import onboarding_batches
 
 EPS = 1e-3  # head weights below this are dropped (the authors' code)
 
@@ -52,13 +53,12 @@ class FedPAC(PartSharing):
     # its steps train the head, then the body (with the alignment term), each by its own SGD optimizer as
     # PFLlib's clientPAC (opt_head, optimizer): optim.* applies to each, two slots ("opt.head", "opt")
     optim_ok = True
-    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
-    batchnorm_why = ("its statistics and prototype passes read features without a gradient, not yet written "
-                     "for a model state with running statistics")
+    batchnorm_ok = True  # (module docstring: the trained steps in train mode, the no-gradient passes in eval mode)
 
     def optim_slots(self, local: Local) -> dict:
         head = head_names(local["params"])
-        return {"opt": ("params", [k for k in local["params"] if k not in head]), "opt.head": ("params", head)}
+        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head]),
+                "opt.head": ("params", head)}
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
     agreement_options = dict(lr=0.05, head_steps=1)  # fedrun.bench.agreement: both parts in tau=2
@@ -115,23 +115,25 @@ class FedPAC(PartSharing):
         feats = stacked_features(engine, local["params"], x)
         stats = _add(local, feats, y, "stat", on_head, squares=True)
         stats = _add(stats, feats, y, "proto", ~on_head)
-        g, _ = engine.value_and_grad(self._aligned_loss(engine), local["params"], x, y, local["centers"],
-                                     local["present"])
+        # (one forward in train mode: a BatchNorm model's running statistics updated, on either part's steps)
+        g, _, stats = self.value_and_grad(engine, stats, "params", self._aligned_loss(engine), x, y,
+                                          local["centers"], local["present"])
         head = set(head_names(g))  # (its head gradient is the cross-entropy's: the alignment needs no head)
-        p = local["params"]
+        p = stats["params"]
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] for k in p}
+            new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] if k in g else p[k]
+                   for k in p}
             return {**stats, "params": new, "step": local["step"] + 1}
         on = on_head.view(-1)
         stats = self.descend(stats, "params", g, self.lr, rnd, names=head, slot="opt.head", live=on)
-        stats = self.descend(stats, "params", g, self.lr, rnd, names=[k for k in p if k not in head], live=~on)
+        stats = self.descend(stats, "params", g, self.lr, rnd, names=[k for k in g if k not in head], live=~on)
         return {**stats, "step": local["step"] + 1}
 
     def _aligned_loss(self, engine: Engine):
         lam = self.lam
 
         def loss(q: Params, x: Tensor, y: Tensor, centers: Tensor, present: Tensor) -> Tensor:
-            feats, logits = _features_logits(engine, q, x)
+            feats, logits = _features_logits(engine, q, x)  # (one forward: PFLlib's head(base(x)))
             ce = F.cross_entropy(logits, y)
             # rows of a class without a global prototype: their own (detached) features, i.e. 0
             target = torch.where(present[y].unsqueeze(-1), centers[y], feats.detach())
@@ -146,16 +148,15 @@ class FedPAC(PartSharing):
 
     def head_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        p = local["params"]
-        g, _ = engine.grad(p, x, y)
-        return self.descend(local, "params", g, self.lr, rnd, names=head_names(p), slot="opt.head")
+        g, _, local = self.grad(engine, local, "params", x, y)  # (train mode: the body's statistics updated too)
+        return self.descend(local, "params", g, self.lr, rnd, names=head_names(g), slot="opt.head")
 
     def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
         (x, y), = batches
-        p = local["params"]
-        g, _ = engine.value_and_grad(self._aligned_loss(engine), p, x, y, local["centers"], local["present"])
-        head = set(head_names(p))
-        return self.descend(local, "params", g, self.lr, rnd, names=[k for k in p if k not in head])
+        g, _, local = self.value_and_grad(engine, local, "params", self._aligned_loss(engine), x, y,
+                                          local["centers"], local["present"])
+        head = set(head_names(g))
+        return self.descend(local, "params", g, self.lr, rnd, names=[k for k in g if k not in head])
 
     # -- the server -------------------------------------------------------------------------------
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
@@ -173,6 +174,30 @@ class FedPAC(PartSharing):
         protos, present = self.global_prototypes(sel("proto_sum"), sel("proto_count"))
         return ServerState(params={**state.params, **body}, extra={**state.extra, "protos": protos, "present": present},
                            clients={**state.clients, "part": part})
+
+    # -- serving and held-out clients (bn=local: each client's own statistics) ---------------------------
+    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        """PartSharing's served models (the global body, each client's head); bn=local: each with the
+        client's own running statistics (PFLlib's clients keep theirs: its server moves parameters only)."""
+        served, loss = super().personalize(engine, state, ctx)
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
+        return ({**served, **own} if own is not None else served), loss
+
+    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
+        """PartSharing's (the head fitted in train mode, the body frozen); bn=local: from the client's
+        own statistics, which it keeps after the fit (PFLlib's new clients fine-tune in train())."""
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
+        if own is None:
+            return super().onboard(engine, state, ctx, new)
+        part = state.clients["part"]
+        local = {"params": {**stack(state.params, len(new)), **gather(own, new), **gather(part, new)}}
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            g, _, local = self.grad(engine, local, "params", x, y)
+            local = self.descend(local, "params", only(g, param_names(part)), self.lr, 0)
+        p = local["params"]
+        return ServerState(params=state.params, extra=state.extra,
+                           clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})},
+                           trainer={**state.trainer, "bn_local": scatter(own, new, {k: p[k] for k in own})})
 
     def combine_heads(self, A: Tensor, heads: Params) -> Params:
         """Client i's new head sum_j A_ij phi_j of the selected clients' trained heads `heads` [s, ...]
@@ -205,8 +230,15 @@ def _head_shape(params: Params) -> tuple[int, int]:
 
 
 def _features_logits(engine: Engine, p: Params, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(features, logits) of one forward (a BatchNorm model's statistics are updated once, as by
+    PFLlib's head(base(x))); a model without features="both" runs its forward twice, but with
+    BatchNorm the logits are its output layer applied to the features."""
     if getattr(engine.model, "features_and_logits", False):
         return engine.features_logits(p, x)
+    if engine.batchnorm:
+        feats = engine.features(p, x)
+        w, b = head_names(p)
+        return feats, F.linear(feats, p[w], p[b])
     return engine.features(p, x), engine.logits(p, x)
 
 

@@ -42,7 +42,8 @@ from torch.func import vmap
 
 from ..data.federated import ClientSplit
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, scatter, stack, weighted_mean
+from ..engine.batchnorm import split_buffers
+from ..engine.tree import Params, expand, gather, head_names, param_names, scatter, stack, weighted_mean
 from .base import EvalContext, Local, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
@@ -59,9 +60,8 @@ class GPFL(PartSharing):
     # PFLlib's clientGPFL steps three SGD optimizers together, the model's (lr) and the CoV's and GCE's (lr,
     # weight decay mu): optim.* applies to each, three slots ("opt", "opt.cov", "opt.gce")
     optim_ok = True
-    batchnorm_ok = False  # (not PartSharing's: see batchnorm_why)
-    batchnorm_why = ("its loss runs the body's features through the CoV and the GCE, not yet written with the "
-                     "local trainer's value_and_grad")
+    # BatchNorm (module docstring): each step's one forward of the body in train mode, statistics with the body
+    batchnorm_ok = True
 
     def check_run(self, run) -> None:
         super().check_run(run)
@@ -169,13 +169,16 @@ class GPFL(PartSharing):
             feat_g = cov_forward(cov, feat, cg)
             return F.cross_entropy(out, y) + gce_loss(q["gce"], feat_g, y) + lam * torch.linalg.norm(feat_g - frozen[y])
 
-        g, _ = engine.value_and_grad(loss, q, x, y, local["frozen"], cond_g, cond_p)
+        # (one forward of the body in train mode: a BatchNorm model's running statistics, "m.*", updated)
+        g, _, out = self.value_and_grad(engine, {"q": q}, "q", loss, x, y, local["frozen"], cond_g, cond_p)
+        state = {k: out["q"][f"m.{k}"] for k in local["params"]}
+        local = {**local, "params": state}
         lr, mu = self.lr, self.mu
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            params = {k: v - lr * g[f"m.{k}"] for k, v in local["params"].items()}
+            params = {k: v - lr * g[f"m.{k}"] if f"m.{k}" in g else v for k, v in state.items()}
             cov = {k: v - lr * (g[f"cov.{k}"] + mu * v) for k, v in local["cov"].items()}
             return {**local, "params": params, "cov": cov, "gce": local["gce"] - lr * (g["gce"] + mu * local["gce"])}
-        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in local["params"]}, lr, rnd)
+        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in param_names(state)}, lr, rnd)
         local = self.descend(local, "cov", {k: g[f"cov.{k}"] + mu * v for k, v in local["cov"].items()}, lr, rnd)
         out = self.descend({**local, "gce": {"e": local["gce"]}}, "gce", {"e": g["gce"] + mu * local["gce"]}, lr, rnd)
         return {**out, "gce": out["gce"]["e"]}
@@ -210,6 +213,9 @@ class GPFL(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), the CoV (the
         global one, expanded) as `cov.<name>`, and its personalized condition as `cond`."""
         models, _ = super().personalize(engine, state, ctx)
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
+        if own is not None:  # bn=local: each client's body with its own running statistics (PFLlib's clients)
+            models = {**models, **own}
         _, cond_p = self._conditions_of(state, ctx.data)
         C = len(cond_p)
         return {**models, **{f"cov.{k}": v for k, v in expand(state.extra["cov"], C).items()}, "cond": cond_p}, None
@@ -236,12 +242,15 @@ class GPFL(PartSharing):
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client: it receives the global GCE (its conditions from it), then fits its head
         with the body and the CoV frozen: new_client_steps (null: tau) SGD steps of lr on the served
-        model's cross-entropy over minibatches of its training rows."""
+        model's cross-entropy over minibatches of its training rows. A BatchNorm model's forward runs
+        in train mode (batch statistics, the running ones updated), from the client's served statistics;
+        bn=local: they are the client's own after the fit (PFLlib's new clients fine-tune in train()),
+        bn=averaged: the server's stay the served ones."""
         clients = dict(state.clients)
         if self.follow == "pfllib":
             clients["emb"] = state.clients["emb"].index_copy(0, new, state.extra["gce"].expand(len(new),
                                                                                                *state.extra["gce"].shape))
-        state = ServerState(params=state.params, extra=state.extra, clients=clients)
+        state = ServerState(params=state.params, extra=state.extra, clients=clients, trainer=state.trainer)
         _, cond_p = self._conditions_of(state, ctx.data)
         m = len(new)
         part = state.clients["part"]
@@ -254,11 +263,34 @@ class GPFL(PartSharing):
             feat = engine.features({**body, **h}, x)
             return F.cross_entropy(F.linear(cov_forward(cov, feat, cond), h[hw], h[hb]), y)
 
+        if split_buffers(body)[1]:
+            return self._onboard_batchnorm(engine, state, ctx, new, body, heads, cov, cond_p[new])
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _ = engine.value_and_grad(loss, heads, body, cov, cond_p[new], x, y)
             heads = {k: v - self.lr * g[k] for k, v in heads.items()}
         clients["part"] = scatter(part, new, heads)
         return ServerState(params=state.params, extra=state.extra, clients=clients)
+
+    def _onboard_batchnorm(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor, body: Params,
+                           heads: Params, cov: Params, cond: Tensor) -> ServerState:
+        """`onboard` of a BatchNorm model: the same SGD steps of the head, each forward in train mode."""
+        own = state.trainer.get("bn_local") if self.bn == "local" else None
+        if own is not None:
+            body = {**body, **gather(own, new)}
+        hw, hb = head_names(state.params)
+
+        def loss(q: Params, cov: Params, cond: Tensor, x: Tensor, y: Tensor) -> Tensor:
+            return F.cross_entropy(F.linear(cov_forward(cov, engine.features(q, x), cond), q[hw], q[hb]), y)
+
+        local = {"params": {**body, **heads}}
+        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
+            g, _, local = self.value_and_grad(engine, local, "params", loss, cov, cond, x, y)
+            local = {"params": {**local["params"], **{k: v - self.lr * g[k] for k, v in heads.items()}}}
+            heads = {k: local["params"][k] for k in heads}
+        clients = {**state.clients, "part": scatter(state.clients["part"], new, heads)}
+        trainer = state.trainer if own is None else \
+            {**state.trainer, "bn_local": scatter(own, new, {k: local["params"][k] for k in own})}
+        return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
 
 
 def conditions(emb: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:

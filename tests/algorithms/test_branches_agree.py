@@ -34,7 +34,7 @@ def test_the_cases_run_every_value_of_every_branch_on_every_model_it_applies_to(
     # every algorithm on the local trainer that handles BatchNorm (issue 44), but pflscaf, whose default
     # adaptation=maml refuses it (docs/baselines.md, "Which method takes which recipe")
     takes_bn = {a for a in algorithms.names() if algorithms.algorithm_class(a).batchnorm_ok} - {"pflscaf"}
-    assert {c.algo for c in CASES if c.model == "mlp_bn"} == takes_bn and len(takes_bn) == 26
+    assert {c.algo for c in CASES if c.model == "mlp_bn"} == takes_bn and len(takes_bn) == 28
     # the CNN runs its vmapped (GPU) convolutions on the CPU here
     assert any(dict(c.paths).get("conv") == "vmap" for c in CASES if c.model == "cnn")
     # on cuda the CPU's paths become the forced ones

@@ -50,8 +50,6 @@ CELLS = design()
 # (algorithm, factor value) -> the words of its one-line refusal, for every refused cell (a refusal
 # holds for every cell with that value). Kept in step with docs/baselines.md.
 REFUSED: dict[tuple[str, str], str] = {
-    ("fedpac", "bn"): "algo=fedpac does not handle BatchNorm layers",  # (the same)
-    ("gpfl", "bn"): "algo=gpfl does not handle BatchNorm layers",  # (the same)
     ("pavg", "bn"): "algo=pavg with algo.adaptation=maml does not handle BatchNorm",  # second order through batch stats
     ("pflscaf", "bn"): "algo=pflscaf with algo.adaptation=maml does not handle BatchNorm",  # (the same)
     ("fedbn", "none"): "algo=fedbn keeps the model's BatchNorm layers local, but this model has none",
