@@ -183,6 +183,29 @@ def test_omegaconf_yaml_loader_reads_with_omegaconfs_rules(tmp_path):
         yaml.load("a: 1\na: 2\n", Loader=omegaconf_yaml_loader())
 
 
+def test_yaml_values_are_omegaconf_loads_a_copy_each_call_and_the_file_read_again_when_it_changes(tmp_path):
+    """fedrun.config.yaml_values (the algorithms' `_target_` and defaults without a DictConfig) gives
+    OmegaConf.load's values for every shipped config, a copy a caller may change, and a changed
+    file's new values; each algorithm's defaults are its yaml's options."""
+    from omegaconf import OmegaConf
+
+    from fedrun.algorithms import algorithm_class, names
+    from fedrun.algorithms.options import conf_defaults
+    from fedrun.config import group_file, load_conf, yaml_values
+
+    for path in glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True):
+        assert yaml_values(path) == OmegaConf.to_container(OmegaConf.load(path)), path
+    mine = tmp_path / "x.yaml"
+    mine.write_text("a: {b: [1, 2]}\n")
+    yaml_values(str(mine))["a"]["b"].append(3)
+    assert yaml_values(str(mine)) == {"a": {"b": [1, 2]}} and load_conf(str(mine)).a.b == [1, 2]
+    mine.write_text("a: {b: [1, 2, 3, 4]}\n")
+    assert yaml_values(str(mine)) == {"a": {"b": [1, 2, 3, 4]}}
+    for name in names():
+        options = OmegaConf.to_container(load_conf(group_file("algo", name)))
+        assert conf_defaults(algorithm_class(name)) == {k: v for k, v in options.items() if k[0] != "_"}, name
+
+
 def test_basic_sweep_jobs_are_the_jobs_hydras_basic_sweeper_launches():
     """basic_sweep_jobs (fedrun-report's list of a sweep's planned jobs) is BasicSweeper.split_arguments
     as Hydra's basic sweeper calls it: every combination, the last override varying fastest."""
