@@ -77,6 +77,47 @@ def test_a_sweepers_batch_check_composes_through_the_hooked_loader(hydra):
     assert seen == [(3, ["seed=3"]), (4, ["seed=4"])]
 
 
+def test_the_launcher_gets_the_configs_the_validation_composed_once_each(hydra, monkeypatch):
+    """A job's config composed by the sweeper's validation is the one the launcher's composition of
+    that job returns (once: the next composition composes anew), equal to a fresh composition; a
+    composition outside a validation, or from another master config, is Hydra's own."""
+    import fedrun.hydra_compat as compat
+
+    master = hydra.compose_config("config", ["rounds=1"], run_mode=RunMode.MULTIRUN, with_log_configuration=False)
+    other = hydra.compose_config("config", ["rounds=1"], run_mode=RunMode.MULTIRUN, with_log_configuration=False)
+
+    class Minimal(Sweeper):
+        def setup(self, *, hydra_context, task_function, config):
+            pass
+
+        def sweep(self, arguments):
+            pass
+
+    sweeper = Minimal()
+    sweeper.config = master
+    sweeper.hydra_context = HydraContext(config_loader=hydra.config_loader, callbacks=None)
+    own, validate = ConfigLoaderImpl.load_sweep_config, Sweeper.validate_batch_is_legal
+    fresh = own(hydra.config_loader, master, ["seed=4"])
+    calls = []
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", lambda *a: calls.append(a[2]) or own(*a))
+    monkeypatch.setattr(compat, "KEEP_COMPOSED", 2)
+    seen = []
+    spy = ConfigLoaderImpl.load_sweep_config
+    with sweep_hooks(lambda cfg, overrides: seen.append(cfg), lambda config: None):
+        sweeper.validate_batch_is_legal([["seed=3"], ["seed=4"], ["seed=5"]])
+        assert calls == [["seed=3"], ["seed=4"], ["seed=5"]]
+        launched = [hydra.config_loader.load_sweep_config(master, [f"seed={s}"]) for s in (3, 4, 5)]
+        assert launched[:2] == seen[:2] and all(a is b for a, b in zip(launched, seen[:2]))
+        assert calls[3:] == [["seed=5"]]  # past KEEP_COMPOSED: composed again
+        assert launched[1] == fresh and launched[1].seed == 4
+        again = hydra.config_loader.load_sweep_config(master, ["seed=3"])  # handed out once
+        assert again is not launched[0] and again == launched[0] and calls[4:] == [["seed=3"]]
+        sweeper.validate_batch_is_legal([["seed=6"]])
+        mine = hydra.config_loader.load_sweep_config(other, ["seed=6"])  # another master config
+        assert mine is not seen[-2] and calls[5:] == [["seed=6"], ["seed=6"]]
+    assert ConfigLoaderImpl.load_sweep_config is spy and Sweeper.validate_batch_is_legal is validate
+
+
 def test_no_config_sets_hydra_mode_so_the_command_line_decides_it():
     """mode_from_command_line is right only while no file in conf/ sets hydra.mode."""
     setting = []
@@ -140,6 +181,29 @@ def test_omegaconf_yaml_loader_reads_with_omegaconfs_rules(tmp_path):
     assert yaml.safe_load(text)["a"] == "1e-3"  # what the rules change
     with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key"):
         yaml.load("a: 1\na: 2\n", Loader=omegaconf_yaml_loader())
+
+
+def test_yaml_values_are_omegaconf_loads_a_copy_each_call_and_the_file_read_again_when_it_changes(tmp_path):
+    """fedrun.config.yaml_values (the algorithms' `_target_` and defaults without a DictConfig) gives
+    OmegaConf.load's values for every shipped config, a copy a caller may change, and a changed
+    file's new values; each algorithm's defaults are its yaml's options."""
+    from omegaconf import OmegaConf
+
+    from fedrun.algorithms import algorithm_class, names
+    from fedrun.algorithms.options import conf_defaults
+    from fedrun.config import group_file, load_conf, yaml_values
+
+    for path in glob.glob(os.path.join(CONF_DIR, "**", "*.yaml"), recursive=True):
+        assert yaml_values(path) == OmegaConf.to_container(OmegaConf.load(path)), path
+    mine = tmp_path / "x.yaml"
+    mine.write_text("a: {b: [1, 2]}\n")
+    yaml_values(str(mine))["a"]["b"].append(3)
+    assert yaml_values(str(mine)) == {"a": {"b": [1, 2]}} and load_conf(str(mine)).a.b == [1, 2]
+    mine.write_text("a: {b: [1, 2, 3, 4]}\n")
+    assert yaml_values(str(mine)) == {"a": {"b": [1, 2, 3, 4]}}
+    for name in names():
+        options = OmegaConf.to_container(load_conf(group_file("algo", name)))
+        assert conf_defaults(algorithm_class(name)) == {k: v for k, v in options.items() if k[0] != "_"}, name
 
 
 def test_basic_sweep_jobs_are_the_jobs_hydras_basic_sweeper_launches():

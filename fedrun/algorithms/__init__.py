@@ -71,11 +71,11 @@ def algorithm_class(name: str, roots: list[str] | None = None) -> type:
     """The class `algo=<name>` builds (its yaml's `_target_`), not built."""
     from hydra.utils import get_class
 
-    from ..config import group_file, load_conf
+    from ..config import group_file, yaml_values
 
     if name not in names(roots):
         raise ConfigError(f"algo={name!r} is not a known algo; choose one of: {', '.join(names(roots))}")
-    return get_class(str(load_conf(group_file("algo", name, roots))["_target_"]))
+    return get_class(str(yaml_values(group_file("algo", name, roots))["_target_"]))
 
 
 def build(name: str, roots: list[str] | None = None, **options) -> Algorithm:

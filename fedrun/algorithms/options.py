@@ -76,15 +76,14 @@ def conf_defaults(cls) -> dict:
     """The option values of the shipped conf/algo yaml whose `_target_` is `cls`, else the nearest
     base class's (a subclass made in Python, e.g. in a test); {} if none."""
     from hydra.utils import get_class
-    from omegaconf import OmegaConf
 
-    from ..config import CONF_DIR, group_options, load_conf
+    from ..config import CONF_DIR, group_options, yaml_values
 
     names = group_options("algo")
     first = getattr(cls, "name", None)
     targets = {}
     for name in ([first] if first in names else []) + [n for n in names if n != first]:
-        node = load_conf(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
+        node = yaml_values(os.path.join(CONF_DIR, "algo", f"{name}.yaml"))
         try:
             target = get_class(node.get("_target_", ""))
         except Exception:  # noqa: BLE001 - another algorithm's module that does not import here
@@ -92,7 +91,7 @@ def conf_defaults(cls) -> dict:
         targets.setdefault(target, node)
     for klass in cls.__mro__:
         if klass in targets:
-            return {k: v for k, v in OmegaConf.to_container(targets[klass]).items() if not k.startswith("_")}
+            return {k: v for k, v in targets[klass].items() if not k.startswith("_")}
     return {}
 
 
