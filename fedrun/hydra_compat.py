@@ -39,7 +39,6 @@ from typing import Callable, Iterator
 import yaml
 from omegaconf import DictConfig
 
-
 # Most configs sweep_hooks keeps from a batch's validation for its launcher (a fedrun config is
 # ~0.3 MB in memory): a larger batch's jobs past these are composed again, as without the hooks.
 KEEP_COMPOSED = 256
