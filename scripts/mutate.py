@@ -1064,6 +1064,18 @@ MUTANTS += [  # issue 44: the body/head family on the local trainer
            (BODYHEAD, "-k", "personal_statistics and local"),
            "Local bn=local: a client's statistics put on the server's (initial) model"),
 ]
+MUTANTS += [  # GPFL's and FedPAC's BatchNorm statistics (issue 44 item 3)
+    Mutant("gpfl-bn-step-statistics-dropped", "fedrun/algorithms/gpfl.py",
+           '        state = {k: out["q"][f"m.{k}"] for k in local["params"]}\n',
+           '        state = dict(local["params"])\n',
+           ("tests/algorithms/test_trainer_bn4b.py", "-k", "gpfl_steps"),
+           "GPFL: the step's training-mode forward does not move the body's running statistics"),
+    Mutant("fedpac-bn-step-statistics-dropped", "fedrun/algorithms/fedpac.py",
+           '        p = stats["params"]\n        if self.optim.plain:',
+           '        p = local["params"]\n        if self.optim.plain:',
+           ("tests/algorithms/test_trainer_bn4b.py", "-k", "fedpac_steps"),
+           "FedPAC: the step's training-mode forward does not move the model's running statistics"),
+]
 
 
 def _copy(dst: str) -> None:
