@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from torch.func import functional_call
 
 from fedrun.algorithms import build
+from fedrun.algorithms.base import flat_clients
 from fedrun.bench import agreement
 from fedrun.branches import settings
 from fedrun.config import group_file, load_conf
@@ -110,7 +111,9 @@ def test_vmap_and_loop_engines_agree(name, algo, paths):
     (sv, rows_v), (sl, rows_l) = _run(name, algo, paths), _loop_run(name, algo)
     rtol, atol = agreement.TOL[torch.float64]
     server = [(sv.params, sl.params), (sv.extra.get("buffers", {}), sl.extra.get("buffers", {}))]
-    for a, b in server + [(sv.clients[s], sl.clients[s]) for s in sl.clients]:
+    cv, cl = flat_clients(sv), flat_clients(sl)
+    assert cv.keys() == cl.keys()
+    for a, b in server + [(cv[s], cl[s]) for s in cl]:
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=k)
