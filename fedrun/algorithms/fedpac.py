@@ -29,6 +29,17 @@ weights under 1e-3 set to 0 (not renormalized), as the authors' code (`simplex_q
 Held-out clients: their head is fitted with the body frozen (the head pass's update), new_client_steps
 (null: tau) SGD steps of lr (`PartSharing.onboard`). Served models: the global body with each
 client's head; the `global_*` metrics score the global body with the initial head.
+
+BatchNorm models (PFLlib's clientPAC): every trained step (head or body, either form) is ONE forward
+in train mode (batch statistics, the running ones updated once; the body's even while it is frozen,
+as under clientPAC's model.train()); the statistics and prototype passes (no gradient) read the
+features in eval mode with the client's current running statistics and leave them unchanged
+(collect_protos' model.eval(); statistics_extraction's mode is whatever the client's model was left
+in: eval from round 2 on, train in round 1 on a fresh model; fedrun: eval in every round). The
+body's statistics go with the body: averaged (bn=averaged), or each client's own (bn=local: PFLlib's
+server moves parameters only), the server's model carrying the first aggregated client's. Served
+models carry the server's statistics (bn=averaged) or each client's own (bn=local); a held-out
+client's head fit runs in train mode from its served statistics and, with bn=local, keeps the fit's.
 """
 from __future__ import annotations
 

@@ -27,6 +27,13 @@ GCE it trained this round (selected clients) or from the previous global one (th
 before the first; `clients["emb"]` [C, K, d] holds the embeddings each client's next conditions come
 from. follow=paper: from the received global GCE.
 
+BatchNorm models (PFLlib's clientGPFL): a step's one forward of the body runs in train mode (batch
+statistics, the running ones updated; the trainer's `value_and_grad`); the body's statistics go with
+the body: averaged by the server (bn=averaged), or kept by each client (bn=local: PFLlib's server
+moves parameters only), the server's model carrying the first aggregated client's. Served models
+carry the server's statistics (bn=averaged) or each client's own (bn=local); a held-out client's
+head fit runs in train mode from its served statistics and, with bn=local, keeps the fit's.
+
 The CoV's and GCE's initial parameters are drawn as PyTorch initializes nn.Linear / nn.Embedding,
 from a generator seeded by the model's initial parameters (so a run's seed sets them, batched seeds
 too).
