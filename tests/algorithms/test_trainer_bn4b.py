@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from test_trainer_bodyhead import _body_params, _close, _head  # (a client's state against torch's module)
 
 from fedrun.algorithms import build
 from fedrun.algorithms.base import EvalContext, RunInfo, ServerState
@@ -56,25 +57,6 @@ def _algo(name: str, optim, bn: str = "averaged", **kw):
 
 def _sgd(params, optim, weight_decay: float = 0.0) -> torch.optim.SGD:
     return torch.optim.SGD(params, lr=LR, **(OPT if optim != "plain" else {"weight_decay": weight_decay}))
-
-
-def _close_state(local_params: dict, c: int, module: torch.nn.Module) -> None:
-    """Client c's model state (parameters and BatchNorm buffers) equals the torch module's."""
-    for k, v in module.state_dict().items():
-        mine = local_params[k][c]
-        if v.is_floating_point():
-            assert (mine - v).abs().max().item() < TOL, k
-        else:
-            assert torch.equal(mine, v), k
-
-
-def _head(module: MLPBN) -> torch.nn.Module:
-    return module.net[-1]
-
-
-def _body_params(module: MLPBN) -> list:
-    head = set(map(id, _head(module).parameters()))
-    return [p for p in module.parameters() if id(p) not in head]
 
 
 def _data(sizes=(12, 12, 12, 8), holdout: int = 0, dtype=torch.float32) -> FederatedData:
@@ -125,7 +107,7 @@ def test_gpfl_steps_are_pfllib_clientgpfl_in_train_mode(optim, engine_cls):
             loss.backward()
             for o in opts:
                 o.step()
-        _close_state(local["params"], c, mine)
+        _close(local["params"], c, mine)
         assert (local["gce"][c] - gce).abs().max().item() < TOL
         for k, v in cov.items():
             assert (local["cov"][k][c] - v).abs().max().item() < TOL, k
@@ -170,7 +152,7 @@ def test_fedpac_steps_are_pfllib_clientpac_in_train_mode(optim, phases, model_cl
             mine.zero_grad()
             loss.backward()
             (body_opt if s else head_opt).step()
-        _close_state(local["params"], c, mine)
+        _close(local["params"], c, mine)
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
