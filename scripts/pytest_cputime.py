@@ -29,7 +29,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session):
     out = os.environ.get("CPUTIME_OUT")
-    if out:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if out and worker:                      # under xdist: one file per worker, e.g. /tmp/cpu.txt.gw0
+        out = f"{out}.{worker}"
+    if out and _rows:
         with open(out, "w") as f:
             for cpu, wall, name in sorted(_rows, reverse=True):
                 f.write(f"{cpu:8.2f} cpu {wall:8.2f} wall  {name}\n")
