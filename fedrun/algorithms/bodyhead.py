@@ -58,10 +58,13 @@ class PartSharing(LocalLR):
         super().check_params(params)
         require_body(self.name, params, f"keeps the model's {self.personal_part} per client and shares the rest")
 
-    def init(self, params: Params, num_clients: int) -> ServerState:
+    def initial_part(self, params: Params, num_clients: int) -> Params:
+        """Every client's personal part at the start (the initial model's, stacked), `params` checked."""
         self.check_params(params)
-        part = stack({k: params[k] for k in self.personal_names(params)}, num_clients)
-        return ServerState(params=params, clients=(self.Clients or dict)(part=part))
+        return stack(only(params, self.personal_names(params)), num_clients)
+
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients=(self.Clients or dict)(part=self.initial_part(params, num_clients)))
 
     def part_local(self, params: Params) -> Local:
         """The round's Local of the clients' whole models `params`: a PartLocal where `Clients` is typed,

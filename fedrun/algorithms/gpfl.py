@@ -41,6 +41,7 @@ too).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,24 @@ from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
 from .trainer import slot_of
+
+
+class JointLocal(NamedTuple):
+    """The models one step of GPFL or FedCP trains jointly (with its frozen inputs), as one tree `q` of
+    prefixed names (`tagged`): what the local trainer's `value_and_grad` differentiates."""
+    q: Params
+
+
+def tagged(tree: Params, prefix: str) -> Params:
+    """`tree` with its names prefixed (`prefix` + name), to join it with other models in one tree."""
+    return {f"{prefix}{k}": v for k, v in tree.items()}
+
+
+def untagged(tree: Params, prefix: str) -> Params:
+    """The entries of `tree` named `prefix` + name, by name (`tagged`'s inverse)."""
+    n = len(prefix)
+    return {k[n:]: v for k, v in tree.items() if k.startswith(prefix)}
+
 
 COV_KEYS = ("gamma.weight", "gamma.bias", "gamma.ln.weight", "gamma.ln.bias",
             "beta.weight", "beta.bias", "beta.ln.weight", "beta.ln.bias")

@@ -129,7 +129,7 @@ def test_fedcp_model_and_cpn_take_the_optimizer():
     algo, local = _start(algo, p)
     check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p],
-                 "opt.cpn": [(("cpn", k), algo.lr) for k in local["cpn"]]},
+                 "opt.cpn": [(("cpn", k), algo.lr) for k in local.cpn]},
                 others=[("head_g", "weight")])
 
 
