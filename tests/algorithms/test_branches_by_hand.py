@@ -678,7 +678,7 @@ def test_gpfl_by_hand(engine_cls, follow, form):
     torch.testing.assert_close(state.extra["gce"], E, **TOL)
     served, _ = algo.personalize(engine, state, EvalContext(data, torch.Generator(), 2, 1))
     for i in range(TRAIN + 1):
-        close(state.clients["part"], heads[i], i)
+        close(state.clients.part, heads[i], i)
         want = conds(E if follow == "paper" else emb[i], shares[i])
         torch.testing.assert_close(served["cond"][i], want[1], **TOL)
 
