@@ -687,7 +687,7 @@ MUTANTS += [
            "return sums.mean(0) / counts.sum(0).clamp(min=1).unsqueeze(-1), present",
            (BY_HAND, "-k", "fedpac"), "FedPAC paper: the class sums averaged over clients before dividing by all rows"),
     Mutant("fedpac-steps-head-off-by-one", "fedrun/algorithms/fedpac.py",
-           'on_head = local["step"] < self.head_steps', 'on_head = local["step"] <= self.head_steps',
+           'on_head = local.step < self.head_steps', 'on_head = local.step <= self.head_steps',
            (BY_HAND, "-k", "fedpac and steps"), "FedPAC steps form: head_steps + 1 head steps"),
 ]
 
@@ -1071,8 +1071,8 @@ MUTANTS += [  # GPFL's and FedPAC's BatchNorm statistics (issue 44 item 3)
            ("tests/algorithms/test_trainer_bn4b.py", "-k", "gpfl_steps"),
            "GPFL: the step's training-mode forward does not move the body's running statistics"),
     Mutant("fedpac-bn-step-statistics-dropped", "fedrun/algorithms/fedpac.py",
-           '        p = stats["params"]\n        if self.optim.plain:',
-           '        p = local["params"]\n        if self.optim.plain:',
+           '        p = stats.params\n        if self.optim.plain:',
+           '        p = local.params\n        if self.optim.plain:',
            ("tests/algorithms/test_trainer_bn4b.py", "-k", "fedpac_steps"),
            "FedPAC: the step's training-mode forward does not move the model's running statistics"),
 ]

@@ -27,7 +27,6 @@ from test_golden_pfllib import (
 )
 
 import fedrun.simulate
-from fedrun.algorithms.base import client_entries
 from fedrun.engine import ENGINES
 
 # algo -> (fedrun options for the trace's args, which recorded passes feed each of fedrun's phases)
@@ -93,7 +92,7 @@ def compare(trace: dict, states: list) -> Worst:
     worst = Worst()
     close = worst.close
     for it, state in worst.rounds(trace, states):  # (PFLlib's server holds the body alone)
-        part = client_entries(state.clients)["part"]
+        part = state.clients.part
         for c, models in it["clients"].items():
             for name, v in models.items():
                 if NAMES[name] in part:

@@ -465,7 +465,7 @@ def test_fedpac_by_hand(engine_cls, follow, form):
     body, heads, protos, present = fedpac_by_hand(p0, rows, follow, lr, lam, form, rounds=2, new_steps=2)
     close(state.params, body)
     for i in range(TRAIN + 1):
-        close(state.clients["part"], heads[i], i)
+        close(state.clients.part, heads[i], i)
     torch.testing.assert_close(state.extra["protos"], protos, **TOL)
     torch.testing.assert_close(state.extra["present"], present)
 

@@ -17,7 +17,6 @@ from fedrun.algorithms.base import EvalContext, RunInfo, ServerState
 from fedrun.algorithms.gpfl import conditions, cov_forward, gce_loss
 from fedrun.algorithms.optim import PLAIN, local_optim
 from fedrun.algorithms.personalize import onboarding_batches
-from fedrun.algorithms.trainer import get
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.tree import is_buffer, tree_flatten
@@ -137,7 +136,7 @@ def test_fedpac_steps_are_pfllib_clientpac_in_train_mode(optim, phases, model_cl
     algo = _algo("fedpac", optim, lr=LR, lam=0.5, head_steps=1, **({"local_epochs": 1} if phases else {}))
     model = _model(model_cls)
     local = _pac_start(algo, model)
-    centers = local["centers"][0]
+    centers = local.centers[0]
     engine = engine_cls(model)
     steps = [algo.head_step, algo.body_step, algo.body_step] if phases else [algo.client_step] * 3
     for step, (x, y) in zip(steps, _batches(3)):
@@ -153,7 +152,7 @@ def test_fedpac_steps_are_pfllib_clientpac_in_train_mode(optim, phases, model_cl
             mine.zero_grad()
             loss.backward()
             (body_opt if s else head_opt).step()
-        _close(local["params"], c, mine)
+        _close(local.params, c, mine)
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
@@ -170,15 +169,15 @@ def test_fedpac_feature_passes_run_in_eval_mode(pass_name, engine_cls):
     out = getattr(algo, pass_name)(engine, local, [(x, y)], 1)
     prefix = "stat" if pass_name == "stats_step" else "proto"
     for k in STATS:
-        assert torch.equal(out["params"][k], local["params"][k]), k
+        assert torch.equal(out.params[k], local.params[k]), k
     for c in range(M):
         mine = copy.deepcopy(model)
-        mine.load_state_dict({k: v[c] for k, v in local["params"].items()})
+        mine.load_state_dict({k: v[c] for k, v in local.params.items()})
         with torch.no_grad():
             feats = mine.eval()(x[c], features=True)
         onehot = F.one_hot(y[c], K).to(feats.dtype)
-        assert (out[f"{prefix}_sum"][c] - onehot.T @ feats).abs().max().item() < TOL
-        assert torch.equal(out[f"{prefix}_count"][c], onehot.sum(0))
+        assert (getattr(out, f"{prefix}_sum")[c] - onehot.T @ feats).abs().max().item() < TOL
+        assert torch.equal(getattr(out, f"{prefix}_count")[c], onehot.sum(0))
 
 
 # -- the server, serving, held-out clients (both methods) ---------------------------------------------
@@ -205,13 +204,13 @@ def test_served_models_carry_the_declared_statistics(name):
     algo, _, engine, local, state = _round(name, "averaged", holdout=1)
     served, _ = algo.personalize(engine, state, _ctx(data))
     for k in STATS[:2]:
-        assert torch.allclose(state.params[k], get(local, "params")[k].mean(0), atol=1e-6, rtol=0), k
+        assert torch.allclose(state.params[k], local.params[k].mean(0), atol=1e-6, rtol=0), k
         assert all(torch.equal(served[k][c], state.params[k]) for c in range(M + 1)), k
     algo, model, engine, local, state = _round(name, "local", holdout=1)
     served, _ = algo.personalize(engine, state, _ctx(data))
     for k in STATS:
-        assert torch.equal(state.params[k], get(local, "params")[k][0]), k
-        assert torch.equal(served[k][:M], get(local, "params")[k]), k
+        assert torch.equal(state.params[k], local.params[k][0]), k
+        assert torch.equal(served[k][:M], local.params[k]), k
         assert torch.equal(served[k][M], model.state_dict()[k]), k  # (not trained: the initial ones)
 
 
