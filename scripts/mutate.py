@@ -761,7 +761,7 @@ MUTANTS += [
            (BY_HAND, "-k", "held_out_client_by_hand and ditto"), "Ditto: a held-out client's personal steps of lr, "
                                                                   "not personal_lr"),
     Mutant("bodyhead-onboard-fits-shared-part", "fedrun/algorithms/bodyhead.py",
-           "names = param_names(part)", 'names = [k for k in param_names(get(local, "params")) if k not in part]',
+           "names = param_names(part)", "names = [k for k in param_names(local.params) if k not in part]",
            (BY_HAND, "-k", "held_out_client_by_hand"), "FedPer/LG-FedAvg/FedRep/FedPAC: a held-out client fits the "
                                                        "shared part, its own part frozen"),
 ]
