@@ -173,10 +173,11 @@ class Worst(dict):
 
 def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
     """Checks that two seeds trained as one computation give each seed's own run, and that `sched`'s
-    rounds less one, a checkpoint written and read back, then the last give them straight, bit for bit
-    (the server's model, every per-client and extra state). Returns the two seeds' final states."""
+    rounds less one, a checkpoint written and read back (the runner's form: `base.flat_clients`,
+    `base.state_of`), then the last give them straight, bit for bit (the server's model, every
+    per-client and extra state). Returns the two seeds' final states."""
     from fedrun import outputs
-    from fedrun.algorithms.base import ServerState
+    from fedrun.algorithms.base import flat_clients, state_of
     from fedrun.engine import VmapEngine
     from fedrun.engine.tree import tree_flatten
     from fedrun.simulate import Progress, Replica, Schedule, simulate, simulate_group
@@ -188,10 +189,12 @@ def batched_and_resumed(algo, model, data, params, sched, tmp_path) -> list:
     simulate(algo, VmapEngine(model), data, params, Schedule(**{**sched.__dict__, "rounds": sched.rounds - 1}), seed=0,
              on_checkpoint=lambda at: outputs.save_checkpoint(str(tmp_path), at.round, {
                  "transmitted": at.transmitted, "state": {"params": at.state.params, "extra": at.state.extra,
-                                                          "clients": at.state.clients}}))
+                                                          "clients": flat_clients(at.state)}}))
     ck = outputs.load_checkpoint(str(tmp_path))
+    st = ck["state"]
     resumed, _ = simulate(algo, VmapEngine(model), data, params, sched, seed=0,
-                          start=Progress(ServerState(**ck["state"]), ck["round"], ck["transmitted"]))
+                          start=Progress(state_of(algo, st["params"], st["extra"], st["clients"]), ck["round"],
+                                         ck["transmitted"]))
     for got, want in ((runs[0].at.state, ref[0]), (runs[1].at.state, ref[1]), (resumed, ref[0])):
         assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(leaves(ref[0]), leaves(ref[1])))

@@ -65,7 +65,7 @@ def replay(trace: dict, extra: list[str] = (), engine: str = "vmap") -> list:
                 "ctx": torch.tensor(m["contexts"])}
 
     algorithm.init_modules = modules
-    algorithm.gumbel = lambda local, rnd, shape: tables[rnd - 1][local["cid"], local["step"].clamp(max=S - 1)]
+    algorithm.gumbel = lambda local, rnd, shape: tables[rnd - 1][local.cid, local.step.clamp(max=S - 1)]
     return replay_rounds(cfg, algorithm, ENGINES[cfg.engine](model), data, params, sample_phases=sample_phases)
 
 
@@ -78,17 +78,17 @@ def compare(trace: dict, states: list) -> Worst:
             close("head_g", v, state.extra["head_g"][name])
         for name, v in it["cs"].items():
             close("cpn", v, state.extra["cpn"][CPN[name]])
-        part = state.clients["part"]
+        part = state.clients.part
         for c, model in it["clients"].items():
             for name, v in model.items():
                 if NAMES[name] in part:
                     close("head", v, part[NAMES[name]][int(c)])
-            close("ctx", it["contexts"][c], state.clients["cond"]["ctx"][int(c)])
-            if "head_g" in state.clients:
+            close("ctx", it["contexts"][c], state.clients.cond["ctx"][int(c)])
+            if state.clients.head_g:
                 for name, v in it["client_head_g"][c].items():
-                    close("client_head_g", v, state.clients["head_g"][name][int(c)])
+                    close("client_head_g", v, state.clients.head_g[name][int(c)])
                 for name, v in it["client_cs"][c].items():
-                    close("client_cpn", v, state.clients["cpn"][CPN[name]][int(c)])
+                    close("client_cpn", v, state.clients.cpn[CPN[name]][int(c)])
     return worst
 
 
@@ -136,5 +136,5 @@ def test_fedcp_noise_batched_seeds_checkpoint_and_onboarding(tmp_path):
     after_state = algo.onboard(engine, state, ctx, new)
     after = algo.score(engine, algo.personalize(engine, after_state, ctx)[0], data.train)[0][3]
     for k, v in state.extra["cpn"].items():
-        assert torch.equal(after_state.clients["cpn"][k][3], v)
-    assert torch.equal(after_state.clients["cond"]["ctx"], state.clients["cond"]["ctx"]) and after < before
+        assert torch.equal(after_state.clients.cpn[k][3], v)
+    assert torch.equal(after_state.clients.cond["ctx"], state.clients.cond["ctx"]) and after < before

@@ -92,7 +92,7 @@ def compare(trace: dict, states: list) -> Worst:
     worst = Worst()
     close = worst.close
     for it, state in worst.rounds(trace, states):  # (PFLlib's server holds the body alone)
-        part = state.clients["part"]
+        part = state.clients.part
         for c, models in it["clients"].items():
             for name, v in models.items():
                 if NAMES[name] in part:

@@ -4,11 +4,16 @@ shared and averaged, the other kept by each client: FedPer (fedper.py: the head 
 (lgfedavg.py: the body personal) and FedRep (fedrep.py: FedPer's split, trained in two phases).
 FedBABU (fedbabu.py) freezes the head instead and is a FedAvg.
 
-The personal part lives in the per-client state's `part` (stacked over ALL clients, started from the
-initial model, checkpointed; unsampled clients keep theirs): a `PartClients` for FedPer, LG-FedAvg
-and FedRep (`Clients`), whose rounds' clients hold a `PartLocal` (FedRep: a `fedrep.FedRepLocal`);
-a dict {"part": ...} and dict Locals for the subclasses that add entries of their own to them (GPFL,
-FedCP, FedPAC). Served models: the server's shared part with each client's personal part. The
+The family's other members build on `PartSharing` too: FedPAC (fedpac.py), GPFL (gpfl.py) and FedCP
+(fedcp.py) keep each client's head and add modules and passes of their own.
+
+The personal part lives in the per-client state's field `part` (stacked over ALL clients, started
+from the initial model, checkpointed; unsampled clients keep theirs): a `PartClients` (`Clients`) for
+FedPer, LG-FedAvg, FedRep and FedPAC, a NamedTuple of its own with `part` among its fields for a
+subclass that keeps more per client (`fedcp.FedCPClients`, `gpfl.GPFLClients`: their `init` builds it
+from `initial_part`). A round's clients hold a `PartLocal` (`whole_models` with the optimizer state),
+or a subclass's own Local with the field `params` (`fedrep.FedRepLocal`, `fedpac.FedPACLocal`, ...)
+built from it. Served models: the server's shared part with each client's personal part. The
 `global_*` metrics score the server model, whose personal part stays the initial one.
 
 The local optimizer (`optim.*`) steps the whole model, one optimizer per client as PFLlib's
@@ -24,10 +29,9 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
 from ..engine.tree import Params, expand, gather, head_names, only, param_names, scatter, stack, weighted_mean
-from .base import EvalContext, Local, LocalLR, ServerState
+from .base import EvalContext, LocalLR, ServerState
 from .checks import require_body
 from .personalize import onboarding_batches
-from .trainer import get, put
 
 
 class PartClients(NamedTuple):
@@ -44,9 +48,9 @@ class PartSharing(LocalLR):
     keeps its `personal_part` (head | body)."""
 
     personal_part = "head"  # which part each client keeps: head | body
-    # the per-client state's type: PartClients (FedPer, LG-FedAvg, FedRep: their Locals typed too,
-    # `part_local`); None, a dict {"part": ...} with dict Locals, which GPFL, FedCP and FedPAC add to
-    Clients = None
+    # the per-client state's type: a NamedTuple with the field `part` (a subclass with more fields builds
+    # it in its own `init`)
+    Clients = PartClients
     optim_ok = True  # (optim.*: its local step is sgd_step)
     batchnorm_ok = True  # the statistics ride in the model's state, shared or kept as their layer is
 
@@ -58,36 +62,41 @@ class PartSharing(LocalLR):
         super().check_params(params)
         require_body(self.name, params, f"keeps the model's {self.personal_part} per client and shares the rest")
 
-    def init(self, params: Params, num_clients: int) -> ServerState:
+    def initial_part(self, params: Params, num_clients: int) -> Params:
+        """Every client's personal part at the start (the initial model's, stacked), `params` checked."""
         self.check_params(params)
-        part = stack({k: params[k] for k in self.personal_names(params)}, num_clients)
-        return ServerState(params=params, clients=(self.Clients or dict)(part=part))
+        return stack(only(params, self.personal_names(params)), num_clients)
 
-    def part_local(self, params: Params) -> Local:
-        """The round's Local of the clients' whole models `params`: a PartLocal where `Clients` is typed,
-        else a dict."""
-        return {"params": params} if self.Clients is None else PartLocal(params=params)
+    def init(self, params: Params, num_clients: int) -> ServerState:
+        return ServerState(params=params, clients=self.Clients(part=self.initial_part(params, num_clients)))
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        return self.part_local({**stack(state.params, len(clients)), **gather(get(state.clients, "part"), clients)})
+    def whole_models(self, state: ServerState, ids: Tensor) -> Params:
+        """The clients `ids`' whole models: the server's shared part with each one's personal part."""
+        return {**stack(state.params, len(ids)), **gather(state.clients.part, ids)}
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> PartLocal:
+        return PartLocal(params=self.whole_models(state, clients))
+
+    def client_step(self, engine: Engine, local: PartLocal, batches, rnd: int) -> PartLocal:
         return self.sgd_step(engine, local, batches, self.lr, rnd)
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: PartLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        mine, p = get(state.clients, "part"), get(local, "params")
+        """The shared part averaged (`weights`) over the round's `selected` clients; each round's client
+        keeps its trained personal part (the Local's `params`; a subclass's Local has that field too)."""
+        mine, p = state.clients.part, local.params
         shared = weighted_mean(gather({k: v for k, v in p.items() if k not in mine}, selected), weights)
         part = scatter(mine, clients, only(p, mine))
-        return ServerState(params={**state.params, **shared}, extra=state.extra, clients=put(state.clients, part=part))
+        return ServerState(params={**state.params, **shared}, extra=state.extra,
+                           clients=state.clients._replace(part=part))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        mine = get(state.clients, "part")
+        mine = state.clients.part
         C = next(iter(mine.values())).shape[0]
         return {**expand(state.params, C), **mine}, None
 
-    def shared_buffers(self, local: Local) -> Params:  # (trainer, bn=local): the SHARED part's statistics
-        p = get(local, "params")
+    def shared_buffers(self, local: PartLocal) -> Params:  # (trainer, bn=local): the SHARED part's statistics
+        p = local.params
         mine = set(self.personal_names(p))
         return {k: v for k, v in split_buffers(p)[1].items() if k not in mine}
 
@@ -96,11 +105,11 @@ class PartSharing(LocalLR):
         (null: tau) steps of the optimizer (a fresh one; default SGD) of lr on minibatches of its
         training rows, from its (initial) part; the forward in training mode (BatchNorm: the part's
         running statistics updated; the shared part's are not kept)."""
-        part = get(state.clients, "part")
-        local = self.part_local({**stack(state.params, len(new)), **gather(part, new)})
+        part = state.clients.part
+        local = PartLocal(params=self.whole_models(state, new))
         names = param_names(part)
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _, local = self.grad(engine, local, "params", x, y)
             local = self.descend(local, "params", only(g, names), self.lr, 0)  # (round 0: the schedule's first rate)
-        fitted = scatter(part, new, only(get(local, "params"), part))
-        return ServerState(params=state.params, extra=state.extra, clients=put(state.clients, part=fitted))
+        fitted = scatter(part, new, only(local.params, part))
+        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(part=fitted))

@@ -28,9 +28,10 @@ A round is `tau` steps; with `local_epochs` set, `local_epochs` passes over the 
 
 follow=pfllib (protocol=official): PFLlib's servercp sends the new global head and CPN to the round's
 selected clients only, so a client starts its next round from the ones of the last round it took part
-in (`clients["head_g"]`, `clients["cpn"]`); follow=paper: every client starts from the current global
-ones (the server's broadcast). `clients["cond"]["ctx"]` [C, d] holds every client's condition
-(unnormalized: random until its first round, then its head's row sum).
+in (`FedCPClients.head_g`, `.cpn`); follow=paper: every client starts from the current global ones (the
+server's broadcast; the two fields are {}). `FedCPClients.cond["ctx"]` [C, d] holds every client's
+condition (unnormalized: random until its first round, then its head's row sum). A round's clients
+hold a `FedCPLocal`.
 
 BatchNorm (the body's layers; PFLlib's clientCP trains its `Ensemble` in train()): a step's forward of
 the trained model runs in training mode (the minibatch's statistics; the body's running statistics
@@ -46,23 +47,57 @@ model's) are the ones it is served with, under `bn=averaged` it is served the se
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, expand, gather, head_names, is_buffer, param_names, scatter, stack, weighted_mean
-from .base import EvalContext, Local, Phase, ServerState
+from ..engine.tree import (
+    Params,
+    add,
+    expand,
+    gather,
+    head_names,
+    is_buffer,
+    only,
+    param_names,
+    scale,
+    scatter,
+    stack,
+    sub,
+    weighted_mean,
+)
+from .base import EvalContext, Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_optional_int, check_positive
-from .gpfl import per_client_pass
+from .gpfl import JointLocal, per_client_pass, tagged, untagged
 from .personalize import onboarding_batches
 from .trainer import slot_of
 
 CPN_KEYS = ("fc.weight", "fc.bias", "ln.weight", "ln.bias")
 M32 = 0xFFFFFFFF
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+
+
+class FedCPClients(NamedTuple):
+    part: Params  # every client's personalized head head_i (`bodyhead.PartSharing`)
+    cond: dict  # {"ctx": [C, d]}: every client's condition, unnormalized
+    head_g: Params = {}  # follow=pfllib: every client's copy of the global head ({} under follow=paper)
+    cpn: Params = {}  # follow=pfllib: every client's copy of the CPN ({} under follow=paper)
+
+
+class FedCPLocal(NamedTuple):
+    params: Params  # the round's clients' whole models (the received body with each one's head)
+    cpn: Params  # the CPN each client trains
+    head_g: Params  # the global head it received (frozen)
+    frozen: Params  # the received body (frozen: the MMD term's reference features)
+    ctx: Tensor  # [m, d] its condition
+    cid: Tensor  # [m] its client ids
+    key: Tensor  # [m] its noise key of the round
+    step: Tensor  # [m] the local steps it has taken this round
+    opt: dict = {}  # the local trainer's optimizer state, by slot: "opt" (the model's), "opt.cpn"
 
 
 class FedCP(PartSharing):
@@ -76,6 +111,7 @@ class FedCP(PartSharing):
     # batch statistics) are dropped; served: the server's (bn=averaged) or each client's own (bn=local)
     batchnorm_ok = True
     models_per_round = 1
+    Clients = FedCPClients
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}
     agreement_options = dict(lr=0.05, lam=1.0)
@@ -123,28 +159,29 @@ class FedCP(PartSharing):
         return {"cpn": {k: cast(v) for k, v in cpn.items()}, "ctx": cast(ctx), "key": key.to(w.device)}
 
     def init(self, params: Params, num_clients: int) -> ServerState:
-        state = super().init(params, num_clients)
+        part = self.initial_part(params, num_clients)
         mods = self.init_modules(params, num_clients)
         hw, hb = head_names(params)
         head_g = {"weight": params[hw], "bias": params[hb]}
-        clients = {**state.clients, "cond": {"ctx": mods["ctx"]}}
+        clients = FedCPClients(part=part, cond={"ctx": mods["ctx"]})
         if self.follow == "pfllib":  # each client's own copies, replaced only when it is selected
-            clients["head_g"], clients["cpn"] = stack(head_g, num_clients), stack(mods["cpn"], num_clients)
-        return ServerState(params=state.params, extra={"cpn": mods["cpn"], "head_g": head_g, "key": mods["key"]},
+            clients = clients._replace(head_g=stack(head_g, num_clients), cpn=stack(mods["cpn"], num_clients))
+        return ServerState(params=params, extra={"cpn": mods["cpn"], "head_g": head_g, "key": mods["key"]},
                            clients=clients)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedCPLocal:
         local = super().client_init(state, clients, rnd)
         m = len(clients)
         if self.follow == "pfllib":
-            head_g, cpn = gather(state.clients["head_g"], clients), gather(state.clients["cpn"], clients)
+            head_g, cpn = gather(state.clients.head_g, clients), gather(state.clients.cpn, clients)
         else:
             head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
-        part = state.clients["part"]
+        part = state.clients.part
         frozen = {k: v for k, v in stack(state.params, m).items() if k not in part}  # the received body
         key = mix32((state.extra["key"] + mix32(torch.full_like(clients, rnd) * 65599 + clients.long())) & M32)
-        return {**local, "cpn": cpn, "head_g": head_g, "frozen": frozen, "ctx": state.clients["cond"]["ctx"][clients],
-                "cid": clients.long(), "key": key, "step": torch.zeros_like(key)}
+        return FedCPLocal(params=local.params, cpn=cpn, head_g=head_g, frozen=frozen,
+                          ctx=state.clients.cond["ctx"][clients], cid=clients.long(), key=key,
+                          step=torch.zeros_like(key))
 
     # -- the round --------------------------------------------------------------------------------
     def phases(self) -> tuple[Phase, ...] | None:
@@ -152,68 +189,67 @@ class FedCP(PartSharing):
             return None
         return (Phase(self.train_step, epochs=self.local_epochs),)
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedCPLocal, batches, rnd: int) -> FedCPLocal:
         return self.train_step(engine, local, batches, rnd)
 
-    def gumbel(self, local: Local, rnd: int, shape: tuple[int, ...]) -> Tensor:
+    def gumbel(self, local: FedCPLocal, rnd: int, shape: tuple[int, ...]) -> Tensor:
         """The step's Gumbel noise [m, *shape] from each client's (key, step) counter."""
-        return gumbel_noise(local["key"], local["step"], shape, local["ctx"].dtype)
+        return gumbel_noise(local.key, local.step, shape, local.ctx.dtype)
 
-    def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def train_step(self, engine: Engine, local: FedCPLocal, batches, rnd: int) -> FedCPLocal:
         (x, y), = batches
-        B, d = x.shape[1], local["ctx"].shape[-1]
+        B, d = x.shape[1], local.ctx.shape[-1]
         noise = self.gumbel(local, rnd, (B, 2, d))
-        head = head_names(local["params"])
+        head = head_names(local.params)
         lam = self.lam
-        q = {**{f"m.{k}": v for k, v in local["params"].items()}, **{f"c.{k}": v for k, v in local["cpn"].items()},
-             **{f"g.{k}": v for k, v in local["head_g"].items()}, **{f"f.{k}": v for k, v in local["frozen"].items()}}
+        q = {**tagged(local.params, "m."), **tagged(local.cpn, "c."), **tagged(local.head_g, "g."),
+             **tagged(local.frozen, "f.")}
 
         def loss(q: Params, x: Tensor, y: Tensor, ctx: Tensor, noise: Tensor) -> Tensor:
-            model = {k[2:]: v for k, v in q.items() if k.startswith("m.")}
-            cpn = {k[2:]: v for k, v in q.items() if k.startswith("c.")}
-            hg = {k[2:]: v.detach() for k, v in q.items() if k.startswith("g.")}
-            base = {k[2:]: v if is_buffer(k) else v.detach() for k, v in q.items() if k.startswith("f.")}
+            model, cpn = untagged(q, "m."), untagged(q, "c.")
+            hg = {k: v.detach() for k, v in untagged(q, "g.").items()}
+            base = {k: v if is_buffer(k) else v.detach() for k, v in untagged(q, "f.").items()}
             feat = engine.features(model, x)
             out = cp_output(cpn, feat, ctx, noise, (model[head[0]], model[head[1]]), (hg["weight"], hg["bias"]))
             feat0 = engine.features({**base, head[0]: model[head[0]], head[1]: model[head[1]]}, x)
             return F.cross_entropy(out, y) + lam * mmd(feat, feat0.detach())
 
         # (training mode: the model's and the frozen copy's forwards each move their copy of the statistics)
-        g, _, moved = self.value_and_grad(engine, {"q": q}, "q", loss, x, y, local["ctx"], noise)
-        P = {**local["params"], **{k[2:]: v for k, v in moved["q"].items() if k.startswith("m.") and is_buffer(k)}}
+        g, _, moved = self.value_and_grad(engine, JointLocal(q), "q", loss, x, y, local.ctx, noise)
+        P = {**local.params, **{k: v for k, v in untagged(moved.q, "m.").items() if is_buffer(k)}}
+        gm, gc = only(untagged(g, "m."), param_names(P)), untagged(g, "c.")
         lr = self.lr
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            return {**local, "params": {**P, **{k: P[k] - lr * g[f"m.{k}"] for k in param_names(P)}},
-                    "cpn": {k: v - lr * g[f"c.{k}"] for k, v in local["cpn"].items()}, "step": local["step"] + 1}
-        local = self.descend({**local, "params": P}, "params", {k: g[f"m.{k}"] for k in param_names(P)}, lr, rnd)
-        local = self.descend(local, "cpn", {k: g[f"c.{k}"] for k in local["cpn"]}, lr, rnd)
-        return {**local, "step": local["step"] + 1}
+            return local._replace(params={**P, **sub(only(P, gm), scale(gm, lr))}, cpn=sub(local.cpn, scale(gc, lr)),
+                                  step=local.step + 1)
+        local = self.descend(local._replace(params=P), "params", gm, lr, rnd)
+        local = self.descend(local, "cpn", gc, lr, rnd)
+        return local._replace(step=local.step + 1)
 
-    def optim_slots(self, local: Local) -> dict:
-        return {**super().optim_slots(local), slot_of("cpn"): ("cpn", list(local["cpn"]))}
+    def optim_slots(self, local: FedCPLocal) -> dict:
+        return {**super().optim_slots(local), slot_of("cpn"): ("cpn", list(local.cpn))}
 
     # -- the server -------------------------------------------------------------------------------
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedCPLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         new = super().server_update(state, local, clients, selected, weights)
-        hw, hb = head_names(local["params"])
-        mine = {"weight": local["params"][hw], "bias": local["params"][hb]}
-        upload = {k: 0.5 * mine[k] + 0.5 * local["head_g"][k] for k in mine}  # generate_upload_head
+        hw, hb = head_names(local.params)
+        mine = {"weight": local.params[hw], "bias": local.params[hb]}
+        upload = add(scale(mine, 0.5), scale(local.head_g, 0.5))  # generate_upload_head
         head_g = weighted_mean(gather(upload, selected), weights)
-        cpn = weighted_mean(gather(local["cpn"], selected), weights)
-        kept = dict(new.clients)
-        # its head's row sum
-        kept["cond"] = {"ctx": state.clients["cond"]["ctx"].index_copy(0, clients, mine["weight"].sum(1))}
+        cpn = weighted_mean(gather(local.cpn, selected), weights)
+        ctx = state.clients.cond["ctx"].index_copy(0, clients, mine["weight"].sum(1))  # its head's row sum
+        kept = new.clients._replace(cond={"ctx": ctx})
         if self.follow == "pfllib":  # set_head_g / set_cs: the round's clients only
             m = len(clients)
-            kept["head_g"] = scatter(state.clients["head_g"], clients, expand(head_g, m))
-            kept["cpn"] = scatter(state.clients["cpn"], clients, expand(cpn, m))
+            kept = kept._replace(head_g=scatter(state.clients.head_g, clients, expand(head_g, m)),
+                                 cpn=scatter(state.clients.cpn, clients, expand(cpn, m)))
         return ServerState(params=new.params, extra={**state.extra, "cpn": cpn, "head_g": head_g}, clients=kept)
 
     # -- serving ----------------------------------------------------------------------------------
     def _modules_of(self, state: ServerState, C: int) -> tuple[Params, Params]:
         if self.follow == "pfllib":
-            return state.clients["head_g"], state.clients["cpn"]
+            return state.clients.head_g, state.clients.cpn
         return expand(state.extra["head_g"], C), expand(state.extra["cpn"], C)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
@@ -223,10 +259,9 @@ class FedCP(PartSharing):
         own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is not None:  # each client's own statistics of the body (PFLlib scores each client's own model)
             models = {**models, **own}
-        C = state.clients["cond"]["ctx"].shape[0]
-        head_g, cpn = self._modules_of(state, C)
-        return {**models, **{f"hg.{k}": v for k, v in head_g.items()}, **{f"cpn.{k}": v for k, v in cpn.items()},
-                "ctx": state.clients["cond"]["ctx"]}, None
+        ctx_ = state.clients.cond["ctx"]
+        head_g, cpn = self._modules_of(state, ctx_.shape[0])
+        return {**models, **tagged(head_g, "hg."), **tagged(cpn, "cpn."), "ctx": ctx_}, None
 
     def score(self, engine: Engine, served, split):
         params = {k: v for k, v in served.items() if k != "ctx"}
@@ -249,17 +284,17 @@ class FedCP(PartSharing):
         lr on the served (noise-free) output's cross-entropy over minibatches of its training rows, the
         forward in training mode (BatchNorm: under bn=local its own statistics move and are kept)."""
         m = len(new)
-        clients = dict(state.clients)
+        clients = state.clients
         if self.follow == "pfllib":
-            clients["head_g"] = scatter(state.clients["head_g"], new, expand(state.extra["head_g"], m))
-            clients["cpn"] = scatter(state.clients["cpn"], new, expand(state.extra["cpn"], m))
-        part = state.clients["part"]
+            clients = clients._replace(head_g=scatter(clients.head_g, new, expand(state.extra["head_g"], m)),
+                                       cpn=scatter(clients.cpn, new, expand(state.extra["cpn"], m)))
+        part = clients.part
         body = {k: v for k, v in stack(state.params, m).items() if k not in part}
         own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is not None:  # its own statistics (the initial model's: it never trained)
             body = {**body, **gather(own, new)}
         head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
-        cond = state.clients["cond"]["ctx"][new]
+        cond = clients.cond["ctx"][new]
         heads = gather(part, new)
         hw, hb = head_names(state.params)
 
@@ -267,15 +302,13 @@ class FedCP(PartSharing):
             feat = engine.features({**body, **h}, x)
             return F.cross_entropy(cp_output(cpn, feat, cond, None, (h[hw], h[hb]), (hg["weight"], hg["bias"])), y)
 
-        q = {**{f"h.{k}": v for k, v in heads.items()}, **{f"b.{k}": v for k, v in body.items()},
-             **{f"c.{k}": v for k, v in cpn.items()}, **{f"g.{k}": v for k, v in head_g.items()}}
-        split_q = lambda q, p: {k[2:]: v for k, v in q.items() if k.startswith(p)}
+        q = {**tagged(heads, "h."), **tagged(body, "b."), **tagged(cpn, "c."), **tagged(head_g, "g.")}
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):  # (training mode: the statistics move)
-            g, _, moved = self.value_and_grad(engine, {"q": q}, "q", lambda q, c, x, y: loss(
-                split_q(q, "h."), split_q(q, "b."), split_q(q, "c."), split_q(q, "g."), c, x, y), cond, x, y)
-            q = {k: v - self.lr * g[k] if k.startswith("h.") else moved["q"][k] for k, v in q.items()}
-        clients["part"] = scatter(part, new, split_q(q, "h."))
-        trainer = state.trainer if own is None else {**state.trainer, "bn_local": scatter(own, new, split_q(q, "b."))}
+            g, _, moved = self.value_and_grad(engine, JointLocal(q), "q", lambda q, c, x, y: loss(
+                untagged(q, "h."), untagged(q, "b."), untagged(q, "c."), untagged(q, "g."), c, x, y), cond, x, y)
+            q = {k: v - self.lr * g[k] if k.startswith("h.") else moved.q[k] for k, v in q.items()}
+        clients = clients._replace(part=scatter(part, new, untagged(q, "h.")))
+        trainer = state.trainer if own is None else {**state.trainer, "bn_local": scatter(own, new, untagged(q, "b."))}
         return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
 
 

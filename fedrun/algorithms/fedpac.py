@@ -1,7 +1,8 @@
 """FedPAC (Xu, Tong, Huang, ICLR 2023): feature alignment and classifier collaboration.
 
 The model is split at its output layer (`bodyhead.PartSharing`): the body (feature extractor) is
-shared and averaged, each client keeps its head (classifier), `ServerState.clients["part"]`. With
+shared and averaged, each client keeps its head (classifier), `ServerState.clients.part` (a
+`bodyhead.PartClients`; a round's clients hold a `FedPACLocal`). With
 `local_epochs` set, a client's round is, as PFLlib's, passes over its own training rows (`base.Phase`,
 epochs; tau and head_steps unused):
 
@@ -43,6 +44,8 @@ client's head fit runs in train mode from its served statistics and, with bn=loc
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -50,12 +53,25 @@ from torch.func import vmap
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, stack, weighted_mean
-from .base import EvalContext, Local, Phase, ServerState
-from .bodyhead import PartSharing
+from .base import EvalContext, Phase, ServerState
+from .bodyhead import PartClients, PartLocal, PartSharing
 from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
 from .personalize import onboarding_batches
 
 EPS = 1e-3  # head weights below this are dropped (the authors' code)
+
+
+class FedPACLocal(NamedTuple):
+    params: Params  # the round's clients' whole models (the received body with each one's head)
+    centers: Tensor  # [m, K, d] the global prototypes (expanded)
+    present: Tensor  # [m, K] bool: which classes have one
+    step: Tensor  # [m, 1] long: the local steps each client has taken this round (the tau path's phase)
+    stat_sum: Tensor  # [m, K, d] the statistics pass's per-class feature sums,
+    stat_count: Tensor  # [m, K] its per-class row counts
+    stat_sq: Tensor  # [m] and its summed squared feature norms
+    proto_sum: Tensor  # [m, K, d] the prototype pass's per-class feature sums
+    proto_count: Tensor  # [m, K] and its per-class row counts
+    opt: dict = {}  # the local trainer's optimizer state, by slot: "opt" (the body's), "opt.head"
 
 
 class FedPAC(PartSharing):
@@ -66,9 +82,11 @@ class FedPAC(PartSharing):
     optim_ok = True
     batchnorm_ok = True  # (module docstring: the trained steps in train mode, the no-gradient passes in eval mode)
 
-    def optim_slots(self, local: Local) -> dict:
-        head = head_names(local["params"])
-        return {"opt": ("params", [k for k in param_names(local["params"]) if k not in head]),
+    Clients = PartClients  # (its per-client state is the head alone)
+
+    def optim_slots(self, local: FedPACLocal) -> dict:
+        head = head_names(local.params)
+        return {"opt": ("params", [k for k in param_names(local.params) if k not in head]),
                 "opt.head": ("params", head)}
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's unweighted prototype mean
@@ -99,15 +117,15 @@ class FedPAC(PartSharing):
                            extra={"protos": torch.zeros(K, d, dtype=w.dtype, device=w.device),
                                   "present": torch.zeros(K, dtype=torch.bool, device=w.device)})
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedPACLocal:
         local = super().client_init(state, clients, rnd)
         m = len(clients)
         protos, present = state.extra["protos"], state.extra["present"]
         K, d = protos.shape
         z = lambda *shape: torch.zeros(m, *shape, dtype=protos.dtype, device=protos.device)
-        return {**local, "centers": protos.expand(m, K, d), "present": present.expand(m, K),
-                "step": torch.zeros(m, 1, dtype=torch.long, device=clients.device),
-                "stat_sum": z(K, d), "stat_count": z(K), "stat_sq": z(), "proto_sum": z(K, d), "proto_count": z(K)}
+        return FedPACLocal(params=local.params, centers=protos.expand(m, K, d), present=present.expand(m, K),
+                           step=torch.zeros(m, 1, dtype=torch.long, device=clients.device),
+                           stat_sum=z(K, d), stat_count=z(K), stat_sq=z(), proto_sum=z(K, d), proto_count=z(K))
 
     # -- the round --------------------------------------------------------------------------------
     def phases(self) -> tuple[Phase, ...] | None:
@@ -116,29 +134,28 @@ class FedPAC(PartSharing):
         return (Phase(self.stats_step, epochs=1), Phase(self.head_step, epochs=self.head_epochs),
                 Phase(self.body_step, epochs=self.local_epochs), Phase(self.proto_step, epochs=1))
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
         """The round in `tau` steps (local_epochs null): steps < head_steps train the head and add
         their minibatch to the statistics (the body is still the global one), the others train the
         body (alignment included) and add their minibatch, under the body before the step, to the
         prototypes: minibatch estimates of the passes the epochs form makes."""
         (x, y), = batches
-        on_head = local["step"] < self.head_steps  # [m, 1]
-        feats = stacked_features(engine, local["params"], x)
-        stats = _add(local, feats, y, "stat", on_head, squares=True)
-        stats = _add(stats, feats, y, "proto", ~on_head)
+        on_head = local.step < self.head_steps  # [m, 1]
+        feats = stacked_features(engine, local.params, x)
+        stats = _with_protos(_with_stats(local, feats, y, on_head), feats, y, ~on_head)
         # (one forward in train mode: a BatchNorm model's running statistics updated, on either part's steps)
         g, _, stats = self.value_and_grad(engine, stats, "params", self._aligned_loss(engine), x, y,
-                                          local["centers"], local["present"])
+                                          local.centers, local.present)
         head = set(head_names(g))  # (its head gradient is the cross-entropy's: the alignment needs no head)
-        p = stats["params"]
+        p = stats.params
         if self.optim.plain:  # (the arithmetic the golden traces pin)
             new = {k: p[k] - self.lr * per_client(on_head if k in head else ~on_head, p[k]) * g[k] if k in g else p[k]
                    for k in p}
-            return {**stats, "params": new, "step": local["step"] + 1}
+            return stats._replace(params=new, step=local.step + 1)
         on = on_head.view(-1)
         stats = self.descend(stats, "params", g, self.lr, rnd, names=head, slot="opt.head", live=on)
         stats = self.descend(stats, "params", g, self.lr, rnd, names=[k for k in g if k not in head], live=~on)
-        return {**stats, "step": local["step"] + 1}
+        return stats._replace(step=local.step + 1)
 
     def _aligned_loss(self, engine: Engine):
         lam = self.lam
@@ -151,40 +168,41 @@ class FedPAC(PartSharing):
             return ce + lam * ((target - feats) ** 2).mean()
         return loss
 
-    def stats_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return _accumulate(engine, local, batches, "stat", squares=True)
+    def stats_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
+        (x, y), = batches
+        return _with_stats(local, stacked_features(engine, local.params, x), y, None)
 
-    def proto_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
-        return _accumulate(engine, local, batches, "proto")
+    def proto_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
+        (x, y), = batches
+        return _with_protos(local, stacked_features(engine, local.params, x), y, None)
 
-    def head_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def head_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)  # (train mode: the body's statistics updated too)
         return self.descend(local, "params", g, self.lr, rnd, names=head_names(g), slot="opt.head")
 
-    def body_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def body_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
         (x, y), = batches
         g, _, local = self.value_and_grad(engine, local, "params", self._aligned_loss(engine), x, y,
-                                          local["centers"], local["present"])
+                                          local.centers, local.present)
         head = set(head_names(g))
         return self.descend(local, "params", g, self.lr, rnd, names=[k for k in g if k not in head])
 
     # -- the server -------------------------------------------------------------------------------
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: FedPACLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        p = local["params"]
+        p = local.params
         head = head_names(p)
         body = weighted_mean(gather({k: v for k, v in p.items() if k not in head}, selected), weights)
-        trained_heads = {k: p[k] for k in head}
-        sel = lambda name: local[name][selected]
-        V, H = statistics(sel("stat_sum"), sel("stat_count"), sel("stat_sq"))
+        trained_heads = only(p, head)
+        V, H = statistics(local.stat_sum[selected], local.stat_count[selected], local.stat_sq[selected])
         A = head_weights(V, H)  # [s, s]: row i, client selected[i]'s weights over the selected heads
-        mixed = self.combine_heads(A, {k: v[selected] for k, v in trained_heads.items()})
-        part = scatter(state.clients["part"], clients, trained_heads)
+        mixed = self.combine_heads(A, gather(trained_heads, selected))
+        part = scatter(state.clients.part, clients, trained_heads)
         part = scatter(part, clients[selected], mixed)
-        protos, present = self.global_prototypes(sel("proto_sum"), sel("proto_count"))
+        protos, present = self.global_prototypes(local.proto_sum[selected], local.proto_count[selected])
         return ServerState(params={**state.params, **body}, extra={**state.extra, "protos": protos, "present": present},
-                           clients={**state.clients, "part": part})
+                           clients=state.clients._replace(part=part))
 
     # -- serving and held-out clients (bn=local: each client's own statistics) ---------------------------
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
@@ -200,15 +218,15 @@ class FedPAC(PartSharing):
         own = state.trainer.get("bn_local") if self.bn == "local" else None
         if own is None:
             return super().onboard(engine, state, ctx, new)
-        part = state.clients["part"]
-        local = {"params": {**stack(state.params, len(new)), **gather(own, new), **gather(part, new)}}
+        part = state.clients.part
+        local = PartLocal(params={**stack(state.params, len(new)), **gather(own, new), **gather(part, new)})
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _, local = self.grad(engine, local, "params", x, y)
             local = self.descend(local, "params", only(g, param_names(part)), self.lr, 0)
-        p = local["params"]
+        p = local.params
         return ServerState(params=state.params, extra=state.extra,
-                           clients={**state.clients, "part": scatter(part, new, {k: p[k] for k in part})},
-                           trainer={**state.trainer, "bn_local": scatter(own, new, {k: p[k] for k in own})})
+                           clients=state.clients._replace(part=scatter(part, new, only(p, part))),
+                           trainer={**state.trainer, "bn_local": scatter(own, new, only(p, own))})
 
     def combine_heads(self, A: Tensor, heads: Params) -> Params:
         """Client i's new head sum_j A_ij phi_j of the selected clients' trained heads `heads` [s, ...]
@@ -262,24 +280,27 @@ def stacked_features(engine: Engine, params: Params, x: Tensor) -> Tensor:
         return vmap(engine.features)(params, x)
 
 
-def _accumulate(engine: Engine, local: Local, batches, prefix: str, squares: bool = False) -> Local:
-    """Adds the minibatch's per-class feature sums (and summed squared norms) to local[prefix_*]."""
-    (x, y), = batches
-    return _add(local, stacked_features(engine, local["params"], x), y, prefix, None, squares)
+def _class_onehot(feats: Tensor, y: Tensor, K: int, on: Tensor | None) -> Tensor:
+    """[m, B, K]: the one-hot classes of the rows, zero for the clients where `on` [m, 1] is False."""
+    onehot = (y.unsqueeze(-1) == torch.arange(K, device=y.device)).to(feats.dtype)
+    return onehot if on is None else onehot * on.view(-1, 1, 1).to(feats.dtype)
 
 
-def _add(local: Local, feats: Tensor, y: Tensor, prefix: str, on: Tensor | None, squares: bool = False) -> Local:
-    """local[prefix_*] plus the per-class feature sums of feats [m, B, d] (and their summed squared
-    norms), for the clients where `on` [m, 1] (None: all)."""
-    K = local[f"{prefix}_count"].shape[1]
-    onehot = (y.unsqueeze(-1) == torch.arange(K, device=y.device)).to(feats.dtype)  # [m, B, K]
-    if on is not None:
-        onehot = onehot * on.view(-1, 1, 1).to(feats.dtype)
-    out = {**local, f"{prefix}_sum": local[f"{prefix}_sum"] + onehot.transpose(1, 2) @ feats,
-           f"{prefix}_count": local[f"{prefix}_count"] + onehot.sum(1)}
-    if squares:
-        out[f"{prefix}_sq"] = local[f"{prefix}_sq"] + (feats * feats * onehot.sum(-1, keepdim=True)).sum((1, 2))
-    return out
+def _with_stats(local: FedPACLocal, feats: Tensor, y: Tensor, on: Tensor | None) -> FedPACLocal:
+    """`local`'s statistics (stat_*) plus the per-class feature sums, counts and summed squared norms of
+    feats [m, B, d], for the clients where `on` [m, 1] (None: all)."""
+    onehot = _class_onehot(feats, y, local.stat_count.shape[1], on)
+    return local._replace(stat_sum=local.stat_sum + onehot.transpose(1, 2) @ feats,
+                          stat_count=local.stat_count + onehot.sum(1),
+                          stat_sq=local.stat_sq + (feats * feats * onehot.sum(-1, keepdim=True)).sum((1, 2)))
+
+
+def _with_protos(local: FedPACLocal, feats: Tensor, y: Tensor, on: Tensor | None) -> FedPACLocal:
+    """`local`'s prototype sums (proto_*) plus the per-class feature sums and counts of feats [m, B, d],
+    for the clients where `on` [m, 1] (None: all)."""
+    onehot = _class_onehot(feats, y, local.proto_count.shape[1], on)
+    return local._replace(proto_sum=local.proto_sum + onehot.transpose(1, 2) @ feats,
+                          proto_count=local.proto_count + onehot.sum(1))
 
 
 def statistics(sums: Tensor, counts: Tensor, sq: Tensor) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ the GCE,
 (f the body's features, E0 the round's received embeddings, frozen; the Frobenius norm of the whole
 batch's difference, not squared, as PFLlib); the CoV and the GCE take SGD with weight decay `mu`.
 The server averages (`weights`) the body, the CoV and the GCE; each client keeps its head,
-`clients["part"]`. Served: head_i(CoV(body(x), p_i)).
+`GPFLClients.part`. Served: head_i(CoV(body(x), p_i)). A round's clients hold a `GPFLLocal`.
 
 A round is `tau` steps, the class shares those of the round's minibatches so far; with
 `local_epochs` set, as PFLlib's: a pass over the client's rows counting its classes (no training),
@@ -24,7 +24,7 @@ then `local_epochs` passes of the step above (`base.Phase`; tau is not used).
 follow=pfllib (protocol=official) takes the conditions as PFLlib's clientGPFL does: computed in
 `set_GCE` from the client's OWN GCE just before it is replaced by the new global one, i.e. from the
 GCE it trained this round (selected clients) or from the previous global one (the others), and zero
-before the first; `clients["emb"]` [C, K, d] holds the embeddings each client's next conditions come
+before the first; `GPFLClients.emb` [C, K, d] holds the embeddings each client's next conditions come
 from. follow=paper: from the received global GCE.
 
 BatchNorm models (PFLlib's clientGPFL): a step's one forward of the body runs in train mode (batch
@@ -41,6 +41,7 @@ too).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,12 +51,58 @@ from torch.func import vmap
 from ..data.federated import ClientSplit
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params, expand, gather, head_names, param_names, scatter, stack, weighted_mean
-from .base import EvalContext, Local, Phase, ServerState
-from .bodyhead import PartSharing
+from ..engine.tree import (
+    Params,
+    axpy,
+    expand,
+    gather,
+    head_names,
+    only,
+    param_names,
+    scale,
+    scatter,
+    stack,
+    sub,
+    weighted_mean,
+)
+from .base import EvalContext, Phase, ServerState
+from .bodyhead import PartLocal, PartSharing
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
 from .trainer import slot_of
+
+
+class JointLocal(NamedTuple):
+    """The models one step of GPFL or FedCP trains jointly (with its frozen inputs), as one tree `q` of
+    prefixed names (`tagged`): what the local trainer's `value_and_grad` differentiates."""
+    q: Params
+
+
+def tagged(tree: Params, prefix: str) -> Params:
+    """`tree` with its names prefixed (`prefix` + name), to join it with other models in one tree."""
+    return {f"{prefix}{k}": v for k, v in tree.items()}
+
+
+def untagged(tree: Params, prefix: str) -> Params:
+    """The entries of `tree` named `prefix` + name, by name (`tagged`'s inverse)."""
+    n = len(prefix)
+    return {k[n:]: v for k, v in tree.items() if k.startswith(prefix)}
+
+
+class GPFLClients(NamedTuple):
+    part: Params  # every client's head (`bodyhead.PartSharing`)
+    emb: Tensor | dict = {}  # follow=pfllib: [C, K, d] the embeddings of its next conditions ({} under follow=paper)
+
+
+class GPFLLocal(NamedTuple):
+    params: Params  # the round's clients' whole models (the received body with each one's head)
+    cov: Params  # the CoV each client trains
+    gce: Params  # {"e": [m, K, d]}: the GCE's embeddings each client trains (a tree: its optimizer slot's)
+    frozen: Tensor  # [m, K, d] the round's received embeddings E0 (the alignment's targets)
+    emb: Tensor  # [m, K, d] the embeddings its conditions come from
+    counts: Tensor  # [m, K] its class counts so far
+    opt: dict = {}  # the local trainer's optimizer state, by slot: "opt" (the model's), "opt.cov", "opt.gce"
+
 
 COV_KEYS = ("gamma.weight", "gamma.bias", "gamma.ln.weight", "gamma.ln.bias",
             "beta.weight", "beta.bias", "beta.ln.weight", "beta.ln.bias")
@@ -78,10 +125,10 @@ class GPFL(PartSharing):
             raise ConfigError(f"algo.mu={self.mu} is the CoV's and GCE's weight decay (PFLlib's CoV_opt, GCE_opt); "
                               f"with optim.weight_decay={optim.weight_decay} two decays: set one to 0")
 
-    def optim_slots(self, local: Local) -> dict:
-        return {**super().optim_slots(local), slot_of("cov"): ("cov", list(local["cov"])),
-                slot_of("gce"): ("shape.gce", ["e"])}
+    def optim_slots(self, local: GPFLLocal) -> dict:
+        return {**super().optim_slots(local), slot_of("cov"): ("cov", list(local.cov)), slot_of("gce"): ("gce", ["e"])}
     models_per_round = 1
+    Clients = GPFLClients
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}
     agreement_options = dict(lr=0.05, lam=0.1, mu=0.1)
@@ -124,24 +171,21 @@ class GPFL(PartSharing):
         return {"cov": {k: cast(v) for k, v in cov.items()}, "gce": cast(gce)}
 
     def init(self, params: Params, num_clients: int) -> ServerState:
-        state = super().init(params, num_clients)
+        clients = GPFLClients(part=self.initial_part(params, num_clients))
         extra = self.init_modules(params)
-        clients = dict(state.clients)
         if self.follow == "pfllib":  # the embeddings of each client's next conditions (none yet: zero)
-            clients["emb"] = torch.zeros(num_clients, *extra["gce"].shape, dtype=extra["gce"].dtype,
-                                         device=extra["gce"].device)
-        return ServerState(params=state.params, extra=extra, clients=clients)
+            clients = clients._replace(emb=torch.zeros(num_clients, *extra["gce"].shape, dtype=extra["gce"].dtype,
+                                                       device=extra["gce"].device))
+        return ServerState(params=params, extra=extra, clients=clients)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> GPFLLocal:
         local = super().client_init(state, clients, rnd)
         m = len(clients)
         E = state.extra["gce"]
-        emb = gather({"e": state.clients["emb"]}, clients)["e"] if self.follow == "pfllib" else expand({"e": E}, m)["e"]
-        gce = stack({"e": E}, m)["e"]
-        # ("shape.gce": the GCE's shape for its optimizer slot, a dict as the trainer's slots take)
-        return {**local, "cov": stack(state.extra["cov"], m), "gce": gce, "shape.gce": {"e": gce},
-                "frozen": expand({"e": E}, m)["e"], "emb": emb,
-                "counts": torch.zeros(m, E.shape[0], dtype=E.dtype, device=E.device)}
+        emb = gather({"e": state.clients.emb}, clients)["e"] if self.follow == "pfllib" else expand({"e": E}, m)["e"]
+        return GPFLLocal(params=local.params, cov=stack(state.extra["cov"], m), gce=stack({"e": E}, m),
+                         frozen=expand({"e": E}, m)["e"], emb=emb,
+                         counts=torch.zeros(m, E.shape[0], dtype=E.dtype, device=E.device))
 
     # -- the round --------------------------------------------------------------------------------
     def phases(self) -> tuple[Phase, ...] | None:
@@ -149,57 +193,56 @@ class GPFL(PartSharing):
             return None
         return Phase(self.count_step, epochs=1), Phase(self.train_step, epochs=self.local_epochs)
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: GPFLLocal, batches, rnd: int) -> GPFLLocal:
         """The round in `tau` steps (local_epochs null): the class shares are those of the labels of
         the round's minibatches so far (this one included), a minibatch estimate of the count pass."""
         return self.train_step(engine, self.count_step(engine, local, batches, rnd), batches, rnd)
 
-    def count_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def count_step(self, engine: Engine, local: GPFLLocal, batches, rnd: int) -> GPFLLocal:
         (_, y), = batches
-        K = local["counts"].shape[1]
-        onehot = (y.unsqueeze(-1) == torch.arange(K, device=y.device)).to(local["counts"].dtype)
-        return {**local, "counts": local["counts"] + onehot.sum(1)}
+        K = local.counts.shape[1]
+        onehot = (y.unsqueeze(-1) == torch.arange(K, device=y.device)).to(local.counts.dtype)
+        return local._replace(counts=local.counts + onehot.sum(1))
 
-    def train_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def train_step(self, engine: Engine, local: GPFLLocal, batches, rnd: int) -> GPFLLocal:
         (x, y), = batches
-        cond_g, cond_p = conditions(local["emb"], local["counts"])
-        head = head_names(local["params"])
+        cond_g, cond_p = conditions(local.emb, local.counts)
+        head = head_names(local.params)
         lam = self.lam
-        q = {**{f"m.{k}": v for k, v in local["params"].items()}, **{f"cov.{k}": v for k, v in local["cov"].items()},
-             "gce": local["gce"]}
+        q = {**tagged(local.params, "m."), **tagged(local.cov, "cov."), "gce": local.gce["e"]}
 
         def loss(q: Params, x: Tensor, y: Tensor, frozen: Tensor, cg: Tensor, cp: Tensor) -> Tensor:
-            model = {k[2:]: v for k, v in q.items() if k.startswith("m.")}
-            cov = {k[4:]: v for k, v in q.items() if k.startswith("cov.")}
+            model, cov = untagged(q, "m."), untagged(q, "cov.")
             feat = engine.features(model, x)
             out = F.linear(cov_forward(cov, feat, cp), model[head[0]], model[head[1]])
             feat_g = cov_forward(cov, feat, cg)
             return F.cross_entropy(out, y) + gce_loss(q["gce"], feat_g, y) + lam * torch.linalg.norm(feat_g - frozen[y])
 
         # (one forward of the body in train mode: a BatchNorm model's running statistics, "m.*", updated)
-        g, _, out = self.value_and_grad(engine, {"q": q}, "q", loss, x, y, local["frozen"], cond_g, cond_p)
-        state = {k: out["q"][f"m.{k}"] for k in local["params"]}
-        local = {**local, "params": state}
+        g, _, out = self.value_and_grad(engine, JointLocal(q), "q", loss, x, y, local.frozen, cond_g, cond_p)
+        state = untagged(out.q, "m.")
+        local = local._replace(params=state)
         lr, mu = self.lr, self.mu
+        gm = only(untagged(g, "m."), param_names(state))
+        gcov = axpy(mu, local.cov, untagged(g, "cov."))  # the CoV's and the GCE's weight decay mu
+        ggce = axpy(mu, local.gce, {"e": g["gce"]})
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            params = {k: v - lr * g[f"m.{k}"] if f"m.{k}" in g else v for k, v in state.items()}
-            cov = {k: v - lr * (g[f"cov.{k}"] + mu * v) for k, v in local["cov"].items()}
-            return {**local, "params": params, "cov": cov, "gce": local["gce"] - lr * (g["gce"] + mu * local["gce"])}
-        local = self.descend(local, "params", {k: g[f"m.{k}"] for k in param_names(state)}, lr, rnd)
-        local = self.descend(local, "cov", {k: g[f"cov.{k}"] + mu * v for k, v in local["cov"].items()}, lr, rnd)
-        out = self.descend({**local, "gce": {"e": local["gce"]}}, "gce", {"e": g["gce"] + mu * local["gce"]}, lr, rnd)
-        return {**out, "gce": out["gce"]["e"]}
+            return local._replace(params={**state, **sub(only(state, gm), scale(gm, lr))},
+                                  cov=sub(local.cov, scale(gcov, lr)), gce=sub(local.gce, scale(ggce, lr)))
+        local = self.descend(local, "params", gm, lr, rnd)
+        local = self.descend(local, "cov", gcov, lr, rnd)
+        return self.descend(local, "gce", ggce, lr, rnd)
 
     # -- the server -------------------------------------------------------------------------------
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: GPFLLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         new = super().server_update(state, local, clients, selected, weights)
-        cov = weighted_mean(gather(local["cov"], selected), weights)
-        gce = weighted_mean({"e": local["gce"][selected]}, weights)["e"]
-        kept = dict(new.clients)
+        cov = weighted_mean(gather(local.cov, selected), weights)
+        gce = weighted_mean(gather(local.gce, selected), weights)["e"]
+        kept = new.clients
         if self.follow == "pfllib":  # set_GCE: each client's next conditions from the GCE it holds now
-            held = state.extra["gce"].expand_as(state.clients["emb"])  # the others: last round's global GCE
-            kept["emb"] = held.index_copy(0, clients, local["gce"])
+            held = state.extra["gce"].expand_as(state.clients.emb)  # the others: last round's global GCE
+            kept = kept._replace(emb=held.index_copy(0, clients, local.gce["e"]))
         return ServerState(params=new.params, extra={**state.extra, "cov": cov, "gce": gce}, clients=kept)
 
     # -- serving ----------------------------------------------------------------------------------
@@ -212,7 +255,7 @@ class GPFL(PartSharing):
                                         output_size=len(split.y))  # (known: no read of the sizes' sum)
         counts = torch.zeros(split.num_clients, K, dtype=state.extra["gce"].dtype, device=split.y.device)
         counts.index_put_((owner, split.y), torch.ones_like(split.y, dtype=counts.dtype), accumulate=True)
-        emb = (state.clients["emb"] if self.follow == "pfllib"
+        emb = (state.clients.emb if self.follow == "pfllib"
                else state.extra["gce"].expand(split.num_clients, *state.extra["gce"].shape))
         return conditions(emb, counts)
 
@@ -253,14 +296,14 @@ class GPFL(PartSharing):
         in train mode (batch statistics, the running ones updated), from the client's served statistics;
         bn=local: they are the client's own after the fit (PFLlib's new clients fine-tune in train()),
         bn=averaged: the server's stay the served ones."""
-        clients = dict(state.clients)
+        clients = state.clients
         if self.follow == "pfllib":
-            clients["emb"] = state.clients["emb"].index_copy(0, new, state.extra["gce"].expand(len(new),
-                                                                                               *state.extra["gce"].shape))
+            E = state.extra["gce"]
+            clients = clients._replace(emb=clients.emb.index_copy(0, new, E.expand(len(new), *E.shape)))
         state = ServerState(params=state.params, extra=state.extra, clients=clients, trainer=state.trainer)
         _, cond_p = self._conditions_of(state, ctx.data)
         m = len(new)
-        part = state.clients["part"]
+        part = clients.part
         body = {k: v for k, v in stack(state.params, m).items() if k not in part}
         cov = stack(state.extra["cov"], m)
         heads = gather(part, new)
@@ -274,8 +317,8 @@ class GPFL(PartSharing):
             return self._onboard_batchnorm(engine, state, ctx, new, body, heads, cov, cond_p[new])
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _ = engine.value_and_grad(loss, heads, body, cov, cond_p[new], x, y)
-            heads = {k: v - self.lr * g[k] for k, v in heads.items()}
-        clients["part"] = scatter(part, new, heads)
+            heads = sub(heads, scale(g, self.lr))
+        clients = clients._replace(part=scatter(part, new, heads))
         return ServerState(params=state.params, extra=state.extra, clients=clients)
 
     def _onboard_batchnorm(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor, body: Params,
@@ -289,14 +332,14 @@ class GPFL(PartSharing):
         def loss(q: Params, cov: Params, cond: Tensor, x: Tensor, y: Tensor) -> Tensor:
             return F.cross_entropy(F.linear(cov_forward(cov, engine.features(q, x), cond), q[hw], q[hb]), y)
 
-        local = {"params": {**body, **heads}}
+        local = PartLocal(params={**body, **heads})
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _, local = self.value_and_grad(engine, local, "params", loss, cov, cond, x, y)
-            local = {"params": {**local["params"], **{k: v - self.lr * g[k] for k, v in heads.items()}}}
-            heads = {k: local["params"][k] for k in heads}
-        clients = {**state.clients, "part": scatter(state.clients["part"], new, heads)}
+            local = local._replace(params={**local.params, **sub(heads, scale(only(g, heads), self.lr))})
+            heads = only(local.params, heads)
+        clients = state.clients._replace(part=scatter(state.clients.part, new, heads))
         trainer = state.trainer if own is None else \
-            {**state.trainer, "bn_local": scatter(own, new, {k: local["params"][k] for k in own})}
+            {**state.trainer, "bn_local": scatter(own, new, only(local.params, own))}
         return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
 
 

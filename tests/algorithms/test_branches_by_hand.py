@@ -465,7 +465,7 @@ def test_fedpac_by_hand(engine_cls, follow, form):
     body, heads, protos, present = fedpac_by_hand(p0, rows, follow, lr, lam, form, rounds=2, new_steps=2)
     close(state.params, body)
     for i in range(TRAIN + 1):
-        close(state.clients["part"], heads[i], i)
+        close(state.clients.part, heads[i], i)
     torch.testing.assert_close(state.extra["protos"], protos, **TOL)
     torch.testing.assert_close(state.extra["present"], present)
 
@@ -678,7 +678,7 @@ def test_gpfl_by_hand(engine_cls, follow, form):
     torch.testing.assert_close(state.extra["gce"], E, **TOL)
     served, _ = algo.personalize(engine, state, EvalContext(data, torch.Generator(), 2, 1))
     for i in range(TRAIN + 1):
-        close(state.clients["part"], heads[i], i)
+        close(state.clients.part, heads[i], i)
         want = conds(E if follow == "paper" else emb[i], shares[i])
         torch.testing.assert_close(served["cond"][i], want[1], **TOL)
 
@@ -710,7 +710,7 @@ def test_fedcp_by_hand(engine_cls, follow, form):
 
     lr, lam, rounds = 0.3, 0.5, 3
     algo = FedCP(lr=lr, lam=lam, local_epochs=2 if form == "epochs" else None, follow=follow, new_client_steps=2)
-    algo.gumbel = lambda local, rnd, shape: torch.zeros(len(local["key"]), *shape, dtype=torch.float64)
+    algo.gumbel = lambda local, rnd, shape: torch.zeros(len(local.key), *shape, dtype=torch.float64)
     data, model, rows = problem()
     p0 = {k: v.detach().clone() for k, v in params_of(model).items()}
     engine = engine_cls(model)
@@ -755,7 +755,7 @@ def test_fedcp_by_hand(engine_cls, follow, form):
     close(state.params, body)
     served, _ = algo.personalize(engine, state, None)
     for i in range(TRAIN + 1):
-        close(state.clients["part"], heads[i], i)
+        close(state.clients.part, heads[i], i)
         torch.testing.assert_close(served["ctx"][i], ctx[i], **TOL)
         want_hg, want_cpn = (hg, cpn) if follow == "paper" else copies[i]
         close({k[3:]: v for k, v in served.items() if k.startswith("hg.")}, want_hg, i)

@@ -195,20 +195,20 @@ def test_fedcp_step_is_pfllibs_ensemble_in_train_mode(engine_cls):
     engine = engine_cls(model)
     clients = torch.tensor([2, 0])
     local = algo.start_local(state, clients, 1)
-    local = {**local, "params": _noisy(local["params"], 0.2, 4)}  # (the model apart from the received body)
+    local = local._replace(params=_noisy(local.params, 0.2, 4))  # (the model apart from the received body)
     before = copy.deepcopy(local)
     x, y = _batch(len(clients))
-    d = local["ctx"].shape[-1]
+    d = local.ctx.shape[-1]
     noise = algo.gumbel(local, 1, (B, 2, d))
     out = algo.train_step(engine, local, [(x, y)], 1)
     head = ("net.3.weight", "net.3.bias")
     for i in range(len(clients)):
         mine, base = copy.deepcopy(model).train(), copy.deepcopy(model).train()
-        mine.load_state_dict(_row(before["params"], i))
-        base.load_state_dict({**_row(before["params"], i), **_row(before["frozen"], i)})
+        mine.load_state_dict(_row(before.params, i))
+        base.load_state_dict({**_row(before.params, i), **_row(before.frozen, i)})
         rep = mine(x[i], features=True)
-        hg = _row(before["head_g"], i)
-        out_i = cp_output(_row(before["cpn"], i), rep, before["ctx"][i], noise[i],
+        hg = _row(before.head_g, i)
+        out_i = cp_output(_row(before.cpn, i), rep, before.ctx[i], noise[i],
                           (mine.net[3].weight, mine.net[3].bias), (hg["weight"], hg["bias"]))
         rep_base = base(x[i], features=True).detach()
         loss = F.cross_entropy(out_i, y[i]) + 1.0 * mmd(rep, rep_base)
@@ -219,12 +219,12 @@ def test_fedcp_step_is_pfllibs_ensemble_in_train_mode(engine_cls):
         want = mine.state_dict()
         for k, v in want.items():
             if v.is_floating_point():
-                torch.testing.assert_close(out["params"][k][i], v, **TOL, msg=f"client {i}: {k}")
+                torch.testing.assert_close(out.params[k][i], v, **TOL, msg=f"client {i}: {k}")
             else:
-                assert torch.equal(out["params"][k][i], v), k
+                assert torch.equal(out.params[k][i], v), k
         assert set(head) <= set(want)
-    for k, v in before["frozen"].items():
-        assert torch.equal(out["frozen"][k], v), k
+    for k, v in before.frozen.items():
+        assert torch.equal(out.frozen[k], v), k
 
 
 def _fedcp_round(bn, engine=None):
@@ -245,9 +245,9 @@ def test_fedcp_serves_the_averaged_or_each_clients_own_statistics():
     algo, engine, model, state, clients, local, end = _fedcp_round("averaged")
     served, _ = algo.personalize(engine, end, None)
     stats = [k for k in state.params if is_buffer(k)]
-    assert stats and "bn_local" not in end.clients
+    assert stats and "bn_local" not in end.clients._fields
     for k in stats:
-        v = local["params"][k]
+        v = local.params[k]
         want = v.mean(0) if v.is_floating_point() else v.max(0).values
         torch.testing.assert_close(end.params[k], want, **TOL)
         for c in range(C):
@@ -256,10 +256,10 @@ def test_fedcp_serves_the_averaged_or_each_clients_own_statistics():
     served, _ = algo.personalize(engine, end, None)
     for k in stats:
         for i, c in enumerate(clients.tolist()):
-            assert torch.equal(served[k][c], local["params"][k][i]), (k, c)
+            assert torch.equal(served[k][c], local.params[k][i]), (k, c)
         for c in (1, 3):
             assert torch.equal(served[k][c], state.params[k]), (k, c)
-        assert torch.equal(end.params[k], local["params"][k][0]), k
+        assert torch.equal(end.params[k], local.params[k][0]), k
     # (what is served is scored with those statistics: eval() of torch's model)
     split = _data(holdout=True).test
     loss, _ = algo.score(engine, served, split)

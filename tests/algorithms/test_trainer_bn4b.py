@@ -85,32 +85,32 @@ def test_gpfl_steps_are_pfllib_clientgpfl_in_train_mode(optim, engine_cls):
     algo = _algo("gpfl", optim, lr=LR, lam=0.5, mu=mu)
     model = _model()
     local = algo.start_local(algo.init(params_of(model), M), torch.arange(M), 1)
-    local = {**local, "counts": torch.tensor([[3., 1., 0., 2.], [0., 4., 4., 1.], [1., 1., 1., 1.]])}
+    local = local._replace(counts=torch.tensor([[3., 1., 0., 2.], [0., 4., 4., 1.], [1., 1., 1., 1.]]))
     start = copy.deepcopy(local)
     engine = engine_cls(model)
     for x, y in _batches(3):
         local = algo.train_step(engine, local, [(x, y)], 1)
-    cond_g, cond_p = conditions(start["emb"], start["counts"])
+    cond_g, cond_p = conditions(start.emb, start.counts)
     for c in range(M):
         mine = copy.deepcopy(model).train()
-        cov = {k: v[c].clone().requires_grad_(True) for k, v in start["cov"].items()}
-        gce = start["gce"][c].clone().requires_grad_(True)
+        cov = {k: v[c].clone().requires_grad_(True) for k, v in start.cov.items()}
+        gce = start.gce["e"][c].clone().requires_grad_(True)
         opts = [_sgd(mine.parameters(), optim), _sgd(cov.values(), optim, mu), _sgd([gce], optim, mu)]
         for x, y in _batches(3):
             feat = mine(x[c], features=True)
             out = _head(mine)(cov_forward(cov, feat, cond_p[c]))
             feat_g = cov_forward(cov, feat, cond_g[c])
             loss = (F.cross_entropy(out, y[c]) + gce_loss(gce, feat_g, y[c])
-                    + 0.5 * torch.linalg.norm(feat_g - start["frozen"][c][y[c]]))
+                    + 0.5 * torch.linalg.norm(feat_g - start.frozen[c][y[c]]))
             for o in opts:
                 o.zero_grad()
             loss.backward()
             for o in opts:
                 o.step()
-        _close(local["params"], c, mine)
-        assert (local["gce"][c] - gce).abs().max().item() < TOL
+        _close(local.params, c, mine)
+        assert (local.gce["e"][c] - gce).abs().max().item() < TOL
         for k, v in cov.items():
-            assert (local["cov"][k][c] - v).abs().max().item() < TOL, k
+            assert (local.cov[k][c] - v).abs().max().item() < TOL, k
 
 
 # -- FedPAC -------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_fedpac_steps_are_pfllib_clientpac_in_train_mode(optim, phases, model_cl
     algo = _algo("fedpac", optim, lr=LR, lam=0.5, head_steps=1, **({"local_epochs": 1} if phases else {}))
     model = _model(model_cls)
     local = _pac_start(algo, model)
-    centers = local["centers"][0]
+    centers = local.centers[0]
     engine = engine_cls(model)
     steps = [algo.head_step, algo.body_step, algo.body_step] if phases else [algo.client_step] * 3
     for step, (x, y) in zip(steps, _batches(3)):
@@ -152,7 +152,7 @@ def test_fedpac_steps_are_pfllib_clientpac_in_train_mode(optim, phases, model_cl
             mine.zero_grad()
             loss.backward()
             (body_opt if s else head_opt).step()
-        _close(local["params"], c, mine)
+        _close(local.params, c, mine)
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
@@ -169,15 +169,15 @@ def test_fedpac_feature_passes_run_in_eval_mode(pass_name, engine_cls):
     out = getattr(algo, pass_name)(engine, local, [(x, y)], 1)
     prefix = "stat" if pass_name == "stats_step" else "proto"
     for k in STATS:
-        assert torch.equal(out["params"][k], local["params"][k]), k
+        assert torch.equal(out.params[k], local.params[k]), k
     for c in range(M):
         mine = copy.deepcopy(model)
-        mine.load_state_dict({k: v[c] for k, v in local["params"].items()})
+        mine.load_state_dict({k: v[c] for k, v in local.params.items()})
         with torch.no_grad():
             feats = mine.eval()(x[c], features=True)
         onehot = F.one_hot(y[c], K).to(feats.dtype)
-        assert (out[f"{prefix}_sum"][c] - onehot.T @ feats).abs().max().item() < TOL
-        assert torch.equal(out[f"{prefix}_count"][c], onehot.sum(0))
+        assert (getattr(out, f"{prefix}_sum")[c] - onehot.T @ feats).abs().max().item() < TOL
+        assert torch.equal(getattr(out, f"{prefix}_count")[c], onehot.sum(0))
 
 
 # -- the server, serving, held-out clients (both methods) ---------------------------------------------
@@ -204,13 +204,13 @@ def test_served_models_carry_the_declared_statistics(name):
     algo, _, engine, local, state = _round(name, "averaged", holdout=1)
     served, _ = algo.personalize(engine, state, _ctx(data))
     for k in STATS[:2]:
-        assert torch.allclose(state.params[k], local["params"][k].mean(0), atol=1e-6, rtol=0), k
+        assert torch.allclose(state.params[k], local.params[k].mean(0), atol=1e-6, rtol=0), k
         assert all(torch.equal(served[k][c], state.params[k]) for c in range(M + 1)), k
     algo, model, engine, local, state = _round(name, "local", holdout=1)
     served, _ = algo.personalize(engine, state, _ctx(data))
     for k in STATS:
-        assert torch.equal(state.params[k], local["params"][k][0]), k
-        assert torch.equal(served[k][:M], local["params"][k]), k
+        assert torch.equal(state.params[k], local.params[k][0]), k
+        assert torch.equal(served[k][:M], local.params[k]), k
         assert torch.equal(served[k][M], model.state_dict()[k]), k  # (not trained: the initial ones)
 
 

@@ -129,7 +129,7 @@ def test_fedcp_model_and_cpn_take_the_optimizer():
     algo, local = _start(algo, p)
     check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p],
-                 "opt.cpn": [(("cpn", k), algo.lr) for k in local["cpn"]]},
+                 "opt.cpn": [(("cpn", k), algo.lr) for k in local.cpn]},
                 others=[("head_g", "weight")])
 
 
@@ -141,15 +141,15 @@ def test_gpfl_model_cov_gce_take_the_optimizer_and_mu_with_weight_decay_is_refus
     p = params_of(model)
     algo = build("gpfl", lr=0.1, mu=0.0, lam=0.5)
     algo, local = _start(algo, p)
-    local = {**local, "counts": torch.ones(2, K, dtype=torch.float64)}
+    local = local._replace(counts=torch.ones(2, K, dtype=torch.float64))
     check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1),
-                {"opt": [(("params", k), algo.lr) for k in p], "opt.cov": [(("cov", k), algo.lr) for k in local["cov"]],
-                 "opt.gce": [(("gce",), algo.lr)]})
+                {"opt": [(("params", k), algo.lr) for k in p], "opt.cov": [(("cov", k), algo.lr) for k in local.cov],
+                 "opt.gce": [(("gce", "e"), algo.lr)]})
     # mu (its CoV's and GCE's own weight decay, a gradient term of the plain step) with momentum, no wd
     algo = build("gpfl", lr=0.1, mu=0.3, lam=0.5)
     algo = algo.bind(replace(algo.run, optim=local_optim({"momentum": MOM}, 3)))
-    local = {**algo.start_local(algo.init(p, 4), torch.arange(2), 1), "counts": torch.ones(2, K, dtype=torch.float64)}
-    check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1), {"opt.gce": [(("gce",), algo.lr)]},
+    local = algo.start_local(algo.init(p, 4), torch.arange(2), 1)._replace(counts=torch.ones(2, K, dtype=torch.float64))
+    check_steps(algo, local, lambda l, b, s, a: a.train_step(engine, l, b, 1), {"opt.gce": [(("gce", "e"), algo.lr)]},
                 wd=0.0)
     with pytest.raises(ConfigError, match="algo.mu=0.3 is the CoV's and GCE's weight decay"):
         algo = algo.bind(replace(algo.run, optim=local_optim({"weight_decay": 1e-3}, 3)))
