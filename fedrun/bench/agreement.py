@@ -89,7 +89,14 @@ def algo_cases(model: str) -> list[tuple[str, dict]]:
     state = params_of(MODELS[model](data_of(model, torch.float64, "cpu")))
     batchnorm = bool(split_buffers(state)[1])
     out = [(a, {}) for a in names()] + [(a, v) for a in names() for v in variants(a, batchnorm)]
-    return [(a, o) for a, o in out if _serves(build(a, **{**declared_options(a), **o}), state, model)]
+    return [(a, o) for a, o in out if _serves(_probe(a, tuple(o.items())), state, model)]
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(algo: str, options: tuple):
+    """`algo` built at its agreement options and `options` (one build a variant, not one a model and
+    path setting: each worker of the test suite lists the cases when it collects them), for `_serves`."""
+    return build(algo, **{**declared_options(algo), **dict(options)})
 
 
 def _serves(algo, params, model: str) -> bool:
@@ -110,8 +117,9 @@ def cases(device: str | torch.device = "cpu") -> list[Case]:
     out = []
     for model in MODELS:
         probe = MODELS[model](data_of(model, torch.float64, "cpu"))
+        served = algo_cases(model)
         for paths in settings(probe, device):
-            for algo, opts in algo_cases(model):
+            for algo, opts in served:
                 out.append(Case(model, algo, tuple(opts.items()), tuple(paths.items())))
     return out
 
