@@ -10,6 +10,7 @@ groups that cut clients in two (2 chunks under branch groups=rows, 3 under group
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -94,8 +95,9 @@ def algo_cases(model: str) -> list[tuple[str, dict]]:
 
 @functools.lru_cache(maxsize=None)
 def _probe(algo: str, options: tuple):
-    """`algo` built at its agreement options and `options` (one build a variant, not one a model and
-    path setting: each worker of the test suite lists the cases when it collects them), for `_serves`."""
+    """`algo` built at its agreement options and `options`, once (not once a model and path setting:
+    each worker of the test suite lists the cases when it collects them): `_serves` asks it, `_run`
+    runs a copy of it."""
     return build(algo, **{**declared_options(algo), **dict(options)})
 
 
@@ -157,7 +159,7 @@ def _run(model_name: str, algo_name: str, options: tuple, paths: tuple | None, d
     else:
         eng = VmapEngine(model, max_chunks=MAX_CHUNKS, paths=dict(paths))
         eng.CPU_GROUP_ROWS = GROUP_ROWS
-    algo = build(algo_name, **{**declared_options(algo_name), **dict(options)})
+    algo = copy.deepcopy(_probe(algo_name, options))  # (a copy of one build: its Hydra instantiation costs 100x)
     rows = []
     state, last = simulate(algo, eng, data, params_of(model), Schedule(**SCHEDULE), 0,
                            on_eval=lambda r, t, ev: rows.append(ev.row))
