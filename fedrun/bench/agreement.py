@@ -4,11 +4,13 @@ engine: a few rounds of every algorithm on every model, on any device, in float6
 The test suite runs it on the CPU (tests/algorithms/test_branches_agree.py) and `fedrun-bench
 --gpu-check` on cuda; it needs torch alone (no pytest). Data and models are tiny: 4 synthetic
 clients of 7-12 training rows in chunks of 4, MLR and an MLP of one hidden layer on 6 features,
-paper 004's CNN on 1x16x16 images; full passes in groups that cut clients in two (2 chunks under
-branch groups=rows, 3 under groups=chunks).
+paper 004's CNN on 1x16x16 images, narrowed (16 channels, hidden widths 16 and 12: its layers, passes
+and branches; at its 64 channels and widths 384 and 192 its cases took ~3x the CPU); full passes in
+groups that cut clients in two (2 chunks under branch groups=rows, 3 under groups=chunks).
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -28,7 +30,8 @@ IMAGE = 16  # CNN inputs 1x16x16: the smallest side its two 5x5 convolutions and
 MODELS = {
     "mlr": lambda d: MLR(d.in_features, d.num_classes),
     "mlp": lambda d: MLP(d.in_features, d.num_classes, hidden=[5]),
-    "cnn": lambda d: CNN(d.in_features, d.num_classes, in_channels=1, image_size=IMAGE),
+    # narrowed, still wide enough that paper 004's clip (AGREEMENT_META's) clips in each of its methods' cases
+    "cnn": lambda d: CNN(d.in_features, d.num_classes, in_channels=1, image_size=IMAGE, channels=16, hidden=(16, 12)),
     "mlp_bn": lambda d: MLPBN(d.in_features, d.num_classes, hidden=[5]),
     "cnn_bn": lambda d: CNNBN(d.in_features, d.num_classes, in_channels=1, image_size=IMAGE),
 }
@@ -87,7 +90,15 @@ def algo_cases(model: str) -> list[tuple[str, dict]]:
     state = params_of(MODELS[model](data_of(model, torch.float64, "cpu")))
     batchnorm = bool(split_buffers(state)[1])
     out = [(a, {}) for a in names()] + [(a, v) for a in names() for v in variants(a, batchnorm)]
-    return [(a, o) for a, o in out if _serves(build(a, **{**declared_options(a), **o}), state, model)]
+    return [(a, o) for a, o in out if _serves(_probe(a, tuple(o.items())), state, model)]
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(algo: str, options: tuple):
+    """`algo` built at its agreement options and `options`, once (not once a model and path setting:
+    each worker of the test suite lists the cases when it collects them): `_serves` asks it, `_run`
+    runs a copy of it."""
+    return build(algo, **{**declared_options(algo), **dict(options)})
 
 
 def _serves(algo, params, model: str) -> bool:
@@ -108,8 +119,9 @@ def cases(device: str | torch.device = "cpu") -> list[Case]:
     out = []
     for model in MODELS:
         probe = MODELS[model](data_of(model, torch.float64, "cpu"))
+        served = algo_cases(model)
         for paths in settings(probe, device):
-            for algo, opts in algo_cases(model):
+            for algo, opts in served:
                 out.append(Case(model, algo, tuple(opts.items()), tuple(paths.items())))
     return out
 
@@ -147,7 +159,7 @@ def _run(model_name: str, algo_name: str, options: tuple, paths: tuple | None, d
     else:
         eng = VmapEngine(model, max_chunks=MAX_CHUNKS, paths=dict(paths))
         eng.CPU_GROUP_ROWS = GROUP_ROWS
-    algo = build(algo_name, **{**declared_options(algo_name), **dict(options)})
+    algo = copy.deepcopy(_probe(algo_name, options))  # (a copy of one build: its Hydra instantiation costs 100x)
     rows = []
     state, last = simulate(algo, eng, data, params_of(model), Schedule(**SCHEDULE), 0,
                            on_eval=lambda r, t, ev: rows.append(ev.row))

@@ -198,19 +198,22 @@ class CNN(nn.Module):
     Proto features), fc 192-num_classes.
 
     `in_features` is accepted for the common model interface; inputs are [B, C, 32, 32] or flat
-    [B, C * 32 * 32] (reshaped).
+    [B, C * 32 * 32] (reshaped). `channels` and `hidden` (the paper's 64 and (384, 192)) narrow the
+    same layers, for checks that need its passes, not its size (fedrun.bench.agreement).
     """
 
-    def __init__(self, in_features: int, num_classes: int, in_channels: int = 3, image_size: int = 32):
+    def __init__(self, in_features: int, num_classes: int, in_channels: int = 3, image_size: int = 32,
+                 channels: int = 64, hidden: Sequence[int] = (384, 192)):
         super().__init__()
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
         side = ((image_size - 4) // 2 - 4) // 2
         self.conv = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, channels, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels, channels, 5), nn.ReLU(), nn.MaxPool2d(2),
         )
-        self.hidden = nn.Sequential(nn.Linear(64 * side * side, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU())
-        self.head = nn.Linear(192, num_classes)
+        widths = [channels * side * side, *hidden]
+        self.hidden = nn.Sequential(*(m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())))
+        self.head = nn.Linear(widths[-1], num_classes)
 
     def _images(self, x: torch.Tensor, *batch: int) -> torch.Tensor:
         """Inputs as images [*batch, C, H, W]; on the CPU in channels-last memory order, which oneDNN's
