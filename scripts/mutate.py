@@ -222,6 +222,11 @@ MUTANTS = [
     Mutant("compiled-step-round-fixed", "fedrun/run/acceleration.py",
            'rnd = rnd if getattr(algo, "step_uses_round", False) else 0', "rnd = 0",
            ("tests/test_acceleration.py", "-k", "compiled_local_steps"), "compile=default gives every step round 0"),
+    Mutant("compiled-step-graph-breaks", "fedrun/run/acceleration.py",
+           "        return torch._dynamo.config.patch(trace_autograd_ops=True)",
+           "        return contextlib.nullcontext()",
+           ("tests/test_acceleration.py", "-k", "compiled_local_steps and scaffold"),
+           "compile=default breaks the step's graph at each torch.autograd.grad (3-5x the compile time)"),
     # the round's rates as tensors (issue 48 item 1): one captured graph in rounds whose lr changes
     Mutant("graphs-rates-not-refreshed", "fedrun/run/acceleration.py",
            "        rates.at(rnd)\n        replay()", "        replay()",
