@@ -32,3 +32,14 @@ def test_per_client_state_is_the_declared_type_and_reads_back_from_its_flat_form
     assert before.keys() == after.keys()
     for k in before:
         assert all(a is b for a, b in zip(_leaves(before[k]), _leaves(after[k]), strict=True)), (name, k)
+
+
+@pytest.mark.parametrize("name", ["apple", "perfedavg", "fedavg", "pfedme", "fedbabu"])
+def test_round_local_is_a_namedtuple_with_the_optimizer_state_last(name):
+    """APPLE's AppleLocal; Per-FedAvg's the base's ModelLocal (`Algorithm.client_init`), which FedAvg,
+    pFedMe and FedBABU build theirs from."""
+    algo = build(name)
+    state = algo.init(params_of(MLP(6, 3, hidden=[5])), 4)
+    local = algo.client_init(state, torch.tensor([0, 2]), 1)
+    assert isinstance(local, tuple) and local._fields[-1] == "opt" and local.opt == {}, name
+    assert local.params["net.0.weight"].shape[0] == 2
