@@ -362,34 +362,32 @@ MUTANTS += [
 APPLE_TRACE = "tests/test_golden_pfllib_apple.py"
 MUTANTS += [
     Mutant("apple-proximal-dropped", "fedrun/algorithms/apple.py",
-           "grad = dots + (local[\"lam\"] * self.mu).unsqueeze(1) * (p - local[\"p0\"])", "grad = dots",
+           "grad = dots + (local.lam * self.mu).unsqueeze(1) * (p - local.p0)", "grad = dots",
            (APPLE_TRACE,), "APPLE: the proximal pull of p_i toward p0 dropped from p's gradient"),
     Mutant("apple-own-core-frozen", "fedrun/algorithms/apple.py",
            "dots = torch.where(own.bool(), mine.unsqueeze(1), dots)", "dots = dots",
            (APPLE_TRACE,), "APPLE: p_ii's gradient with the client's core as downloaded, not as it trains"),
     Mutant("apple-core-lr-unscaled", "fedrun/algorithms/apple.py",
-           "pii = (p * own).sum(1) * local[\"scale\"]", "pii = (p * own).sum(1)",
+           "pii = (p * own).sum(1) * local.scale", "pii = (p * own).sum(1)",
            (APPLE_TRACE,), "APPLE: the own core's step without PFLlib's lr x C"),
 ]
 # issue 44 item 3, APPLE and FedCP on BatchNorm models (tests/algorithms/test_trainer_bn4.py)
 BN4 = "tests/algorithms/test_trainer_bn4.py"
 MUTANTS += [
     Mutant("apple-bn-step-statistics-dropped", "fedrun/algorithms/apple.py",
-           'g, _, local = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, '
-           '"theta", x, y)',
-           'g, _, _ = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, "theta", x, y)\n'
-           '        local = {**local, "theta": {**local["theta"], **self.theta(local)}}',
+           'g, _, local = self.grad(engine, local._replace(theta={**local.theta, **self.theta(local)}), "theta", x, y)',
+           'g, _, _ = self.grad(engine, local._replace(theta={**local.theta, **self.theta(local)}), "theta", x, y)\n'
+           '        local = local._replace(theta={**local.theta, **self.theta(local)})',
            (BN4, "-k", "apple_step"), "APPLE: the step's training-mode forward does not move theta_i's statistics"),
     Mutant("apple-bn-paper-served-initial-statistics", "fedrun/algorithms/apple.py",
-           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
-           'state.clients["theta"]), None',
-           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
-           'stack(state.params, len(state.clients["p"]["p"]))), None',
+           'return self.with_statistics(mix(state.clients.p["p"], state.clients.params), state.clients.theta), None',
+           'return self.with_statistics(mix(state.clients.p["p"], state.clients.params), '
+           'stack(state.params, len(state.clients.p["p"]))), None',
            (BN4, "-k", "apple_serves"), "APPLE paper: theta_i served with the initial model's statistics, not its own"),
     Mutant("apple-bn-onboard-statistics-dropped", "fedrun/algorithms/apple.py",
-           '"theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), local["theta"]))}',
-           '"theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), '
-           'state.clients["theta"], new))}',
+           'theta=scatter(state.clients.theta, new, self.with_statistics(self.theta(local), local.theta)))',
+           'theta=scatter(state.clients.theta, new, self.with_statistics(self.theta(local), '
+           'state.clients.theta, new)))',
            (BN4, "-k", "apple_held_out"), "APPLE: a held-out client's onboarding forwards do not move its statistics"),
     Mutant("fedcp-bn-model-statistics-dropped", "fedrun/algorithms/fedcp.py",
            'P = {**local.params, **{k: v for k, v in untagged(moved.q, "m.").items() if is_buffer(k)}}',
@@ -464,8 +462,8 @@ MUTANTS += [  # the local trainer under Per-FedAvg, pFedMe, FedBN and FedAvg's b
            'else {**w, **only(w_tilde, [k for k in w if k not in g])}', "else w",
            (META, "-k", "perfedavg_outer"), "Per-FedAvg: the new w keeps the statistics before D', not after"),
     Mutant("perfedavg-outer-step-of-alpha", "fedrun/algorithms/perfedavg.py",
-           'return self.descend(put(local, params=start), "params", g2, self.beta, rnd)',
-           'return self.descend(put(local, params=start), "params", g2, self.alpha, rnd)',
+           'return self.descend(local._replace(params=start), "params", g2, self.beta, rnd)',
+           'return self.descend(local._replace(params=start), "params", g2, self.alpha, rnd)',
            (META, "-k", "perfedavg_outer"), "Per-FedAvg: the outer step's optimizer at lr alpha, not beta"),
     Mutant("pfedme-envelope-gradient-unscaled", "fedrun/algorithms/pfedme.py",
            "t.mul_(self.lam)  # the Moreau envelope's gradient", "t.mul_(1.0)  # the Moreau envelope's gradient",
@@ -661,9 +659,8 @@ MUTANTS += [
            "local = self.client_init(state, new, 0)",
            (BY_HAND, "-k", "apfl"), "APFL: a held-out client's v starts from the initial model, not w^t"),
     Mutant("apple-paper-served-stale-theta", "fedrun/algorithms/apple.py",
-           'return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), '
-           'state.clients["theta"]), None',
-           'return state.clients["theta"], None',
+           'return self.with_statistics(mix(state.clients.p["p"], state.clients.params), state.clients.theta), None',
+           'return state.clients.theta, None',
            (BY_HAND, "-k", "apple"),
            "APPLE paper: served theta_i of the client's last step, not p_i times the new cores"),
     Mutant("apple-decay-off-by-one", "fedrun/algorithms/apple.py",
@@ -1026,10 +1023,11 @@ MUTANTS += [  # the local trainer for FedALA, FedFomo, APPLE, FedCP, GPFL, FedPA
            "names = list(params)\n        return names[-self.layer_idx:]",
            (PFLGROUP, "-k", "fedala_mixes"), "FedALA: W over running statistics too"),
     Mutant("apple-p-held-out-columns-move", "fedrun/algorithms/apple.py",
-           '{"p": torch.where(local["member"], grad, 0)}', '{"p": grad}',
+           '{"p": torch.where(local.member, grad, 0)}', '{"p": grad}',
            (PFLGROUP, "-k", "apple"), "APPLE: p's held-out columns take optimizer steps"),
     Mutant("apple-core-gradient-unscaled", "fedrun/algorithms/apple.py",
-           "pii.view(-1, *[1] * (gk.dim() - 1)) * gk for k, gk", "gk for k, gk",
+           'self.descend(local, "params", scale(g, pii), self.lr, rnd)',
+           'self.descend(local, "params", g, self.lr, rnd)',
            (PFLGROUP, "-k", "apple"), "APPLE: the core's optimizer gradient without p_ii C"),
     Mutant("fedcp-cpn-skips-optimizer", "fedrun/algorithms/fedcp.py",
            'local = self.descend(local, "cpn", gc, lr, rnd)',

@@ -23,7 +23,7 @@ def worst(trace: dict, states: list) -> dict[str, float]:
         out = mix.compare(trace, states)
     for it, state in zip(trace["iterations"], states):
         ref = np.array([it["p"][str(c)] for c in range(len(it["p"]))])
-        d = np.abs(ref - state.clients["p"]["p"].double().numpy())
+        d = np.abs(ref - state.clients.p["p"].double().numpy())
         out["p"] = max(out.get("p", -np.inf), float((d - ATOL - RTOL * np.abs(ref)).max()))
     return out
 

@@ -98,8 +98,8 @@ class SignSGD(Algorithm):
 
     def client_step(self, engine, local, batches, rnd):
         (x, y), = batches
-        g, _ = engine.grad(local["params"], x, y)
-        return {**local, "params": {k: v - self.lr * torch.sign(g[k]) for k, v in local["params"].items()}}
+        g, _ = engine.grad(local.params, x, y)
+        return local._replace(params={k: v - self.lr * torch.sign(g[k]) for k, v in local.params.items()})
 '''
 
 

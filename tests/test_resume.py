@@ -156,9 +156,9 @@ class NaNOnRound3(PerFedAvg):
         out = super().client_step(engine, local, batches, rnd)
         self.calls += 1
         if self.calls == 2 * 2 + 1:  # tau=2: rounds 1-2 take steps 1-4; step 5 opens round 3
-            params = {k: v.clone() for k, v in out["params"].items()}
+            params = {k: v.clone() for k, v in out.params.items()}
             params["net.0.weight"][2, 0, 0] = float("nan")
-            out = {**out, "params": params}
+            out = out._replace(params=params)
         return out
 
 

@@ -21,7 +21,7 @@ computed at the start of its last step, as PFLlib's clientAPPLE does (docs/basel
 Served: theta_i (`pfllib`: that same model, which is what PFLlib scores; `paper`: p_i times the
 current cores).
 
-Vectorized: the C core models stacked [C, ...] in `ServerState.clients["params"]`; each local step
+Vectorized: the C core models stacked [C, ...] in `ServerState.clients.params`; each local step
 forms the mixtures of all the round's m clients as one [m, C] x [C, P] product per parameter tensor,
 and the p-gradients as one [m, P] x [P, C] product. The round's Local holds the stacked cores as an
 expanded (stride-0) view, so training keeps ONE copy of them on the device: C core models, plus
@@ -29,15 +29,16 @@ per client its own core, its mixture and its gradient (m x 3 models) and p [m, C
 join the replicas' views into one [m, C, ...] tensor, a copy of C models per client; and the
 round's non-finite check allocates an [m, C, P] boolean once per round.)
 
-Per-client state (stacked over ALL clients in `ServerState.clients`, checkpointed, gathered for the
-round's clients and scattered back, so unsampled clients keep theirs): `params`, the core models
-(started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i [C, C].
+Per-client state (an `AppleClients`, stacked over ALL clients in `ServerState.clients`, checkpointed,
+gathered for the round's clients and scattered back, so unsampled clients keep theirs): `params`, the
+core models (started from the initial model), `theta`, the served theta_i, and `p["p"]`, the p_i
+[C, C]. A round's clients hold an `AppleLocal`.
 Held-out clients have no core: their columns of every p are 0 and never move (`extra["member"]`).
 
 BatchNorm (a model state with running statistics): theta_i is the model that runs (PFLlib's
 clientAPPLE: `self.model`, whose `parameters()` `aggregate_parameters` overwrites with the p-weighted
 mix of the cores before each step, its buffers untouched), so its running statistics are the
-client's own: kept in `clients["theta"]` (from the initial model's), updated by each step's forward
+client's own: kept in `clients.theta` (from the initial model's), updated by each step's forward
 in training mode (its minibatch's statistics) and served with theta_i. The cores are parameters only
 (PFLlib's `model_c`, a copy of the client's model, is only ever mixed by `parameters()`): no
 statistics are mixed, averaged or uploaded, so `bn=averaged` and `bn=local` are the same run. A
@@ -47,16 +48,41 @@ forwards (training mode) move them.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, is_buffer, only, param_names, scatter, stack
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from ..engine.tree import Params, add, expand, gather, is_buffer, only, param_names, scale, scatter, stack, sub
+from .base import Algorithm, EvalContext, Phase, ServerState
 from .checks import check_choice, check_optional_int, check_positive
 from .personalize import onboarding_batches
 from .trainer import slot_of
+
+
+class AppleClients(NamedTuple):
+    """APPLE's per-client state, stacked over ALL clients (the fields: the names checkpoints hold)."""
+
+    params: Params  # the core models c_j (parameters only)
+    theta: Params  # the served theta_i (a model state: with the client's own BatchNorm statistics)
+    p: dict  # {"p": the p_i [C, C]}
+
+
+class AppleLocal(NamedTuple):
+    """A round's Local of APPLE, stacked over the round's m clients."""
+
+    p: Tensor  # p_i [m, C]
+    shape_p: dict  # {"p": p_i}: p's shape for its optimizer slot (a dict, as the trainer's slots take)
+    params: Params  # the clients' own cores c_i as they train
+    theta: Params  # theta_i (its parameters: the last step's mixture; its BatchNorm statistics: the client's)
+    cores: Params  # every core as the server holds it, [m, C, ...] (an expanded view of one set)
+    own: Tensor  # [m, C]: one-hot of the client's own column
+    p0: Tensor  # [m, C]: the clients' shares of training rows
+    member: Tensor  # [m, C] bool: the training clients' columns
+    lam: Tensor  # [m]: the round's lam_t
+    scale: Tensor  # [m]: C, the scale of the own core's rate
+    opt: dict = {}  # the local trainer's optimizer state, by slot ("opt": the core, "opt.p": p)
 
 
 def mix(p: Tensor, cores: Params) -> Params:
@@ -90,6 +116,7 @@ def _dots(g: Params, cores: Params) -> Tensor:
 
 class APPLE(Algorithm):
     name = "apple"
+    Clients = AppleClients
 
     FOLLOW = ("paper", "pfllib")
     protocol = {"follow": dict(honest="paper", official="pfllib")}  # PFLlib's clientAPPLE uploads theta_i
@@ -144,25 +171,24 @@ class APPLE(Algorithm):
         p = torch.where(member, 1.0 / len(n), 0.0).to(first.dtype)
         extra = {"p0": p0.to(first.dtype).to(first.device), "member": member.to(first.device)}
         return ServerState(params=params, extra=extra,  # (cores: parameters only; theta: the model state)
-                           clients={"params": stack(only(params, param_names(params)), num_clients),
-                                    "theta": stack(params, num_clients),
-                                    "p": {"p": p.to(first.device).expand(num_clients, -1).clone()}})
+                           clients=AppleClients(params=stack(only(params, param_names(params)), num_clients),
+                                                theta=stack(params, num_clients),
+                                                p={"p": p.to(first.device).expand(num_clients, -1).clone()}))
 
-    def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> Local:
+    def _local(self, state: ServerState, clients: Tensor, p: Tensor, core: Params, lam: float) -> AppleLocal:
         m, C = len(clients), len(state.extra["p0"])
         first = next(iter(core.values()))
-        return {"p": p, "shape.p": {"p": p},  # (p's shape for its optimizer slot, a dict as the trainer's slots take)
-                "params": core, "theta": self.with_statistics(mix(p, state.clients["params"]), state.clients["theta"],
-                                                              clients),
-                "cores": {k: v.unsqueeze(0).expand(m, *v.shape) for k, v in state.clients["params"].items()},
-                "own": (clients.unsqueeze(1) == torch.arange(C, device=clients.device)).to(first.dtype),  # (one_hot
-                # checks its indices on the host)
-                "p0": state.extra["p0"].expand(m, -1), "member": state.extra["member"].expand(m, -1),
-                "lam": torch.full((m,), lam, dtype=first.dtype, device=first.device),
-                "scale": state.extra["member"].sum().to(first.dtype).repeat(m)}  # (on the device: no host read)
+        return AppleLocal(p=p, shape_p={"p": p}, params=core,
+                          theta=self.with_statistics(mix(p, state.clients.params), state.clients.theta, clients),
+                          cores=expand(state.clients.params, m),
+                          # (not one_hot: it checks its indices on the host)
+                          own=(clients.unsqueeze(1) == torch.arange(C, device=clients.device)).to(first.dtype),
+                          p0=state.extra["p0"].expand(m, -1), member=state.extra["member"].expand(m, -1),
+                          lam=torch.full((m,), lam, dtype=first.dtype, device=first.device),
+                          scale=state.extra["member"].sum().to(first.dtype).repeat(m))  # (on the device: no host read)
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        return self._local(state, clients, state.clients["p"]["p"][clients], gather(state.clients["params"], clients),
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> AppleLocal:
+        return self._local(state, clients, state.clients.p["p"][clients], gather(state.clients.params, clients),
                            self.lam_at(rnd))
 
     @staticmethod
@@ -176,38 +202,37 @@ class APPLE(Algorithm):
         return {k: mixed[k] if k in mixed else (theta[k] if clients is None else theta[k][clients]) for k in theta}
 
     @staticmethod
-    def theta(local: Local) -> Params:
+    def theta(local: AppleLocal) -> Params:
         """theta_i = sum_j p_ij c_j with the client's own core as it trains (an [m, C] x [C, P] product)."""
-        p, own, core = local["p"], local["own"], local["params"]
-        base = mix_local(p, local["cores"])
-        frozen = mix_local(own, local["cores"])  # its own core as the server holds it
-        w = (p * own).sum(1)
-        return {k: base[k] + w.view(-1, *[1] * (base[k].dim() - 1)) * (core[k] - frozen[k]) for k in base}
+        p, own, core = local.p, local.own, local.params
+        base = mix_local(p, local.cores)
+        frozen = mix_local(own, local.cores)  # its own core as the server holds it
+        return add(base, scale(sub(core, frozen), (p * own).sum(1)))
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: AppleLocal, batches, rnd: int) -> AppleLocal:
         (x, y), = batches
-        p, own = local["p"], local["own"]
+        p, own = local.p, local.own
         # the step's forward at theta_i, training mode (BatchNorm: the client's own statistics move)
-        g, _, local = self.grad(engine, {**local, "theta": {**local["theta"], **self.theta(local)}}, "theta", x, y)
-        theta = local["theta"]
-        pii = (p * own).sum(1) * local["scale"]
+        g, _, local = self.grad(engine, local._replace(theta={**local.theta, **self.theta(local)}), "theta", x, y)
+        theta = local.theta
+        pii = (p * own).sum(1) * local.scale
         if self.optim.plain:  # (the arithmetic the golden traces pin)
-            core = {k: v - self.lr * pii.view(-1, *[1] * (v.dim() - 1)) * g[k] for k, v in local["params"].items()}
+            core = sub(local.params, scale(g, self.lr * pii))
         else:  # the core's gradient: d theta_i / d c_i = p_ii (times C, the scale of its rate)
-            core = self.descend(local, "params", {k: pii.view(-1, *[1] * (gk.dim() - 1)) * gk for k, gk in g.items()},
-                                self.lr, rnd)
-            local, core = core, core["params"]
-        dots = _dots(g, local["cores"])
+            core = self.descend(local, "params", scale(g, pii), self.lr, rnd)
+            local, core = core, core.params
+        dots = _dots(g, local.cores)
         mine = sum((g[k] * core[k]).flatten(1).mean(1) for k in g) / len(g)  # <g, c_i>~ with the updated c_i
         dots = torch.where(own.bool(), mine.unsqueeze(1), dots)
-        grad = dots + (local["lam"] * self.mu).unsqueeze(1) * (p - local["p0"])
+        grad = dots + (local.lam * self.mu).unsqueeze(1) * (p - local.p0)
         if self.optim.plain:
-            p = torch.where(local["member"], p - self.dr_lr * grad, p)
+            p = torch.where(local.member, p - self.dr_lr * grad, p)
         else:  # (held-out clients' columns: no gradient, so no step, under any optimizer of optim.*)
-            out = self.descend({**local, "p": {"p": p}}, "p", {"p": torch.where(local["member"], grad, 0)},
+            # (p stepped as the model {"p": p}, the dict the trainer's models are, in the slot "opt.p")
+            out = self.descend(local._replace(p={"p": p}), "p", {"p": torch.where(local.member, grad, 0)},
                                self.dr_lr, rnd)
-            local, p = out, out["p"]["p"]
-        return {**local, "theta": theta, "params": core, "p": p}
+            local, p = out, out.p["p"]
+        return local._replace(theta=theta, params=core, p=p)
 
     # PFLlib's clientAPPLE takes SGD steps of its own core (lr) and of its p_i (dr_lr): optim.* applies to
     # each, two slots ("opt" for the core, "opt.p" for p)
@@ -216,36 +241,37 @@ class APPLE(Algorithm):
     # cores carry none, so bn=averaged and bn=local are the same run (module docstring)
     batchnorm_ok = True
 
-    def shared_buffers(self, local: Local) -> Params:  # (trainer, bn=local): no shared model's statistics
+    def shared_buffers(self, local: AppleLocal) -> Params:  # (trainer, bn=local): no shared model's statistics
         return {}
 
-    def optim_slots(self, local: Local) -> dict:
-        return {"opt": ("params", param_names(local["params"])), slot_of("p"): ("shape.p", ["p"])}
+    def optim_slots(self, local: AppleLocal) -> dict:
+        return {"opt": ("params", param_names(local.params)), slot_of("p"): ("shape_p", ["p"])}
 
-    def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
+    def server_update(self, state: ServerState, local: AppleLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        up = local["theta"] if self.follow == "pfllib" else local["params"]  # (scatter takes the cores' entries)
-        kept = {"params": scatter(state.clients["params"], clients, up),
-                "p": {"p": state.clients["p"]["p"].index_copy(0, clients, local["p"])}}
-        served = local["theta"] if self.follow == "pfllib" else self.with_statistics(self.theta(local), local["theta"])
-        kept["theta"] = scatter(state.clients["theta"], clients, served)
-        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
+        up = local.theta if self.follow == "pfllib" else local.params  # (scatter takes the cores' entries)
+        served = local.theta if self.follow == "pfllib" else self.with_statistics(self.theta(local), local.theta)
+        kept = AppleClients(params=scatter(state.clients.params, clients, up),
+                            theta=scatter(state.clients.theta, clients, served),
+                            p={"p": state.clients.p["p"].index_copy(0, clients, local.p)})
+        return ServerState(params=state.params, extra=state.extra, clients=kept)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
         if self.follow == "pfllib":
-            return state.clients["theta"], None
-        return self.with_statistics(mix(state.clients["p"]["p"], state.clients["params"]), state.clients["theta"]), None
+            return state.clients.theta, None
+        return self.with_statistics(mix(state.clients.p["p"], state.clients.params), state.clients.theta), None
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no core in the mixtures: it starts from p_i = p0 (the FedAvg mixture
         of the trained cores) and takes new_client_steps (null: tau) APPLE steps that learn p_i alone
         (lam_t of the round after the last); it is served sum_j p_ij c_j."""
         p0 = state.extra["p0"]
-        local = self._local(state, new, p0.expand(len(new), -1).clone(), gather(state.clients["params"], new),
+        local = self._local(state, new, p0.expand(len(new), -1).clone(), gather(state.clients.params, new),
                             self.lam_at((self.run_rounds or 0) + 1))
-        local["own"] = torch.zeros_like(local["own"])  # no own core: theta = p . cores, c_i untouched
+        local = local._replace(own=torch.zeros_like(local.own))  # no own core: theta = p . cores, c_i untouched
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
-        kept = {"p": {"p": state.clients["p"]["p"].index_copy(0, new, local["p"])},
-                "theta": scatter(state.clients["theta"], new, self.with_statistics(self.theta(local), local["theta"]))}
-        return ServerState(params=state.params, extra=state.extra, clients={**state.clients, **kept})
+        kept = state.clients._replace(
+            p={"p": state.clients.p["p"].index_copy(0, new, local.p)},
+            theta=scatter(state.clients.theta, new, self.with_statistics(self.theta(local), local.theta)))
+        return ServerState(params=state.params, extra=state.extra, clients=kept)

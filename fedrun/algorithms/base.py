@@ -3,8 +3,9 @@
 State is explicit. `ServerState` holds the server model, server-side extras and the persistent
 state of EVERY client (`clients`: name -> tensors stacked over all C clients, e.g. control
 variates), so it all lives on the device and is checkpointed with the run. A round's local state
-`Local` is a dict of tensors (or dicts of tensors) stacked over the m clients that train:
-`Local["params"]` is each client's model; algorithms add what they need (pFedMe's theta, ...).
+`Local` is a NamedTuple of tensors (or dicts of tensors) stacked over the m clients that train: its
+`params` is each client's model (the default, `ModelLocal`, has only that and the optimizer state
+`opt`); algorithms declare their own with what they need (pFedMe's theta, ...).
 
   init(params, num_clients)                     -> ServerState
   prepare(engine, state, ctx)                   -> ServerState   (a fresh run, before round 1)
@@ -43,9 +44,11 @@ from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
-from .trainer import LocalTrainer, RunInfo, get  # noqa: F401  (RunInfo: part of the contract)
+from .trainer import LocalTrainer, ModelLocal, RunInfo, get  # noqa: F401  (RunInfo: part of the contract)
 
-Local = dict  # name -> stacked tensor or dict of stacked tensors, leading dim = clients training
+# a NamedTuple (or, for methods not yet typed, a dict) of stacked tensors or dicts of stacked tensors, leading
+# dim = clients training
+Local = dict
 
 
 @dataclass(frozen=True)
@@ -218,8 +221,8 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
         the round loop after `init` (a resumed run restores it from the checkpoint). Default: `state`."""
         return state
 
-    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> Local:
-        return {"params": stack(state.params, len(clients))}
+    def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> ModelLocal:
+        return ModelLocal(params=stack(state.params, len(clients)))
 
     def client_step(self, engine: Engine, local: Local, batches: list[tuple[Tensor, Tensor]], rnd: int) -> Local:
         raise NotImplementedError

@@ -50,7 +50,7 @@ class BatchNormState:
                            clients=state.clients)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> BatchNormLocal:
-        params = get(super().client_init(state, clients, rnd), "params")
+        params = super().client_init(state, clients, rnd).params
         return BatchNormLocal(params=params, buffers=stack(state.extra.get("buffers", {}), len(clients)))
 
     def client_step(self, engine: Engine, local: BatchNormLocal, batches, rnd: int) -> BatchNormLocal:

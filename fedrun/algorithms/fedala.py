@@ -37,7 +37,7 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.tree import Params, gather, only, param_names, per_client, scatter, stack, weighted_mean
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Phase, ServerState
+from .base import Algorithm, EvalContext, ModelLocal, Phase, ServerState
 from .checks import check_int, check_optional_int, check_positive
 from .personalize import onboarding_batches
 
@@ -182,8 +182,8 @@ class FedALA(Algorithm):
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client has no local model to mix the server model into (its ALA would be skipped,
         as on a first round): new_client_steps (null: tau) of its local SGD from the server model."""
-        local = {"params": stack(state.params, len(new))}  # (the trainer's plain Local: only a model to train)
+        local = ModelLocal(params=stack(state.params, len(new)))  # (the trainer's plain Local: only a model to train)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.train_step(engine, local, batches, 0)
-        params = scatter(state.clients.params, new, local["params"])
+        params = scatter(state.clients.params, new, local.params)
         return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(params=params))

@@ -24,7 +24,6 @@ from ..engine.tree import Params, gather, head_names, param_names, weighted_mean
 from .base import Phase, ServerState
 from .checks import check_optional_int, require_body
 from .fedavg import AveragedSGD
-from .trainer import get
 
 
 class FedBABULocal(NamedTuple):
@@ -56,7 +55,7 @@ class FedBABU(AveragedSGD):
         return {"opt": ("params", [k for k in param_names(local.params) if k not in head])}
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedBABULocal:
-        return FedBABULocal(params=get(super().client_init(state, clients, rnd), "params"))
+        return FedBABULocal(params=super().client_init(state, clients, rnd).params)
 
     def client_step(self, engine: Engine, local: FedBABULocal, batches, rnd: int) -> FedBABULocal:
         (x, y), = batches

@@ -52,7 +52,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, param_names, per_client, scatter, stack
-from .base import Algorithm, EvalContext, Phase, ServerState
+from .base import Algorithm, EvalContext, ModelLocal, Phase, ServerState
 from .checks import check_choice, check_int, check_optional_int, check_positive
 
 
@@ -196,6 +196,6 @@ class FedFomo(Algorithm):
         val = [(x[:, s], y[:, s]) for s in range(self.val_batches)]
         w, _ = weigh(engine, start, start, gather(state.clients.params, ids), live, val)
         for s in range(self.val_batches, self.val_batches + steps):  # (the trainer's plain Local: a model)
-            w = self.train_step(engine, {"params": w}, [(x[:, s], y[:, s])], 0)["params"]
+            w = self.train_step(engine, ModelLocal(params=w), [(x[:, s], y[:, s])], 0).params
         params = scatter(state.clients.params, new, w)
         return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(params=params))

@@ -24,6 +24,9 @@ reproduce it (`protocol=official_2020` sets both):
   test_time=test_then_train the test-time steps: lr alpha on a TEST minibatch, then lr beta on a
                             TRAINING minibatch (both on test minibatches since Nov 2020, ed8e909).
 
+No per-client state (clients={}); a round's clients hold the base's `ModelLocal` (their models and
+their optimizer state).
+
 The local trainer (fedrun.algorithms.trainer):
 - `optim.*` applies to the outer (meta) step: it is a gradient step of the meta-objective
   F(w) = f(w - alpha grad f(w)), whose gradient is (I - alpha H) grad f(w~) (fo drops the Hessian
@@ -44,10 +47,9 @@ from __future__ import annotations
 from ..engine import Engine
 from ..engine.tree import axpy, only, sgd, stack
 from ..errors import ConfigError
-from .base import Algorithm, EvalContext, Local, Phase, ServerState
+from .base import Algorithm, EvalContext, ModelLocal, Phase, ServerState
 from .checks import check_choice, check_int, check_positive
 from .personalize import OneStepPersonalization
-from .trainer import get, put
 
 
 class PerFedAvg(OneStepPersonalization, Algorithm):
@@ -120,25 +122,26 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             p = {**p, **sgd(only(p, g), g, lr), **buffers}
         return p, None
 
-    def client_step(self, engine: Engine, local: Local, batches, rnd: int) -> Local:
+    def client_step(self, engine: Engine, local: ModelLocal, batches, rnd: int) -> ModelLocal:
         """w~ = w - alpha grad f(w; D); w <- w - beta (I - alpha H(w; D'')) grad f(w~; D') (the outer step:
         one step of the client's optimizer along that gradient, from w, or from w~ with
         outer_step_from=w_tilde)."""
         (x, y), (x2, y2) = batches[:2]
         g, _, local = self.grad(engine, local, "params", x, y)  # (the statistics: moved by D's forward)
-        w = get(local, "params")
-        adapted = {"w_tilde": {**w, **sgd(only(w, g), g, self.alpha)}}
-        g2, _, adapted = self.grad(engine, adapted, "w_tilde", x2, y2)  # (and by D''s, at w~)
-        w_tilde = adapted["w_tilde"]
+        w = local.params
+        # w~ (and the finite difference's points) as models of their own, in Locals of their own
+        adapted = ModelLocal(params={**w, **sgd(only(w, g), g, self.alpha)})
+        g2, _, adapted = self.grad(engine, adapted, "params", x2, y2)  # (and by D''s, at w~)
+        w_tilde = adapted.params
         if self.variant == "hf":
             x3, y3 = batches[2]
             at = only(w, g2)  # the finite difference's points: their statistics are left unused
-            gp, _, _ = self.grad(engine, {"p": {**w, **axpy(self.delta, g2, at)}}, "p", x3, y3)
-            gm, _, _ = self.grad(engine, {"p": {**w, **axpy(-self.delta, g2, at)}}, "p", x3, y3)
+            gp, _, _ = self.grad(engine, ModelLocal(params={**w, **axpy(self.delta, g2, at)}), "params", x3, y3)
+            gm, _, _ = self.grad(engine, ModelLocal(params={**w, **axpy(-self.delta, g2, at)}), "params", x3, y3)
             g2 = {k: g2[k] - self.alpha * (gp[k] - gm[k]) / (2 * self.delta) for k in g2}
         elif self.variant == "exact":  # (no BatchNorm: refused)
             x3, y3 = batches[2]
             hv = engine.hvp(w, g2, x3, y3)
             g2 = axpy(-self.alpha, hv, g2)
         start = w_tilde if self.outer_step_from == "w_tilde" else {**w, **only(w_tilde, [k for k in w if k not in g])}
-        return self.descend(put(local, params=start), "params", g2, self.beta, rnd)
+        return self.descend(local._replace(params=start), "params", g2, self.beta, rnd)

@@ -49,7 +49,6 @@ from ..engine import Engine
 from ..engine.tree import Params, gather, param_names, weighted_mean
 from .base import Algorithm, EvalContext, ServerState
 from .checks import check_choice, check_int, check_positive
-from .trainer import get
 
 
 class PFedMeLocal(NamedTuple):
@@ -89,7 +88,7 @@ class PFedMe(Algorithm):
         self.train_all = bool(train_all)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> PFedMeLocal:
-        params = get(super().client_init(state, clients, rnd), "params")
+        params = super().client_init(state, clients, rnd).params
         return PFedMeLocal(params=params, theta={k: v.clone() for k, v in params.items()})
 
     def with_shared_buffers(self, local: PFedMeLocal, buffers: Params) -> PFedMeLocal:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -41,6 +41,14 @@ from .checks import check_choice
 from .optim import PLAIN, LocalOptim
 
 Local = dict
+
+
+class ModelLocal(NamedTuple):
+    """The round's Local of a method whose clients train one model and keep nothing else (the base
+    `Algorithm.client_init`'s: Per-FedAvg's; the held-out clients' local SGD of FedALA and FedFomo)."""
+
+    params: Params  # the clients' models, stacked (a BatchNorm model's with its running statistics)
+    opt: dict = {}  # the local trainer's optimizer state, by slot (`slot_of`)
 
 # How a shared model's BatchNorm running statistics are kept (`bn=`, docs/baselines.md "BatchNorm").
 BN_POLICIES = ("averaged", "local")

@@ -35,19 +35,18 @@ def test_mixtures_and_p_gradients_by_hand():
 def test_held_out_columns_stay_zero_and_state_survives_a_resume(tmp_path):
     algo = APPLE(lr=0.1, dr_lr=1.0, mu=0.5, decay=1.0, decay_rounds=3)
     state = algo.init({"w": torch.zeros(2)}, 4)
-    assert state.clients["p"]["p"][0].tolist() == [0.25] * 4
+    assert state.clients.p["p"][0].tolist() == [0.25] * 4
     algo = algo.bind(RunInfo(train_sizes=torch.tensor([1, 3])))  # 2 training clients of 4
     state = algo.init({"w": torch.zeros(2)}, 4)
-    assert state.clients["p"]["p"][0].tolist() == [0.5, 0.5, 0, 0] and state.extra["p0"].tolist() == [0.25, 0.75, 0, 0]
+    assert state.clients.p["p"][0].tolist() == [0.5, 0.5, 0, 0] and state.extra["p0"].tolist() == [0.25, 0.75, 0, 0]
     local = algo.client_init(state, torch.tensor([0, 1]), 1)
-    local["params"] = {"w": torch.ones(2, 2)}
-    local["cores"] = {"w": torch.randn(2, 4, 2)}
+    local = local._replace(params={"w": torch.ones(2, 2)}, cores={"w": torch.randn(2, 4, 2)})
 
     class Engine:  # (the local trainer's `grad` calls state_grad: gradients, losses, BatchNorm buffers)
         def state_grad(self, w, x, y):
             return {"w": torch.ones_like(w["w"])}, None, {}
     out = algo.client_step(Engine(), local, [(None, None)], 1)
-    assert (out["p"][:, 2:] == 0).all() and (out["p"][:, :2] != local["p"][:, :2]).all()
+    assert (out.p[:, 2:] == 0).all() and (out.p[:, :2] != local.p[:, :2]).all()
     resume_check(tmp_path, APPLE(lr=0.1, dr_lr=1.0, mu=0.5, decay=1.0, decay_rounds=3))
 
 

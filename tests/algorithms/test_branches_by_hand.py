@@ -259,7 +259,7 @@ def test_apple_by_hand(engine_cls, follow, form):
     got, _ = algo.personalize(engine, state, None)
     for i in range(TRAIN + 1):
         close(got, served[i], i)
-        torch.testing.assert_close(state.clients["p"]["p"][i], torch.tensor(p[i] + [0.0], dtype=torch.float64), **TOL)
+        torch.testing.assert_close(state.clients.p["p"][i], torch.tensor(p[i] + [0.0], dtype=torch.float64), **TOL)
 
 
 def test_apple_decay_as_a_fraction_of_the_rounds():

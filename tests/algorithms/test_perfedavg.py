@@ -5,7 +5,7 @@ import torch
 from helpers import half_squared, quad_grad, quadratic_setup
 from torch import nn
 
-from fedrun.algorithms.base import ServerState
+from fedrun.algorithms.base import ModelLocal, ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.data import synthetic
@@ -19,7 +19,7 @@ ENGINES = [VmapEngine, LoopEngine]
 
 def step(algo, engine, params, batches, rnd=1):
     """One local step of `algo` from stacked `params`; returns the new stacked params."""
-    return algo.client_step(engine, {"params": params}, batches, rnd)["params"]
+    return algo.client_step(engine, ModelLocal(params=params), batches, rnd).params
 
 
 @pytest.mark.parametrize("E", ENGINES)
@@ -85,7 +85,7 @@ def test_fedavg_one_full_batch_step_is_one_centralized_gd_step(E):
     beta = 0.5
     algo = FedAvg(beta=beta)
     w0 = params_of(model)
-    local = algo.client_step(E(model), {"params": stack(w0, C)}, [(x, y)], 1)
+    local = algo.client_step(E(model), ModelLocal(params=stack(w0, C)), [(x, y)], 1)
     everyone = torch.arange(C)
     server = algo.server_update(ServerState(w0), local, everyone, everyone, None).params
     # centralized: one GD step on the pooled data (equal client sizes, so the means coincide)
@@ -98,7 +98,7 @@ def test_fedavg_one_full_batch_step_is_one_centralized_gd_step(E):
 
 def test_weighted_server_update_uses_normalized_weights():
     w = {"a": torch.tensor([[1.0], [5.0], [3.0]])}
-    out = FedAvg().server_update(ServerState({"a": torch.zeros(1)}), {"params": w}, torch.arange(3),
+    out = FedAvg().server_update(ServerState({"a": torch.zeros(1)}), ModelLocal(params=w), torch.arange(3),
                                  torch.tensor([0, 2]), torch.tensor([1.0, 3.0]))
     torch.testing.assert_close(out.params["a"], torch.tensor([2.5]))  # client 1 trained, not aggregated
 

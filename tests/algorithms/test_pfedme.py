@@ -4,7 +4,7 @@ import torch
 from helpers import group_options, half_squared, quadratic_setup
 from omegaconf import OmegaConf
 
-from fedrun.algorithms.base import ServerState
+from fedrun.algorithms.base import ModelLocal, ServerState
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.pfedme import PFedMe, PFedMeLocal
@@ -51,7 +51,7 @@ def test_large_lam_and_K_approach_fedavg_local_steps(E):
     batches = [(torch.randn(m, B, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (m, B), generator=g))
                for _ in range(tau)]
     engine = E(model)
-    fed = {"params": stack(w0, m)}
+    fed = ModelLocal(params=stack(w0, m))
     for b in batches:
         fed = FedAvg(beta=eta).client_step(engine, fed, [b], 1)
     gaps = []
@@ -60,7 +60,7 @@ def test_large_lam_and_K_approach_fedavg_local_steps(E):
         local = algo.client_init(ServerState(w0), torch.arange(m), 1)
         for b in batches:
             local = algo.client_step(engine, local, [b], 1)
-        gaps.append(max(float((local.params[k] - fed["params"][k]).abs().max()) for k in w0))
+        gaps.append(max(float((local.params[k] - fed.params[k]).abs().max()) for k in w0))
     assert gaps[0] > gaps[1] > gaps[2]
     assert gaps[2] < gaps[0] / 50 and gaps[2] < 1e-4, gaps
 

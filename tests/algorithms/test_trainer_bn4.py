@@ -94,10 +94,10 @@ def _apple(follow="paper", bn="averaged", optim=None):
     model = _model()
     state = algo.init(params_of(model), C)
     # cores apart, p off uniform, every client's statistics its own
-    state.clients["params"] = _noisy(state.clients["params"], 0.3, 2)
-    state.clients["theta"] = _noisy(state.clients["theta"], 0.5, 3)
-    state.clients["p"]["p"] = state.clients["p"]["p"] + 0.05 * torch.arange(C, dtype=torch.float64) * (
-        state.extra["member"].to(torch.float64))
+    state.clients = state.clients._replace(
+        params=_noisy(state.clients.params, 0.3, 2), theta=_noisy(state.clients.theta, 0.5, 3),
+        p={"p": state.clients.p["p"] + 0.05 * torch.arange(C, dtype=torch.float64) * (
+            state.extra["member"].to(torch.float64))})
     return algo, model, state
 
 
@@ -114,14 +114,14 @@ def test_apple_step_moves_each_clients_own_statistics_as_torch_train(engine_cls,
     before = copy.deepcopy(local)
     x, y = _batch(len(clients))
     out = algo.client_step(engine, local, [(x, y)], 1)
-    assert not any(is_buffer(k) for k in out["params"]) and not any(is_buffer(k) for k in state.clients["params"])
+    assert not any(is_buffer(k) for k in out.params) and not any(is_buffer(k) for k in state.clients.params)
     for i, c in enumerate(clients.tolist()):
-        p = before["p"][i]
-        mixed = {k: sum(p[j] * (before["params"][k][i] if j == c else state.clients["params"][k][j]) for j in range(C))
+        p = before.p[i]
+        mixed = {k: sum(p[j] * (before.params[k][i] if j == c else state.clients.params[k][j]) for j in range(C))
                  for k in param_names(params_of(model))}
-        own = {k: v[c] for k, v in state.clients["theta"].items() if is_buffer(k)}
+        own = {k: v[c] for k, v in state.clients.theta.items() if is_buffer(k)}
         want = _torch_stats(model, {**mixed, **own}, x[i])
-        _assert_stats(_row(out["theta"], i), want, f"client {c}")
+        _assert_stats(_row(out.theta, i), want, f"client {c}")
 
 
 @pytest.mark.parametrize("follow", ["paper", "pfllib"])
@@ -143,13 +143,13 @@ def test_apple_serves_theta_with_the_clients_own_statistics_under_either_bn(foll
         assert "bn_local" not in end.trainer
         for k, v in served.items():
             if is_buffer(k):
-                assert torch.equal(v[clients], local["theta"][k]), k
-                assert torch.equal(v[[1, 3]], state.clients["theta"][k][[1, 3]]), k
+                assert torch.equal(v[clients], local.theta[k]), k
+                assert torch.equal(v[[1, 3]], state.clients.theta[k][[1, 3]]), k
         ends[bn] = (end, served)
     (a, sa), (b, sb) = ends["averaged"], ends["local"]
-    for key in a.clients:
-        for k in a.clients[key]:
-            assert torch.equal(a.clients[key][k], b.clients[key][k]), (key, k)
+    for key in a.clients._fields:
+        for k in getattr(a.clients, key):
+            assert torch.equal(getattr(a.clients, key)[k], getattr(b.clients, key)[k]), (key, k)
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
 
@@ -163,7 +163,7 @@ def test_apple_held_out_client_starts_from_its_statistics_and_its_onboarding_mov
     data = _data(holdout=True)
     new = torch.tensor([C - 1])
     ctx = lambda: EvalContext(data, torch.Generator().manual_seed(5), 2, 3)  # noqa: E731 (tau 3)
-    stats = {k: v[C - 1] for k, v in state.clients["theta"].items() if is_buffer(k)}
+    stats = {k: v[C - 1] for k, v in state.clients.theta.items() if is_buffer(k)}
     served, _ = algo.personalize(engine, algo.onboard(engine, state, ctx(), new), None)
     for k, v in stats.items():
         if k.endswith("num_batches_tracked"):
@@ -172,7 +172,7 @@ def test_apple_held_out_client_starts_from_its_statistics_and_its_onboarding_mov
     served, _ = algo.personalize(engine, algo.onboard(engine, state, ctx(), new), None)
     (x, _), = onboarding_batches(ctx(), new, 1)[0]
     p0 = state.extra["p0"]
-    mixed = {k: sum(p0[j] * state.clients["params"][k][j] for j in range(C)) for k in state.clients["params"]}
+    mixed = {k: sum(p0[j] * state.clients.params[k][j] for j in range(C)) for k in state.clients.params}
     _assert_stats(_row(served, C - 1), _torch_stats(model, {**mixed, **stats}, x[0]), "held out")
 
 
@@ -345,5 +345,5 @@ def test_vmap_equals_loop_with_a_batchnorm_model(name, bn):
         # FedAvg's: ratios of counts, 1 rounding of eps32 ~ 1.2e-7 relative)
         if isinstance(v, float):
             assert v == pytest.approx(rl[k], rel=4e-7, abs=1e-12), k
-    stats = [k for k in (sv.clients["theta"] if name == "apple" else sv.params) if k.endswith("running_mean")]
+    stats = [k for k in (sv.clients.theta if name == "apple" else sv.params) if k.endswith("running_mean")]
     assert stats

@@ -87,7 +87,7 @@ def test_perfedavg_outer_step_is_torch_sgd_momentum_on_the_meta_gradient_with_ba
             opt.step()
         want.append(state_of(net))
     for c in range(M):
-        assert_rows(local["params"], want, c)
+        assert_rows(local.params, want, c)
 
 
 def test_perfedavg_refusals_are_one_line():

@@ -115,10 +115,10 @@ def test_apple_core_and_p_take_their_own_optimizers():
     check_steps(algo, local, lambda l, b, s, a: a.client_step(engine, l, b, 1),
                 {"opt": [(("params", k), algo.lr) for k in p]})
     # p alone: a client without its own core in the mixture (a held-out one's steps)
-    local = {**local, "own": torch.zeros_like(local["own"])}
+    local = local._replace(own=torch.zeros_like(local.own))
     local = check_steps(algo, local, lambda l, b, s, a: a.client_step(engine, l, b, 1),
                         {"opt.p": [(("p",), algo.dr_lr)]})
-    assert (local["p"][:, 3] == 0).all() and (local["p"][:, :3] != 1 / 3).all()
+    assert (local.p[:, 3] == 0).all() and (local.p[:, :3] != 1 / 3).all()
 
 
 def test_fedcp_model_and_cpn_take_the_optimizer():

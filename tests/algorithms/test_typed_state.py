@@ -54,3 +54,14 @@ def test_a_checkpoint_written_before_the_state_was_typed_reads_back(name, option
     for k, v in client_entries(state.clients).items():
         got = client_entries(back.clients)[k]
         assert all(a is b for a, b in zip(_leaves(v), _leaves(got), strict=True)) and type(got) is type(v), k
+
+
+@pytest.mark.parametrize("name", ["apple", "perfedavg", "fedavg", "pfedme", "fedbabu"])
+def test_round_local_is_a_namedtuple_with_the_optimizer_state_last(name):
+    """APPLE's AppleLocal; Per-FedAvg's the base's ModelLocal (`Algorithm.client_init`), which FedAvg,
+    pFedMe and FedBABU build theirs from."""
+    algo = build(name)
+    state = algo.init(params_of(MLP(6, 3, hidden=[5])), 4)
+    local = algo.client_init(state, torch.tensor([0, 2]), 1)
+    assert isinstance(local, tuple) and local._fields[-1] == "opt" and local.opt == {}, name
+    assert local.params["net.0.weight"].shape[0] == 2
