@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -125,21 +126,11 @@ def test_a_half_finished_batched_sweep_resumes_to_the_same_files(tmp_path, cache
         assert open(os.path.join(o, "metrics.csv"), "rb").read() == open(os.path.join(r, "metrics.csv"), "rb").read()
 
 
-def _sweep(args: list[str], cwd, env: dict) -> subprocess.CompletedProcess:
-    """`fedrun -m ARGS` in a subprocess with `env`, one thread, and the checkout's hydra_plugins/ on
-    the path (an editable install made before it existed does not map it)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "fedrun.cli", "-m", *args], cwd=cwd,
-                          env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}, capture_output=True, text=True,
-                          timeout=300)
-
-
 def test_sweep_with_the_batched_launcher_writes_every_job_and_reports(tmp_path, cache):
     sweep = tmp_path / "sweep"
     args = [*TINY, "algo=fedavg", "seed=0,1", "tau=2,3", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}"]
-    p = _sweep(args, tmp_path, {**os.environ, "FEDRUN_CACHE": cache})
-    assert p.returncode == 0, p.stderr
+    r = fedrun(["-m", *args], tmp_path, {"FEDRUN_CACHE": cache})  # (a real process: the ctrl_c test below)
+    assert r.returncode == 0, r.stderr
     jobs = sorted(j for j in os.listdir(sweep) if (sweep / j).is_dir())
     assert [j.split("_")[0] for j in jobs] == ["0", "1", "2", "3"]
     for j in jobs:
@@ -156,7 +147,7 @@ def test_the_batched_launcher_applies_hydra_job_env_set(tmp_path):
     """A job's hydra.job.env_set is in the environment while it trains, as under the basic launcher,
     over the value the process had, which comes back afterwards: here FEDRUN_CACHE (conf's cache_dir
     reads it) sends the generated data to the folder it names. (In this process: the launcher's
-    discovery in a real one is test_sweep_with_the_batched_launcher_writes_every_job_and_reports.)"""
+    discovery in a real one is test_a_ctrl_c_inside_a_batched_round_stops_every_seed_after_it's.)"""
     sweep, env_cache, own = tmp_path / "sweep", tmp_path / "env_cache", tmp_path / "cache"
     args = ["-m", *TINY, "algo=fedavg", "seed=0,1", "hydra/launcher=batched", f"hydra.sweep.dir={sweep}",
             f"+hydra.job.env_set.FEDRUN_CACHE={env_cache}"]
@@ -309,13 +300,17 @@ def _resume_as_uninterrupted(sweep, uninterrupted: list[str], cwd, cache: str) -
 def test_a_ctrl_c_inside_a_batched_round_stops_every_seed_after_it(tmp_path, cache, uninterrupted):
     """Ctrl-C while seed 1 logs round 2, after seed 0 finished it: the interrupt waits for the round's
     end, so both seeds keep round 2 (before: seed 0 at round 2, seed 1 at round 1), and the rerun
-    resumes both from it to the uninterrupted sweep's files."""
+    resumes both from it to the uninterrupted sweep's files. This file's one batched sweep in a new
+    process: Hydra finds the launcher in hydra_plugins/ there (the other sweeps run in this one)."""
     sweep = tmp_path / "sweep"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "FEDRUN_CACHE": cache, "OMP_NUM_THREADS": "1", "STOP_AT": "2:2",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     p = subprocess.run([sys.executable, "-c", _STOP_AT, "-m", *STOPPED, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300,
+                       # a shell's background job starts with SIGINT ignored, and its children inherit that
+                       # (then the SIGINT never stops the sweep): the terminal's default here
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130, p.stderr
     assert [_last_checkpoint(j)["round"] for j in _jobs(sweep)] == [2, 2], p.stderr
     assert p.stderr.count("interrupted after round 2") == 2, p.stderr

@@ -1,10 +1,9 @@
 """The command line as a user runs it: configs compose, a short run writes what it promises, bad
 input gets one line naming the option and what is allowed.
 
-The CLI runs in this process (helpers.fedrun: fedrun.cli.main with the arguments in sys.argv); two
-smoke tests start it as a user does, `python -m fedrun.cli`: one run and one bad input."""
-import json
-
+The CLI runs in this process (helpers.fedrun: fedrun.cli.main with the arguments in sys.argv); a smoke
+test starts it as a user does, `python -m fedrun.cli`, with a bad input. (A run in a new process, its files
+and its repeat in this one: tests/test_package.py, from the installed wheel.)"""
 import pandas as pd
 import pytest
 from helpers import fedrun, fedrun_subprocess
@@ -39,34 +38,6 @@ def test_every_data_config_composes(data):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[f"data={data}"])
     assert cfg.data._target_.startswith("fedrun.data.")
-
-
-def test_two_round_run_writes_its_files_and_repeats_exactly(tmp_path):
-    """Smoke test: the first run is `python -m fedrun.cli` in a new process, the second in this one."""
-    outs = []
-    for i, launch in enumerate((fedrun_subprocess, fedrun)):
-        run_dir = tmp_path / f"run{i}"
-        r = launch([*SMALL, f"hydra.run.dir={run_dir}"], tmp_path)
-        assert r.returncode == 0, r.stderr
-        assert "outputs in" in r.stdout
-        outs.append(run_dir)
-    a = outs[0]
-    metrics = pd.read_csv(a / "metrics.csv")
-    assert list(metrics["round"]) == [1, 2]
-    for col in ("models_transmitted", "train_loss", "global_acc", "global_acc_min", "pers_acc", "pers_acc_max",
-                "pers_loss"):
-        assert col in metrics
-    assert list(metrics["models_transmitted"]) == [3, 6]
-    clients = pd.read_csv(a / "clients.csv")
-    assert len(clients) == 6 and {"global_acc", "pers_acc", "n_train", "n_test"} <= set(clients)
-    part = pd.read_csv(a / "partition.csv")
-    assert (part[[f"train_label_{j}" for j in range(10)]].sum(axis=1) == part["n_train"]).all()
-    summary = json.loads((a / "summary.json").read_text())
-    assert summary["pers_acc_last_round"] == pytest.approx(metrics["pers_acc"].iloc[-1], abs=1e-6)
-    assert summary["pers_acc_best_round"] == pytest.approx(metrics["pers_acc"].max(), abs=1e-6)
-    assert (a / "metrics.png").stat().st_size > 1000
-    for f in ("metrics.csv", "clients.csv", "partition.csv"):
-        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
 
 
 def test_overrides_reach_the_run(tmp_path):

@@ -15,6 +15,10 @@ from fedrun.device import keep_freed_memory
 CYCLES = """
 import ctypes, resource, sys
 if sys.argv[1] == "1":
+    import types
+    # fedrun.device's keep_freed_memory is ctypes and os only: a stand-in for torch (its module reads the
+    # thread count) saves torch's ~3 s import, whose own allocations would also be in the heap measured
+    sys.modules["torch"] = types.SimpleNamespace(get_num_threads=lambda: 1)
     from fedrun.device import keep_freed_memory
     assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")

@@ -53,12 +53,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["rounds=1", "tau=1", "data.num_clients=4", "clients_per_round=2", "device=cpu", "progress=false", "plot=false"]
 
 
-def test_wheel_ships_the_configs_and_runs_from_an_empty_folder(tmp_path):
-    """`pip wheel` + `pip install --target`, then fedrun from an empty folder, off the repository."""
+# test_cli.py's run: data.seed=9 draws 2,435 synthetic rows for 6 clients; the figure is drawn
+TWO_ROUNDS = ["data.num_clients=6", "data.seed=9", "rounds=2", "tau=2", "clients_per_round=3", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def wheel_run(tmp_path_factory):
+    """`pip wheel` + `pip install --target`, then `python -m fedrun.cli TWO_ROUNDS` from an empty folder,
+    off the repository: (the install folder, the empty folder with the run in run/)."""
     import shutil
     import subprocess
     import sys
 
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src = tmp_path / "src"  # a copy, so the build leaves nothing in the repository
     for name in ("fedrun", "conf"):
         shutil.copytree(os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -70,15 +77,50 @@ def test_wheel_ships_the_configs_and_runs_from_an_empty_folder(tmp_path):
     wheel, = (tmp_path / "dist").glob("fedrun-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
                    check=True, capture_output=True, cwd=tmp_path)
-    assert (tmp_path / "site" / "fedrun" / "conf" / "algo" / "fedavg.yaml").is_file()
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1", "FEDRUN_CACHE": str(empty / "c")}
-    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *SMALL, "hydra.run.dir=run"], cwd=empty, env=env,
+    r = subprocess.run([sys.executable, "-m", "fedrun.cli", *TWO_ROUNDS, "hydra.run.dir=run"], cwd=empty, env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    assert "outputs in" in r.stdout
+    return tmp_path / "site", empty
+
+
+def test_wheel_ships_the_configs_and_runs_from_an_empty_folder(wheel_run):
+    site, empty = wheel_run
+    assert (site / "fedrun" / "conf" / "algo" / "fedavg.yaml").is_file()
     assert (empty / "run" / "metrics.csv").is_file()
-    assert str(tmp_path / "site" / "fedrun" / "conf") in (empty / "run" / ".hydra" / "hydra.yaml").read_text()
+    assert str(site / "fedrun" / "conf") in (empty / "run" / ".hydra" / "hydra.yaml").read_text()
+
+
+def test_two_round_run_writes_its_files_and_repeats_exactly(wheel_run, tmp_path):
+    """Smoke test: the first run is `python -m fedrun.cli` in a new process (the wheel's), the second in this one."""
+    import json
+
+    import pandas as pd
+    from helpers import fedrun
+
+    a, b = wheel_run[1] / "run", tmp_path / "run1"
+    r = fedrun([*TWO_ROUNDS, f"hydra.run.dir={b}", "plot=false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "outputs in" in r.stdout
+    metrics = pd.read_csv(a / "metrics.csv")
+    assert list(metrics["round"]) == [1, 2]
+    for col in ("models_transmitted", "train_loss", "global_acc", "global_acc_min", "pers_acc", "pers_acc_max",
+                "pers_loss"):
+        assert col in metrics
+    assert list(metrics["models_transmitted"]) == [3, 6]
+    clients = pd.read_csv(a / "clients.csv")
+    assert len(clients) == 6 and {"global_acc", "pers_acc", "n_train", "n_test"} <= set(clients)
+    part = pd.read_csv(a / "partition.csv")
+    assert (part[[f"train_label_{j}" for j in range(10)]].sum(axis=1) == part["n_train"]).all()
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["pers_acc_last_round"] == pytest.approx(metrics["pers_acc"].iloc[-1], abs=1e-6)
+    assert summary["pers_acc_best_round"] == pytest.approx(metrics["pers_acc"].max(), abs=1e-6)
+    assert (a / "metrics.png").stat().st_size > 1000
+    for f in ("metrics.csv", "clients.csv", "partition.csv"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
 USER_ALGO = '''

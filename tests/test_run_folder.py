@@ -2,7 +2,8 @@
 it was, one process writes a folder at a time, a crashed or killed run leaves nothing that a rerun or
 fedrun-report misreads.
 
-Runs are the CLI in this process (helpers.fedrun); the concurrency test starts a second process."""
+Runs are the CLI in this process (helpers.fedrun); the signal tests start a process (and refuse a second
+one on its folder while it runs)."""
 import json
 import os
 import signal
@@ -40,38 +41,6 @@ def test_a_refused_rerun_leaves_the_finished_runs_record_as_it_was(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "rounds=4" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert "rounds: 4" in (run_dir / ".hydra" / "config.yaml").read_text()
-
-
-def test_a_second_process_on_a_busy_run_folder_is_refused_and_writes_nothing(tmp_path):
-    """Two real processes on one folder: the second is refused in one line naming the first's pid,
-    before it reads or writes anything; the first's metrics.csv holds every round once."""
-    run_dir = tmp_path / "X"
-    env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=0",
-                              f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not (run_dir / "metrics.csv").exists() or (run_dir / "metrics.csv").stat().st_size < 200:
-            assert first.poll() is None, first.stderr.read()
-            assert time.time() < deadline, "the first run wrote no rows in 120 s"
-            time.sleep(0.2)
-        record = _record(run_dir)
-        r = fedrun([*TINY, "rounds=3", "checkpoint_every=0", f"hydra.run.dir={run_dir}"], tmp_path)
-        assert r.returncode == 2
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and f"pid {first.pid}" in lines[0] and "hydra.run.dir" in lines[0], r.stderr
-        assert first.poll() is None
-        assert _record(run_dir) == record
-        assert not (run_dir / "metrics.csv.previous").exists()
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-    rounds = pd.read_csv(run_dir / "metrics.csv")["round"].tolist()
-    assert rounds == list(range(1, len(rounds) + 1))
-    # the kill released the lock: the same folder takes a new run
-    r = fedrun([*TINY, "rounds=2", "resume=false", f"hydra.run.dir={run_dir}"], tmp_path)
-    assert r.returncode == 0, r.stderr
 
 
 def test_resume_from_a_file_takes_that_file(tmp_path):
@@ -307,7 +276,10 @@ def test_checkpoints_by_time_as_well_as_by_rounds(tmp_path):
 def test_ctrl_c_or_sigterm_before_the_first_checkpoint_keeps_the_last_round(sig, status, tmp_path):
     """Ctrl-C or SIGTERM long before the first checkpoint (checkpoint_every=100000): the last
     finished round is checkpointed, one line says where it stopped, the exit status is the shell's
-    for that signal, and the rerun goes on to the numbers of an uninterrupted run."""
+    for that signal, and the rerun goes on to the numbers of an uninterrupted run.
+    While the run is busy, a second process on its folder (this one) is refused in one line naming the
+    first's pid, before it reads or writes anything. (The lock a SIGKILL leaves behind: test_resume's
+    rerun after a kill.)"""
     run_dir = tmp_path / "X"
     env = {**os.environ, "FEDRUN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "fedrun.cli", *TINY, "rounds=100000", "checkpoint_every=100000",
@@ -322,6 +294,14 @@ def test_ctrl_c_or_sigterm_before_the_first_checkpoint_keeps_the_last_round(sig,
             assert p.poll() is None, p.stderr.read()
             assert time.time() < deadline
             time.sleep(0.05)
+        record = _record(run_dir)
+        r = fedrun([*TINY, "rounds=3", "checkpoint_every=0", f"hydra.run.dir={run_dir}"], tmp_path)
+        assert r.returncode == 2
+        refused = r.stderr.strip().splitlines()
+        assert len(refused) == 1 and f"pid {p.pid}" in refused[0] and "hydra.run.dir" in refused[0], r.stderr
+        assert p.poll() is None
+        assert _record(run_dir) == record
+        assert not (run_dir / "metrics.csv.previous").exists()
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:

@@ -125,11 +125,11 @@ def wandb_records(path):
             yield rec
 
 
-def test_wandb_offline_run_gets_the_rows_and_the_config(tmp_path):
-    r = fedrun([*TINY, "rounds=2", "logger=wandb", "hydra.run.dir=run"], tmp_path, env={"WANDB_SILENT": "true"})
-    assert r.returncode == 0, r.stderr
-    run_id = json.loads((tmp_path / "run" / "trackers.json").read_text())["wandb"]["id"]
-    offline, = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}")
+def test_wandb_offline_run_gets_the_rows_and_the_config(no_network_run):
+    """The W&B offline run of test_a_run_with_each_tracker_opens_no_network_connection's process."""
+    run = no_network_run / "run"
+    run_id = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
+    offline, = (run / "wandb").glob(f"offline-run-*-{run_id}")
     history, config = [], {}
     for rec in wandb_records(offline / f"run-{run_id}.wandb"):
         kind = rec.WhichOneof("record_type")
@@ -137,7 +137,7 @@ def test_wandb_offline_run_gets_the_rows_and_the_config(tmp_path):
             history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
         elif kind == "run":
             config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.run.config.update})
-    csv = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    csv = pd.read_csv(run / "metrics.csv")
     assert [h["_step"] for h in history] == list(csv["round"])
     assert [h["global_acc"] for h in history] == pytest.approx(list(csv["global_acc"]))
     rounds = config["rounds"]
@@ -206,18 +206,25 @@ TELEMETRY_ENV = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "WANDB_ERROR_REPORT
                  "TEAMCITY_VERSION", "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "MLFLOW_TRACKING_URI")
 
 
-def test_a_run_with_each_tracker_opens_no_network_connection(tmp_path):
+@pytest.fixture(scope="module")
+def no_network_run(tmp_path_factory):
+    """The folder of a 2-round run with MLflow and W&B (offline), in a new process that allows no network."""
     import os
     import subprocess
     import sys
 
+    tmp_path = tmp_path_factory.mktemp("no_network")
     env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_ENV}
     env.update(FEDRUN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", WANDB_SILENT="true")
     r = subprocess.run([sys.executable, "-c", NO_NETWORK, *TINY, "rounds=2", "logger=[mlflow,wandb]",
                         "hydra.run.dir=run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert set(json.loads((tmp_path / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
-    assert json.loads((tmp_path / "network.json").read_text()) == []
+    return tmp_path
+
+
+def test_a_run_with_each_tracker_opens_no_network_connection(no_network_run):
+    assert set(json.loads((no_network_run / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
+    assert json.loads((no_network_run / "network.json").read_text()) == []
 
 
 def test_an_unreachable_mlflow_server_is_one_line_before_any_work_and_leaves_no_folder(tmp_path):
