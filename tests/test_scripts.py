@@ -328,9 +328,9 @@ PFL_PAPER_METHODS = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_p
                      "feddyn", "scaffold")
 
 
-# the paper's 8 methods in one run of the script (--methods): two halves of 4 paid the script's own tiny CIFAR,
-# figures and tables twice (18.0 + 11.8 -> 23.4 CPU-s; the 77 s wall of one such test was before MAML's
-# inner_steps=1 and --rounds 2)
+# the paper's 8 methods in one run of the script: two halves of 4 (--methods) paid the script's own tiny CIFAR,
+# figures and tables twice (18.0 + 11.8 -> 23.4 CPU-s). The halves were for the loaded suite's wall time (one
+# test of 77 s at the suite's end); test_scripts.py now runs first (conftest.py), so a long test no longer ends it
 def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
     methods = PFL_PAPER_METHODS
     out = tmp_path / "all"
