@@ -923,6 +923,10 @@ MUTANTS += [
            'f"hydra/launcher={args.launcher}"', '"hydra/launcher=batched"',
            ("tests/test_scripts.py::test_paper_scripts_batch_seeds_by_default_and_match_the_basic_launcher",),
            "the paper scripts' --launcher basic still runs the batched launcher"),
+    Mutant("pflscaf-one-model-per-round", "fedrun/algorithms/pflscaf.py",
+           "    models_per_round = 2\n", "    models_per_round = 1\n",
+           ("tests/test_scripts.py::test_pfl_cifar_quick_runs_every_paper_method",),
+           "PFLScaf counts one model a client a round (paper 004: its model and its control variate, 2)"),
 ]
 MUTANTS += [
     Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",
