@@ -5,6 +5,7 @@
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
     python scripts/pfllib_side_by_side.py --setting mnist_dir01 --algos fedavg,fedrep --rounds 3 --eval-every 1 \
         --batch-size 10 --fedrun-masked --out DIR   # uneven clients, rounds in local epochs (issue 44)
+    ... --rounds 4 --rounds-pair 1,4 ...            # also s/round with the fixed costs out of both sides
 
 1. Builds fedrun's data for --setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
@@ -41,6 +42,12 @@ start of round i the models trained i rounds, so its i-th evaluation is fedrun's
 seconds per round with the same evaluation schedule, same machine, one after the other per
 algorithm, one torch thread each (fedrun: the job's wall time / rounds, setup included; PFLlib: the
 mean of its per-round `Budget`, set-up of clients excluded), plus PFLlib's rounds without evaluation.
+Those two measures differ (fedrun's holds its set-up, PFLlib's not); `--rounds-pair R1,R2` measures both sides
+the same way: each side also run at R1 and R2 rounds (same seeds; the run at --rounds reused), its whole
+processes' CPU and wall seconds taken by this script, and (X(R2) - X(R1)) / (R2 - R1) per run is the round's
+cost with imports, data and client set-up and the end of the run out (PFLlib's loop trains one round more than
+it is given in both runs: that round falls in the fixed part too). Each run's load average (1 minute) at its
+start and end is kept in the json.
 Writes DIR/side_by_side.{json,md}.
 """
 from __future__ import annotations
