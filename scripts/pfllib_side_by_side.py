@@ -295,11 +295,11 @@ def main(argv=None) -> int:
                         if side == "pfllib":
                             ps = [run_pfllib(args, out, a, s, n) for s in pseeds] if again else r["pfllib"]
                             p[str(n)] = {"cpu": sum(x["proc_cpu"] for x in ps), "wall": sum(x["wall"] for x in ps),
-                                         "runs": len(ps)}
+                                         "runs": len(ps), "load": [x["load"] for x in ps]}
                         else:
                             f = run_fedrun(args, out, a, data_opts, tau, seeds, side == "fedrun_masked",
                                            n) if again else r[side]
-                            p[str(n)] = {"cpu": f["cpu"], "wall": f["wall"], "runs": len(f["runs"])}
+                            p[str(n)] = {"cpu": f["cpu"], "wall": f["wall"], "runs": len(f["runs"]), "load": f["load"]}
                     write_atomic_json(res_path, results)
     else:  # every (algorithm, side, seed) one run, --jobs of them at once; results saved as each algorithm completes
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
