@@ -1024,6 +1024,13 @@ MUTANTS += [  # pfllib_side_by_side.py --rounds-pair: seconds per round with the
     Mutant("sbs-pair-any-counts", "scripts/pfllib_side_by_side.py",
            "if len(pair) != 2 or not 1 <= pair[0] < pair[1]:", "if len(pair) != 2:",
            SBS_PAIR, "--rounds-pair takes R1 >= R2 or 0 rounds"),
+    Mutant("sbs-pair-masked-left-out", "scripts/pfllib_side_by_side.py",
+           'r["pair"] = {side: {} for side in ("fedrun", "pfllib") + (("fedrun_masked",) if args.fedrun_masked',
+           'r["pair"] = {side: {} for side in ("fedrun", "pfllib") + (("fedrun_masked",) if False',
+           SBS_PAIR, "--rounds-pair leaves --fedrun-masked's side out"),
+    Mutant("sbs-pair-reruns-at-rounds", "scripts/pfllib_side_by_side.py",
+           "again = n != args.rounds", "again = True",
+           SBS_PAIR, "--rounds-pair runs the count equal to --rounds again instead of reusing that run"),
 ]
 
 

@@ -185,3 +185,43 @@ def test_rounds_pair_takes_the_fixed_costs_out_of_both_sides(tmp_path, capsys):
     # masked (20 - 11) / 3 = 3
     assert "| fedrep | 2.00 | 9.00 | **4.5x** | 8.00 | 21.00 | 3.00 | 10.00 | 3.3x | 3.00 | 1.50x |" in table
     assert "R1 = 1 and R2 = 4 rounds" in table
+
+
+def test_rounds_pair_runs_each_side_once_more_and_reuses_the_run_at_rounds(tmp_path, monkeypatch, capsys):
+    """--rounds 4 --rounds-pair 1,4: every side run at 4 rounds (the table's run) and once more at 1, the same
+    seeds; the pair's totals are those runs' (fake runs here: CPU 5 + 2 x rounds per fedrun run, 20 + 9 x rounds
+    per PFLlib run)."""
+    (tmp_path / "pfl" / "system" / "flcore").mkdir(parents=True)
+    calls = []
+
+    def fedrun(args, out, algo, data_opts, tau, seeds, masked=False, rounds=None):
+        n = args.rounds if rounds is None else rounds
+        calls.append(("fedrun_masked" if masked else "fedrun", n, tuple(seeds)))
+        return {"command": "fedrun", "metric": "pers_acc", "wall": 1.0 + 3 * n * len(seeds),
+                "cpu": (5.0 + (4.0 if masked else 2.0) * n) * len(seeds), "load": [0.5, 0.6],
+                "runs": [{"seed": s, "rounds": list(range(1, n + 1)), "acc": [0.9] * n, "seconds": 1.0} for s in seeds]}
+
+    def pfllib(args, out, algo, seed, rounds=None):
+        n = args.rounds if rounds is None else rounds
+        calls.append(("pfllib", n, seed))
+        return {"seed": seed, "rounds": list(range(n + 1)), "acc": [0.9] * (n + 1), "budget": [1.0] * (n + 1),
+                "setup": 1.0, "per_round": 1.0, "per_round_no_eval": None, "cpu_per_round": 9.0,
+                "wall": 30.0 + 10 * n, "proc_cpu": 20.0 + 9 * n, "load": [0.6, 0.7]}
+
+    monkeypatch.setattr(sbs, "export", lambda opts, folder, flat=True: [424, 6199])
+    monkeypatch.setattr(sbs, "run_fedrun", fedrun)
+    monkeypatch.setattr(sbs, "run_pfllib", pfllib)
+    out = tmp_path / "out"
+    assert sbs.main(["--pfllib", str(tmp_path / "pfl"), "--setting", "mnist_dir01", "--algos", "fedrep",
+                     "--rounds", "4", "--rounds-pair", "1,4", "--eval-every", "1", "--seeds", "0,1",
+                     "--pfllib-seeds", "0,1", "--fedrun-masked", "--out", str(out)]) == 0
+    assert sorted(calls) == sorted([("fedrun", 4, (0, 1)), ("pfllib", 4, 0), ("pfllib", 4, 1),
+                                    ("fedrun_masked", 4, (0, 1)), ("fedrun", 1, (0, 1)), ("pfllib", 1, 0),
+                                    ("pfllib", 1, 1), ("fedrun_masked", 1, (0, 1))])
+    res = json.load(open(out / "side_by_side.json"))
+    assert res["meta"]["rounds_pair"] == [1, 4]
+    assert res["fedrep"]["pair"]["pfllib"]["4"] == {"cpu": 2 * 56.0, "wall": 2 * 70.0, "runs": 2,
+                                                    "load": [[0.6, 0.7]] * 2}
+    table = open(out / "side_by_side.md").read()
+    # per run: fedrun 2 CPU-s a round, fixed 5; PFLlib 9, fixed 20; wall 3 and 10; masked 4
+    assert "| fedrep | 2.00 | 9.00 | **4.5x** | 5.00 | 20.00 | 3.00 | 10.00 | 3.3x | 4.00 | 2.00x |" in table
