@@ -1013,6 +1013,26 @@ MUTANTS += [
            PLAN_TEST, "baselines.py --plan lists missing files as every entry's refusal, not one line, exit 2"),
 ]
 
+SBS_PAIR = ("tests/test_side_by_side.py", "-k", "rounds_pair or bad_options")
+MUTANTS += [  # pfllib_side_by_side.py --rounds-pair: seconds per round with the fixed costs out (issue 44 item 4)
+    Mutant("sbs-pair-totals-not-per-run", "scripts/pfllib_side_by_side.py",
+           'slope = (b[key] / b["runs"] - a[key] / a["runs"]) / (r2 - r1)', "slope = (b[key] - a[key]) / (r2 - r1)",
+           SBS_PAIR, "--rounds-pair's s/round from all runs' totals, not per run (PFLlib's seeds are one run each)"),
+    Mutant("sbs-pair-fixed-part", "scripts/pfllib_side_by_side.py",
+           'return slope, a[key] / a["runs"] - r1 * slope', 'return slope, a[key] / a["runs"]',
+           SBS_PAIR, "--rounds-pair's fixed part keeps R1's rounds"),
+    Mutant("sbs-pair-any-counts", "scripts/pfllib_side_by_side.py",
+           "if len(pair) != 2 or not 1 <= pair[0] < pair[1]:", "if len(pair) != 2:",
+           SBS_PAIR, "--rounds-pair takes R1 >= R2 or 0 rounds"),
+    Mutant("sbs-pair-masked-left-out", "scripts/pfllib_side_by_side.py",
+           'r["pair"] = {side: {} for side in ("fedrun", "pfllib") + (("fedrun_masked",) if args.fedrun_masked',
+           'r["pair"] = {side: {} for side in ("fedrun", "pfllib") + (("fedrun_masked",) if False',
+           SBS_PAIR, "--rounds-pair leaves --fedrun-masked's side out"),
+    Mutant("sbs-pair-reruns-at-rounds", "scripts/pfllib_side_by_side.py",
+           "again = n != args.rounds", "again = True",
+           SBS_PAIR, "--rounds-pair runs the count equal to --rounds again instead of reusing that run"),
+]
+
 
 PFLGROUP = "tests/algorithms/test_trainer_pflgroup.py"
 MUTANTS += [  # the local trainer for FedALA, FedFomo, APPLE, FedCP, GPFL, FedPAC (issue 44)

@@ -5,6 +5,7 @@
     python scripts/pfllib_side_by_side.py --replot DIR[,DIR2...]   # the table again from DIRs' results (into DIR)
     python scripts/pfllib_side_by_side.py --setting mnist_dir01 --algos fedavg,fedrep --rounds 3 --eval-every 1 \
         --batch-size 10 --fedrun-masked --out DIR   # uneven clients, rounds in local epochs (issue 44)
+    ... --rounds 4 --rounds-pair 1,4 ...            # also s/round with the fixed costs out of both sides
 
 1. Builds fedrun's data for --setting (default: baselines.py's `mnist_shards2`, real MNIST, 2
    label-sorted shards per client, 20 clients, every client's rows split 75 / 25) and writes every
@@ -41,6 +42,12 @@ start of round i the models trained i rounds, so its i-th evaluation is fedrun's
 seconds per round with the same evaluation schedule, same machine, one after the other per
 algorithm, one torch thread each (fedrun: the job's wall time / rounds, setup included; PFLlib: the
 mean of its per-round `Budget`, set-up of clients excluded), plus PFLlib's rounds without evaluation.
+Those two measures differ (fedrun's holds its set-up, PFLlib's not); `--rounds-pair R1,R2` measures both sides
+the same way: each side also run at R1 and R2 rounds (same seeds; the run at --rounds reused), its whole
+processes' CPU and wall seconds taken by this script, and (X(R2) - X(R1)) / (R2 - R1) per run is the round's
+cost with imports, data and client set-up and the end of the run out (PFLlib's loop trains one round more than
+it is given in both runs: that round falls in the fixed part too). Each run's load average (1 minute) at its
+start and end is kept in the json.
 Writes DIR/side_by_side.{json,md}.
 """
 from __future__ import annotations
@@ -164,6 +171,11 @@ def main(argv=None) -> int:
                     help="--setting mnist_dir01: fedrun's side once more, its epochs computed masked (before sorting "
                          "by work)")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--rounds-pair", default=None, metavar="R1,R2",
+                    help="also run each side at R1 and at R2 rounds (R1 < R2, multiples of --eval-every; the same "
+                         "seeds; a count equal to --rounds reuses that run) for CPU and wall seconds per round with "
+                         "the fixed costs out of both sides: (X(R2) - X(R1)) / (R2 - R1), X each side's whole "
+                         "processes as measured by this script")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--seeds", default="0,1,2", help="fedrun's run seeds")
@@ -208,6 +220,14 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         print(f"error: --jobs {args.jobs} is not allowed; give a count of 1 or more", file=sys.stderr)
         return 2
+    pair = parse_rounds_pair(args.rounds_pair, args.eval_every) if args.rounds_pair is not None else None
+    if isinstance(pair, str):
+        print(f"error: --rounds-pair {args.rounds_pair} is not allowed; {pair}", file=sys.stderr)
+        return 2
+    if pair and args.jobs != 1:
+        print(f"error: --rounds-pair is not allowed with --jobs {args.jobs}; it reads each run's CPU seconds as the "
+              f"runs end one after the other: --jobs 1", file=sys.stderr)
+        return 2
     if args.device != "cpu" and not args.device.startswith("cuda"):
         print(f"error: --device {args.device} is not allowed; choose cpu, cuda or cuda:N", file=sys.stderr)
         return 2
@@ -216,7 +236,10 @@ def main(argv=None) -> int:
         results = json.load(open(os.path.join(dirs[0], "side_by_side.json")))
         for d in dirs[1:]:
             more = json.load(open(os.path.join(d, "side_by_side.json")))
-            same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit")
+            same = ("setting", "data", "rounds", "eval_every", "batch_size", "tau_epoch", "lr", "pfllib_commit",
+                    "rounds_pair")
+            for m in (more["meta"], results["meta"]):
+                m.setdefault("rounds_pair", None)  # (results written before --rounds-pair existed)
             more["meta"].setdefault("jobs", 1)
             more["meta"].setdefault("setting", SETTING)  # (results written before --jobs and --device existed)
             results["meta"].setdefault("jobs", 1)
@@ -253,7 +276,8 @@ def main(argv=None) -> int:
     results.update(meta={"setting": args.setting, "data": data_opts, "rounds": args.rounds,
                          "eval_every": args.eval_every, "batch_size": args.batch_size, "tau_epoch": tau,
                          "n_train": n_train, "lr": LR,
-                         "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs})
+                         "pfllib_commit": git_commit(args.pfllib), "device": args.device, "jobs": args.jobs,
+                         "rounds_pair": pair})
     if args.jobs == 1:
         for a in algos:
             r = results.setdefault(a, {})
@@ -262,6 +286,21 @@ def main(argv=None) -> int:
             if args.fedrun_masked:
                 r["fedrun_masked"] = run_fedrun(args, out, a, data_opts, tau, seeds, masked=True)
             write_atomic_json(res_path, results)
+            if pair:  # each side at R1 and R2 rounds (the run above where a count is --rounds)
+                r["pair"] = {side: {} for side in ("fedrun", "pfllib") + (("fedrun_masked",) if args.fedrun_masked
+                                                                         else ())}
+                for n in pair:
+                    again = n != args.rounds
+                    for side, p in r["pair"].items():
+                        if side == "pfllib":
+                            ps = [run_pfllib(args, out, a, s, n) for s in pseeds] if again else r["pfllib"]
+                            p[str(n)] = {"cpu": sum(x["proc_cpu"] for x in ps), "wall": sum(x["wall"] for x in ps),
+                                         "runs": len(ps), "load": [x["load"] for x in ps]}
+                        else:
+                            f = run_fedrun(args, out, a, data_opts, tau, seeds, side == "fedrun_masked",
+                                           n) if again else r[side]
+                            p[str(n)] = {"cpu": f["cpu"], "wall": f["wall"], "runs": len(f["runs"]), "load": f["load"]}
+                    write_atomic_json(res_path, results)
     else:  # every (algorithm, side, seed) one run, --jobs of them at once; results saved as each algorithm completes
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
@@ -330,9 +369,37 @@ def export(data_opts: list[str], folder: str, flat: bool = True) -> list[int]:
     return sizes
 
 
+def parse_rounds_pair(text: str, eval_every: int) -> list[int] | str:
+    """--rounds-pair's R1,R2 as [R1, R2], or what is wrong with it (both sides then evaluate (R2 - R1) / eval_every
+    times more in the longer run: fedrun after rounds eval_every, 2 eval_every, ..., PFLlib before them)."""
+    try:
+        pair = [int(x) for x in text.split(",")]
+    except ValueError:
+        pair = []
+    if len(pair) != 2 or not 1 <= pair[0] < pair[1]:
+        return "give two round counts R1,R2 with 1 <= R1 < R2"
+    if any(n % eval_every for n in pair):
+        return f"give round counts that are multiples of --eval-every {eval_every}"
+    return pair
+
+
+def per_round(pair: dict, key: str = "cpu") -> tuple[float, float] | None:
+    """Seconds per round and per run with the fixed costs out, from one side's totals at two round counts:
+    `pair` maps each count R (a string, as JSON keys are) to {"cpu", "wall": the seconds of all its runs, "runs":
+    how many}. Returns ((X(R2) - X(R1)) / (R2 - R1), the fixed part X(R1) - R1 x that), X = `key`'s seconds per
+    run; None without both counts."""
+    if len(pair) != 2:
+        return None
+    (r1, a), (r2, b) = sorted((int(k), v) for k, v in pair.items())
+    slope = (b[key] / b["runs"] - a[key] / a["runs"]) / (r2 - r1)
+    return slope, a[key] / a["runs"] - r1 * slope
+
+
 def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, seeds: list[int],
-               masked: bool = False) -> dict:
+               masked: bool = False, rounds: int | None = None) -> dict:
     import pandas as pd
+
+    rounds = args.rounds if rounds is None else rounds
 
     opts, col = ALGOS[algo][0], ALGOS[algo][1]
     if args.setting in LOCAL_EPOCHS:  # rounds in local epochs (tau unused)
@@ -340,19 +407,20 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
     else:
         opts = [o.replace("=E", f"={tau_epoch}") for o in opts]
         tau = tau_epoch * EPOCHS_PER_ROUND.get(algo, 1)
-    sweep = os.path.join(out, "fedrun_masked" if masked else "fedrun", algo) + (
+    sweep = os.path.join(out, ("fedrun_masked" if masked else "fedrun")
+                         + ("" if rounds == args.rounds else f"_rounds{rounds}"), algo) + (
         "" if args.jobs == 1 else f"_seed{seeds[0]}")
     cmd = [sys.executable, *(["-c", MASKED] if masked else ["-m", "fedrun.cli"]), "-m", *opts, *data_opts, f"tau={tau}",
            f"batch_size={args.batch_size}", "sampling=epochs", "aggregate=samples",
-           f"clients_per_round={SETTINGS[args.setting]['per_round']}", f"rounds={args.rounds}",
+           f"clients_per_round={SETTINGS[args.setting]['per_round']}", f"rounds={rounds}",
            f"eval_every={args.eval_every}", f"seed={','.join(map(str, seeds))}", f"device={args.device}",
            "threads=1", "progress=false",
            "plot=false", "hydra/launcher=basic", "~hydra.callbacks.sweep_report", f"hydra.sweep.dir={sweep}",
            "hydra.sweep.subdir=seed${seed}"]
     print(f"run: fedrun{' (masked)' if masked else ''} " + " ".join(cmd[4:]), flush=True)
-    t0, c0 = time.time(), _children_cpu()
+    t0, c0, l0 = time.time(), _children_cpu(), os.getloadavg()[0]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall, cpu = time.time() - t0, _children_cpu() - c0
+    wall, cpu, load = time.time() - t0, _children_cpu() - c0, [l0, os.getloadavg()[0]]
     if r.returncode:
         print(r.stdout[-3000:])
         sys.exit(f"error: fedrun exited with {r.returncode}")
@@ -364,10 +432,11 @@ def run_fedrun(args, out: str, algo: str, data_opts: list[str], tau_epoch: int, 
         m = pd.read_csv(os.path.join(p, "metrics.csv"))
         s = json.load(open(os.path.join(p, "summary.json")))
         runs.append({"seed": s["seed"], "rounds": m["round"].tolist(), "acc": m[col].tolist(), "seconds": s["seconds"]})
-    print(f"fedrun{' (masked)' if masked else ''} {algo}: {len(runs)} runs in {wall:.0f}s")
+    print(f"fedrun{' (masked)' if masked else ''} {algo}, {rounds} rounds: {len(runs)} runs in {wall:.0f}s, "
+          f"{cpu:.1f} CPU-s, load average (1 min) {load[0]:.2f} -> {load[1]:.2f}", flush=True)
     # cpu: the fedrun process's CPU seconds (user + system), all its seeds, imports and setup included
     return {"command": ("fedrun (masked) " if masked else "fedrun ") + " ".join(cmd[4:]), "metric": col, "runs": runs,
-            "wall": wall, "cpu": cpu}
+            "wall": wall, "cpu": cpu, "load": load}
 
 
 def _children_cpu() -> float:
@@ -377,21 +446,27 @@ def _children_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def run_pfllib(args, out: str, algo: str, seed: int) -> dict:
+def run_pfllib(args, out: str, algo: str, seed: int, rounds: int | None = None) -> dict:
+    rounds = args.rounds if rounds is None else rounds
     work = os.path.join(out, "pfllib")
-    job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": args.rounds,
+    job = {"pfllib": os.path.abspath(args.pfllib), "work": work, "algo": algo, "seed": seed, "rounds": rounds,
            "device": args.device, "setting": args.setting,
            "eval_every": args.eval_every, "batch_size": args.batch_size,
-           "log": os.path.join(work, f"{algo}_seed{seed}.log")}
+           "log": os.path.join(work, f"{algo}_seed{seed}" + ("" if rounds == args.rounds else f"_rounds{rounds}")
+                               + ".log")}
     cmd = [args.pfllib_python, os.path.abspath(__file__), "--worker", json.dumps(job)]
-    t0 = time.time()
+    t0, c0, l0 = time.time(), _children_cpu(), os.getloadavg()[0]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall, cpu, load = time.time() - t0, _children_cpu() - c0, [l0, os.getloadavg()[0]]
     if r.returncode:
         print(r.stdout[-3000:])
         sys.exit(f"error: the PFLlib run exited with {r.returncode} (log: {job['log']})")
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    res["wall"] = time.time() - t0
-    print(f"PFLlib {algo} seed {seed}: {res['wall']:.0f}s")
+    res["wall"], res["load"] = wall, load
+    if args.jobs == 1:  # the PFLlib process's CPU seconds (user + system), imports and client set-up included
+        res["proc_cpu"] = cpu
+    print(f"PFLlib {algo} seed {seed}, {rounds} rounds: {wall:.0f}s, {cpu:.1f} CPU-s, load average (1 min) "
+          f"{load[0]:.2f} -> {load[1]:.2f}", flush=True)
     return res
 
 
@@ -545,6 +620,28 @@ def write_table(out: str, results: dict) -> None:
             lines.append(f"| {a} | {fc:.2f} | {'n/a' if pc is None else f'{pc:.2f}'} | "
                          f"{'n/a' if pc is None else f'{pc / fc:.1f}x'} | {'n/a' if mc is None else f'{mc:.2f}'} | "
                          f"{'n/a' if mc is None else f'{mc / fc:.2f}x'} |")
+    paired = [a for a in ALGOS if "pair" in results.get(a, {})]
+    if paired:  # the fixed costs (imports, data and client set-up, the end) out of both sides the same way
+        r1, r2 = meta["rounds_pair"]
+        lines += ["", f"Seconds per round with the fixed costs out, the same way on both sides: each side run at "
+                  f"R1 = {r1} and R2 = {r2} rounds (the same seeds, evaluation every {meta['eval_every']}), X = its "
+                  f"whole processes' seconds per run as this script measures them (CPU: user + system, imports, data "
+                  f"and client set-up included), (X(R2) - X(R1)) / (R2 - R1); fixed: X(R1) - R1 x that. PFLlib's "
+                  f"loop trains one round more than it is given in both runs, so its extra round is in the fixed "
+                  f"part:", "",
+                  "| algo | fedrun CPU s/round | PFLlib CPU s/round | **PFLlib / fedrun (CPU)** | fedrun fixed CPU s "
+                  "| PFLlib fixed CPU s | fedrun wall s/round | PFLlib wall s/round | PFLlib / fedrun (wall) "
+                  "| fedrun masked CPU s/round | masked / fedrun (CPU) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        na = "n/a"
+        for a in paired:
+            pr = results[a]["pair"]
+            (fc, ff), (pc, pf) = per_round(pr["fedrun"]), per_round(pr["pfllib"])
+            fw, pw = per_round(pr["fedrun"], "wall")[0], per_round(pr["pfllib"], "wall")[0]
+            mc = per_round(pr["fedrun_masked"])[0] if "fedrun_masked" in pr else None
+            lines.append(f"| {a} | {fc:.2f} | {pc:.2f} | **{pc / fc:.1f}x** | {ff:.2f} | {pf:.2f} | {fw:.2f} | "
+                         f"{pw:.2f} | {pw / fw:.1f}x | {na if mc is None else f'{mc:.2f}'} | "
+                         f"{na if mc is None else f'{mc / fc:.2f}x'} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "side_by_side.md.tmp"), "w") as fh:
         fh.write(text)

@@ -63,7 +63,15 @@ def test_replot_refuses_runs_of_another_setting(tmp_path, capsys):
                                          (["--setting", "mnist_dir01", "--algos", "fedavg,ditto"], "--algos ditto"),
                                          (["--fedrun-masked"], "--fedrun-masked"),
                                          (["--setting", "mnist_dir01", "--fedrun-masked", "--jobs", "2"],
-                                          "--fedrun-masked")])
+                                          "--fedrun-masked"),
+                                         (["--rounds-pair", "4,1", "--eval-every", "1"], "4,1 is not allowed; "
+                                          "give two round counts R1,R2 with 1 <= R1 < R2"),
+                                         (["--rounds-pair", "0,4", "--eval-every", "1"], "0,4 is not allowed; "
+                                          "give two round counts R1,R2 with 1 <= R1 < R2"),
+                                         (["--rounds-pair", "1,x"], "--rounds-pair 1,x"),
+                                         (["--rounds-pair", "1,2,3"], "--rounds-pair 1,2,3"),
+                                         (["--rounds-pair", "5,15", "--eval-every", "10"], "--eval-every 10"),
+                                         (["--rounds-pair", "5,10", "--jobs", "2"], "--jobs 2")])
 def test_bad_options_are_one_line_before_any_work(argv, words, tmp_path, capsys):
     assert sbs.main(argv + ["--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
@@ -157,3 +165,63 @@ def test_every_setting_is_baselines_and_trains_its_clients_per_round():
         data = baselines.SETTINGS[name]["data"]
         assert sbs.setting_options("/d", name)[: len(data)] == data
     assert len({side["dataset"] for side in sbs.SETTINGS.values()}) == len(sbs.SETTINGS)
+
+
+def test_rounds_pair_takes_the_fixed_costs_out_of_both_sides(tmp_path, capsys):
+    """--rounds-pair's columns: per run, (X(R2) - X(R1)) / (R2 - R1) and the fixed part X(R1) - R1 x that, from
+    hand-made totals (fedrun one run; PFLlib two, its totals halved)."""
+    assert sbs.parse_rounds_pair("1,4", 1) == [1, 4] and sbs.parse_rounds_pair("5,15", 5) == [5, 15]
+    a = str(tmp_path / "a")
+    res = _results("/data", "fedrep", [0.95], [0.96], [6.0])
+    res["meta"].update(setting="mnist_dir01", rounds=4, eval_every=1, rounds_pair=[1, 4])
+    res["fedrep"]["pair"] = {
+        "fedrun": {"1": {"cpu": 10.0, "wall": 12.0, "runs": 1}, "4": {"cpu": 16.0, "wall": 21.0, "runs": 1}},
+        "pfllib": {"1": {"cpu": 60.0, "wall": 70.0, "runs": 2}, "4": {"cpu": 114.0, "wall": 130.0, "runs": 2}},
+        "fedrun_masked": {"1": {"cpu": 11.0, "wall": 13.0, "runs": 1}, "4": {"cpu": 20.0, "wall": 25.0, "runs": 1}}}
+    _write(a, res)
+    assert sbs.main(["--replot", a]) == 0
+    table = open(os.path.join(a, "side_by_side.md")).read()
+    # fedrun (16 - 10) / 3 = 2, fixed 10 - 2 = 8; PFLlib (57 - 30) / 3 = 9, fixed 30 - 9 = 21; wall 3 and 10;
+    # masked (20 - 11) / 3 = 3
+    assert "| fedrep | 2.00 | 9.00 | **4.5x** | 8.00 | 21.00 | 3.00 | 10.00 | 3.3x | 3.00 | 1.50x |" in table
+    assert "R1 = 1 and R2 = 4 rounds" in table
+
+
+def test_rounds_pair_runs_each_side_once_more_and_reuses_the_run_at_rounds(tmp_path, monkeypatch, capsys):
+    """--rounds 4 --rounds-pair 1,4: every side run at 4 rounds (the table's run) and once more at 1, the same
+    seeds; the pair's totals are those runs' (fake runs here: CPU 5 + 2 x rounds per fedrun run, 20 + 9 x rounds
+    per PFLlib run)."""
+    (tmp_path / "pfl" / "system" / "flcore").mkdir(parents=True)
+    calls = []
+
+    def fedrun(args, out, algo, data_opts, tau, seeds, masked=False, rounds=None):
+        n = args.rounds if rounds is None else rounds
+        calls.append(("fedrun_masked" if masked else "fedrun", n, tuple(seeds)))
+        return {"command": "fedrun", "metric": "pers_acc", "wall": 1.0 + 3 * n * len(seeds),
+                "cpu": (5.0 + (4.0 if masked else 2.0) * n) * len(seeds), "load": [0.5, 0.6],
+                "runs": [{"seed": s, "rounds": list(range(1, n + 1)), "acc": [0.9] * n, "seconds": 1.0} for s in seeds]}
+
+    def pfllib(args, out, algo, seed, rounds=None):
+        n = args.rounds if rounds is None else rounds
+        calls.append(("pfllib", n, seed))
+        return {"seed": seed, "rounds": list(range(n + 1)), "acc": [0.9] * (n + 1), "budget": [1.0] * (n + 1),
+                "setup": 1.0, "per_round": 1.0, "per_round_no_eval": None, "cpu_per_round": 9.0,
+                "wall": 30.0 + 10 * n, "proc_cpu": 20.0 + 9 * n, "load": [0.6, 0.7]}
+
+    monkeypatch.setattr(sbs, "export", lambda opts, folder, flat=True: [424, 6199])
+    monkeypatch.setattr(sbs, "run_fedrun", fedrun)
+    monkeypatch.setattr(sbs, "run_pfllib", pfllib)
+    out = tmp_path / "out"
+    assert sbs.main(["--pfllib", str(tmp_path / "pfl"), "--setting", "mnist_dir01", "--algos", "fedrep",
+                     "--rounds", "4", "--rounds-pair", "1,4", "--eval-every", "1", "--seeds", "0,1",
+                     "--pfllib-seeds", "0,1", "--fedrun-masked", "--out", str(out)]) == 0
+    assert sorted(calls) == sorted([("fedrun", 4, (0, 1)), ("pfllib", 4, 0), ("pfllib", 4, 1),
+                                    ("fedrun_masked", 4, (0, 1)), ("fedrun", 1, (0, 1)), ("pfllib", 1, 0),
+                                    ("pfllib", 1, 1), ("fedrun_masked", 1, (0, 1))])
+    res = json.load(open(out / "side_by_side.json"))
+    assert res["meta"]["rounds_pair"] == [1, 4]
+    assert res["fedrep"]["pair"]["pfllib"]["4"] == {"cpu": 2 * 56.0, "wall": 2 * 70.0, "runs": 2,
+                                                    "load": [[0.6, 0.7]] * 2}
+    table = open(out / "side_by_side.md").read()
+    # per run: fedrun 2 CPU-s a round, fixed 5; PFLlib 9, fixed 20; wall 3 and 10; masked 4
+    assert "| fedrep | 2.00 | 9.00 | **4.5x** | 5.00 | 20.00 | 3.00 | 10.00 | 3.3x | 4.00 | 2.00x |" in table
