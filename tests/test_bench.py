@@ -150,3 +150,26 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(capsys):
     assert "ERROR" not in out and "generated CIFAR-10 files" in out
     assert "4/4 within tolerance" in table[1] and "4/4 within tolerance" in table[2]  # mlr, mlp, cnn, mlp_bn
     assert "DIFFERS FROM EAGER" not in out and "default-fo     compiled" in out
+
+
+def test_epochs_bench_counts_each_clients_epoch_and_the_steps_round_does_as_much(monkeypatch, capsys):
+    """`fedrun-bench --epochs` on 6 uneven clients (all of them a round): the epoch round's client steps are
+    sum floor(n_c / B) (B = 32); the steps round's tau = that total / 6 rounded up, so it does at least as much; the
+    masked round the same work; times and CPU seconds printed and returned (never asserted beyond > 0)."""
+    from fedrun.bench import epochs as bench_epochs
+    from fedrun.data import synthetic
+    from fedrun.models import MLP
+    from fedrun.simulate import Schedule
+
+    data = synthetic(num_clients=6, seed=3, dim=5, num_classes=3, cache_dir=None, chunk_len=16, size_factor=1)
+    monkeypatch.setattr(bench_epochs, "_setting", lambda name, device, root: (
+        data, Schedule(rounds=1, tau=1, clients_per_round=6, batch_size=32), lambda: MLP(5, 3, hidden=[4])))
+    rows = bench_epochs.main(["tiny"], ["fedavg"], rounds=1, warmup=0, device="cpu")
+    out = capsys.readouterr().out
+    (row,) = rows
+    sizes = data.train.sizes[: data.num_train_clients].tolist()
+    assert len(set(sizes)) > 1  # uneven
+    assert row["work"] == sum(n // 32 for n in sizes)
+    assert row["steps_work"] == 6 * -(-row["work"] // 6)
+    assert all(row[k] > 0 for k in ("epochs_s", "masked_s", "steps_s", "epochs_cpu_s", "masked_cpu_s", "steps_cpu_s"))
+    assert "ep/steps CPU" in out and out.splitlines()[-1].split()[:3] == ["tiny", "fedavg", str(row["work"])]

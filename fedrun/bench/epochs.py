@@ -52,8 +52,9 @@ def _setting(name: str, device: str, mnist_root: str | None):
     raise ValueError(f"unknown --epochs setting {name!r}; choose from synthetic, mnist")
 
 
-def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, device: str) -> tuple[float, int]:
-    """(seconds per round, client steps per round) of `rounds` timed rounds after `warmup` rounds."""
+def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, device: str) -> tuple[float, int, float]:
+    """(seconds per round, client steps per round, this process's CPU seconds per round) of `rounds` timed
+    rounds after `warmup` rounds (CPU seconds: what other processes on a shared machine move least)."""
     from ..engine import ENGINES, params_of
 
     torch.manual_seed(0)
@@ -61,11 +62,11 @@ def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, devic
     engine = ENGINES["vmap"](model)
     algo = algo.bind(RunInfo.of(sched, data, algo.optim, algo.bn))
     state = algo.init(params_of(model), data.num_clients)
-    t0, work = None, 0
+    t0, c0, work = None, None, 0
     for rnd in range(1, warmup + rounds + 1):
         if rnd == warmup + 1:
             sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         clients, trained, idx, aug = round_draws(algo, data, sched, 0, rnd)
         if rnd > warmup:
             work += sum(int(d.live.sum()) if d.live is not None else d.idx.shape[0] * d.idx.shape[1]
@@ -74,7 +75,7 @@ def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, devic
         local = steps_fn(algo, engine, local, data, idx, rnd, aug)
         state = algo.end_round(state, local, trained, torch.searchsorted(trained, clients), None, data.num_clients)
     sync(device)
-    return (time.perf_counter() - t0) / rounds, work // rounds
+    return (time.perf_counter() - t0) / rounds, work // rounds, (time.process_time() - c0) / rounds
 
 
 def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device: str,
@@ -87,7 +88,7 @@ def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device
     print(f"# local epochs on uneven clients ({device}, vmap, {torch.get_num_threads()} threads, "
           f"{rounds} rounds after {warmup})")
     print(f"{'setting':10s} {'algo':9s} {'steps/rnd':>9s} {'epochs s':>9s} {'masked s':>9s} {'steps s':>9s} "
-          f"{'ep/steps':>8s} {'masked/ep':>9s}")
+          f"{'ep/steps':>8s} {'masked/ep':>9s} {'ep/steps CPU':>12s}")
     for name in settings:
         data, sched, model_fn = _setting(name, device, mnist_root)
         for a in algos:
@@ -96,8 +97,8 @@ def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device
             tau = max(1, math.ceil(epochs[1] / min(sched.clients_per_round, data.num_train_clients)))
             steps = _time(build(a), data, replace(sched, tau=tau), model_fn, local_training, rounds, warmup, device)
             row = dict(setting=name, algo=a, work=epochs[1], epochs_s=epochs[0], masked_s=masked[0], steps_s=steps[0],
-                       steps_work=steps[1])
+                       steps_work=steps[1], epochs_cpu_s=epochs[2], masked_cpu_s=masked[2], steps_cpu_s=steps[2])
             rows.append(row)
             print(f"{name:10s} {a:9s} {epochs[1]:9d} {epochs[0]:9.3f} {masked[0]:9.3f} {steps[0]:9.3f} "
-                  f"{epochs[0] / steps[0]:8.2f} {masked[0] / epochs[0]:9.2f}")
+                  f"{epochs[0] / steps[0]:8.2f} {masked[0] / epochs[0]:9.2f} {epochs[2] / steps[2]:12.2f}")
     return rows
