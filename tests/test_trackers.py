@@ -125,25 +125,6 @@ def wandb_records(path):
             yield rec
 
 
-def test_wandb_offline_run_gets_the_rows_and_the_config(no_network_run):
-    """The W&B offline run of test_a_run_with_each_tracker_opens_no_network_connection's process."""
-    run = no_network_run / "run"
-    run_id = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
-    offline, = (run / "wandb").glob(f"offline-run-*-{run_id}")
-    history, config = [], {}
-    for rec in wandb_records(offline / f"run-{run_id}.wandb"):
-        kind = rec.WhichOneof("record_type")
-        if kind == "history":
-            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-        elif kind == "run":
-            config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.run.config.update})
-    csv = pd.read_csv(run / "metrics.csv")
-    assert [h["_step"] for h in history] == list(csv["round"])
-    assert [h["global_acc"] for h in history] == pytest.approx(list(csv["global_acc"]))
-    rounds = config["rounds"]
-    assert (rounds["value"] if isinstance(rounds, dict) else rounds) == 2
-
-
 def test_a_missing_tracker_package_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
@@ -206,14 +187,12 @@ TELEMETRY_ENV = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "WANDB_ERROR_REPORT
                  "TEAMCITY_VERSION", "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "MLFLOW_TRACKING_URI")
 
 
-@pytest.fixture(scope="module")
-def no_network_run(tmp_path_factory):
-    """The folder of a 2-round run with MLflow and W&B (offline), in a new process that allows no network."""
+def no_network_run(tmp_path):
+    """`tmp_path` after a 2-round run with MLflow and W&B (offline) in it, in a new process that allows no network."""
     import os
     import subprocess
     import sys
 
-    tmp_path = tmp_path_factory.mktemp("no_network")
     env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_ENV}
     env.update(FEDRUN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", WANDB_SILENT="true")
     r = subprocess.run([sys.executable, "-c", NO_NETWORK, *TINY, "rounds=2", "logger=[mlflow,wandb]",
@@ -222,9 +201,31 @@ def no_network_run(tmp_path_factory):
     return tmp_path
 
 
-def test_a_run_with_each_tracker_opens_no_network_connection(no_network_run):
-    assert set(json.loads((no_network_run / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
-    assert json.loads((no_network_run / "network.json").read_text()) == []
+def test_a_run_with_each_tracker_opens_no_network_connection_and_wandb_gets_the_rows(tmp_path):
+    """One process for both checks (a module fixture would run once per xdist worker: ~11 CPU-s each)."""
+    no_network_run(tmp_path)
+    assert set(json.loads((tmp_path / "run" / "trackers.json").read_text())) == {"mlflow", "wandb"}
+    assert json.loads((tmp_path / "network.json").read_text()) == []
+    check_wandb_offline_run_gets_the_rows_and_the_config(tmp_path)
+
+
+def check_wandb_offline_run_gets_the_rows_and_the_config(tmp_path):
+    """The W&B offline run of the no-network process (`no_network_run`): the rows of metrics.csv and the config."""
+    run = tmp_path / "run"
+    run_id = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
+    offline, = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    history, config = [], {}
+    for rec in wandb_records(offline / f"run-{run_id}.wandb"):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "run":
+            config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.run.config.update})
+    csv = pd.read_csv(run / "metrics.csv")
+    assert [h["_step"] for h in history] == list(csv["round"])
+    assert [h["global_acc"] for h in history] == pytest.approx(list(csv["global_acc"]))
+    rounds = config["rounds"]
+    assert (rounds["value"] if isinstance(rounds, dict) else rounds) == 2
 
 
 def test_an_unreachable_mlflow_server_is_one_line_before_any_work_and_leaves_no_folder(tmp_path):
