@@ -353,16 +353,19 @@ PFL_PAPER_METHODS = ("perfedavg_maml", "pfldyn_proto", "pfldyn_maml", "pflscaf_p
 def test_pfl_cifar_quick_runs_every_paper_method(tmp_path, monkeypatch):
     methods = PFL_PAPER_METHODS
     out = tmp_path / "all"
-    # --rounds 2 (one less than --quick's 3): the count still grows round by round
-    text = script("pfl_cifar.py", ["--quick", "--rounds", "2", "--methods", ",".join(methods), "--target", "15",
+    # --rounds 1: each preset runs through the script and counts its models a round (PFLScaf and SCAFFOLD 2 a
+    # device); the count growing round by round through the CLI is tests/algorithms/test_debias.py's (PFLScaf's
+    # preset, 2 rounds: 4, 8) and test_cli.py's; the multi-round numbers of each method its golden traces'
+    # (test_golden_pfl.py). 2 -> 1 round: 29.8 -> 23.5 CPU-s (back to back, load 3-4)
+    text = script("pfl_cifar.py", ["--quick", "--rounds", "1", "--methods", ",".join(methods), "--target", "15",
                                    "--out", str(out)], tmp_path, monkeypatch)
     assert "done in" in text and (out / "summary.md").exists() and (out / "figure2.png").exists()
     for k in methods:
         (ov, m), = job_metrics(out / "runs" / k).items()
         assert dict(ov)["experiment"] == f"cifar10_acid5_{k}"
-        assert m["round"].tolist() == [1, 2]
+        assert m["round"].tolist() == [1]
         per_round = (2 if k in ("pflscaf_proto", "pflscaf_maml", "scaffold") else 1) * 3  # 3 devices per round
-        assert m["models_transmitted"].tolist() == [per_round * r for r in m["round"]]
+        assert m["models_transmitted"].tolist() == [per_round]
         assert ("pers_acc" in m) == (k not in ("feddyn", "scaffold"))
     acc = pd.read_csv(out / "accuracy.csv")
     assert set(acc["method"]) == set(methods)
