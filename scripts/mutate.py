@@ -927,6 +927,10 @@ MUTANTS += [
            "    models_per_round = 2\n", "    models_per_round = 1\n",
            ("tests/test_scripts.py::test_pfl_cifar_quick_runs_every_paper_method",),
            "PFLScaf counts one model a client a round (paper 004: its model and its control variate, 2)"),
+    Mutant("pfl-gain-bound-swapped", "fedrun/report/stats.py",
+           '        return base_at_least / mean, ">"', '        return base_at_least / mean, "<"',
+           ("tests/test_scripts.py::test_pfl_cifar_quick_table_figure_and_replot",),
+           "paper 004's gain when only the method reached the target is marked an upper bound, not a lower one"),
 ]
 MUTANTS += [
     Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",
