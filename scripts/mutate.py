@@ -269,6 +269,11 @@ MUTANTS = [
            "per_pass = sizes // (k * B if ph.disjoint else B)",
            "per_pass = -(-sizes // (k * B if ph.disjoint else B))",
            ("tests/test_phases.py",), "epochs phases: a pass keeps its partial last minibatch (no drop_last)"),
+    Mutant("epochs-by-work-pass-stride", "fedrun/simulate.py",
+           "            t = e * stride + s\n", "            t = e * longest + s\n",
+           ("tests/test_phases.py", "-k", "largest"),
+           "epochs by work: a pass's stride the round's clients' longest, not the draw's (a round without the "
+           "largest client)"),
     # the representation methods of issue 36 (tests/test_golden_pfllib_feat.py)
     Mutant("moon-contrast-swapped", "fedrun/algorithms/moon.py",
            "out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()",
