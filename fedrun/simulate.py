@@ -58,7 +58,25 @@ class Schedule:
 def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> EvalContext:
     """Test-time adaptation of round `rnd` draws its minibatches from its own random stream, so it
     never shifts the training draws."""
-    return EvalContext(data, round_generator(seed, rnd, stream=1), sched.batch_size, sched.tau, sched.personalize_batch)
+    return EvalContext(data, round_generator(seed, rnd, stream=1), sched.batch_size, sched.tau, sched.personalize_batch,
+                       passes=context_passes)
+
+
+def context_passes(ctx: EvalContext, engine: Engine, step: Callable, start: Callable, clients: torch.Tensor,
+                   epochs: int, out: Callable):
+    """`EvalContext.train_passes` (FedDBE's round before round 1 in local epochs): the rows of an epochs
+    phase of `epochs` passes (`draw_passes`, its pass as long as the largest training client's) drawn
+    for all `clients` from `ctx.gen`, then `_epochs_by_work` from `start(cs)` in `ctx.chunked`'s chunks."""
+    data = ctx.data
+    sizes = data.train.sizes.cpu()[: data.num_train_clients]
+    idx, live, per_pass = draw_passes(data.train, sizes, clients.cpu(), Phase(step, epochs=epochs), ctx.batch_size,
+                                      ctx.gen)
+    d = PhaseDraw(idx, live, None, per_pass)
+
+    def run(cs: torch.Tensor, d: PhaseDraw):
+        return out(_epochs_by_work(None, engine, start(cs), data, d, 0, step, epochs))
+
+    return ctx.chunked(run, clients, d)
 
 
 def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: int, train_all: bool = False):
