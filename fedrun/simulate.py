@@ -66,9 +66,12 @@ def context_passes(ctx: EvalContext, engine: Engine, step: Callable, start: Call
                    epochs: int, out: Callable):
     """`EvalContext.train_passes` (FedDBE's round before round 1 in local epochs): the rows of an epochs
     phase of `epochs` passes (`draw_passes`, its pass as long as the largest training client's) drawn
-    for all `clients` from `ctx.gen`, then `_epochs_by_work` from `start(cs)` in `ctx.chunked`'s chunks."""
+    for all `clients` from `ctx.gen`, then `_epochs_by_work` from `start(cs)` in `ctx.chunked`'s chunks.
+    A pass is as long as the largest of `clients`' (all training clients: the round's pass length)."""
     data = ctx.data
-    sizes = data.train.sizes.cpu()[: data.num_train_clients]
+    held = data.train.sizes.cpu()
+    sizes = torch.zeros_like(held)
+    sizes[clients.cpu()] = held[clients.cpu()]
     idx, live, per_pass = draw_passes(data.train, sizes, clients.cpu(), Phase(step, epochs=epochs), ctx.batch_size,
                                       ctx.gen)
     d = PhaseDraw(idx, live, None, per_pass)
