@@ -58,7 +58,28 @@ class Schedule:
 def eval_context(data: FederatedData, sched: Schedule, seed: int, rnd: int) -> EvalContext:
     """Test-time adaptation of round `rnd` draws its minibatches from its own random stream, so it
     never shifts the training draws."""
-    return EvalContext(data, round_generator(seed, rnd, stream=1), sched.batch_size, sched.tau, sched.personalize_batch)
+    return EvalContext(data, round_generator(seed, rnd, stream=1), sched.batch_size, sched.tau, sched.personalize_batch,
+                       passes=context_passes)
+
+
+def context_passes(ctx: EvalContext, engine: Engine, step: Callable, start: Callable, clients: torch.Tensor,
+                   epochs: int, out: Callable):
+    """`EvalContext.train_passes` (FedDBE's round before round 1 in local epochs): the rows of an epochs
+    phase of `epochs` passes (`draw_passes`, its pass as long as the largest training client's) drawn
+    for all `clients` from `ctx.gen`, then `_epochs_by_work` from `start(cs)` in `ctx.chunked`'s chunks.
+    A pass is as long as the largest of `clients`' (all training clients: the round's pass length)."""
+    data = ctx.data
+    held = data.train.sizes.cpu()
+    sizes = torch.zeros_like(held)
+    sizes[clients.cpu()] = held[clients.cpu()]
+    idx, live, per_pass = draw_passes(data.train, sizes, clients.cpu(), Phase(step, epochs=epochs), ctx.batch_size,
+                                      ctx.gen)
+    d = PhaseDraw(idx, live, None, per_pass)
+
+    def run(cs: torch.Tensor, d: PhaseDraw):
+        return out(_epochs_by_work(None, engine, start(cs), data, d, 0, step, epochs))
+
+    return ctx.chunked(run, clients, d)
 
 
 def sample_round(data: FederatedData, sched: Schedule, k: int, seed: int, rnd: int, train_all: bool = False):
@@ -138,26 +159,33 @@ def sample_phases(data: FederatedData, sched: Schedule, phases: tuple[Phase, ...
             if ph.epochs is None:
                 out.append((_draw_rows(split, sched.sampling, cs, (ph.steps, ph.batches, B), g), None, None))
                 continue
-            k = ph.batches
-            # [C] steps per epoch (host-known): floor(n_c / B), or with disjoint batches floor(n_c / (k B))
-            per_pass = sizes // (k * B if ph.disjoint else B)
-            longest = int(per_pass.max())
-            m, S = len(cs), ph.epochs * longest
-            if S == 0:  # no client has a whole minibatch: the phase trains nothing
-                out.append((torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
-                            torch.zeros(m, 0, dtype=torch.bool, device=split.x.device), per_pass[cs]))
-                continue
-            if k == 1 or ph.disjoint:  # (disjoint: a step's k minibatches are consecutive rows of the pass)
-                idx = split.shuffled_indices(cs, ph.epochs, longest * k * B, g).view(m, S, k, B)
-            else:  # k independent shuffles per pass, a step takes one minibatch of each
-                idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
-                idx = idx.transpose(2, 3).reshape(m, S, k, B)
-            live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
-            out.append((idx, live.reshape(m, S).to(split.x.device), per_pass[cs]))
+            out.append(draw_passes(split, sizes, cs, ph, B, g))
         return tuple(out)
 
     clients, trained, out = _with_rest(data, clients, draw, train_all)
     return clients, trained, tuple(PhaseDraw(idx, live, None, per_pass) for idx, live, per_pass in out)
+
+
+def draw_passes(split, sizes: torch.Tensor, cs: torch.Tensor, ph: Phase, B: int, g: torch.Generator) -> tuple:
+    """An epochs phase's rows for the clients `cs`: (idx [m, S, k, B], live [m, S], per_pass [m] (host)),
+    `ph.epochs` fresh shuffles of each client's rows, client c taking floor(n_c / B) minibatches of each
+    (`sample_phases`); S is `ph.epochs` x the largest such count among `sizes` (the host-known sizes of
+    ALL training clients)."""
+    k = ph.batches
+    # [C] steps per epoch (host-known): floor(n_c / B), or with disjoint batches floor(n_c / (k B))
+    per_pass = sizes // (k * B if ph.disjoint else B)
+    longest = int(per_pass.max())
+    m, S = len(cs), ph.epochs * longest
+    if S == 0:  # no client has a whole minibatch: the phase trains nothing
+        return (torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
+                torch.zeros(m, 0, dtype=torch.bool, device=split.x.device), per_pass[cs])
+    if k == 1 or ph.disjoint:  # (disjoint: a step's k minibatches are consecutive rows of the pass)
+        idx = split.shuffled_indices(cs, ph.epochs, longest * k * B, g).view(m, S, k, B)
+    else:  # k independent shuffles per pass, a step takes one minibatch of each
+        idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
+        idx = idx.transpose(2, 3).reshape(m, S, k, B)
+    live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
+    return idx, live.reshape(m, S).to(split.x.device), per_pass[cs]
 
 
 def round_draws(algo: Algorithm, data: FederatedData, sched: Schedule, seed: int, rnd: int):
@@ -205,7 +233,7 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
         return local
     for phase, d in zip(algo.phases(), idx, strict=True):
         if by_work and d.per_pass is not None and d.idx.shape[1]:
-            local = _epochs_by_work(algo, engine, local, data, d, rnd, phase.step)
+            local = _epochs_by_work(algo, engine, local, data, d, rnd, phase.step, phase.epochs)
             continue
         for s in range(d.idx.shape[1]):
             local = step(algo, engine, local, data, d.idx[:, s].contiguous(), rnd,
@@ -215,21 +243,22 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
 
 
 def _epochs_by_work(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, d: PhaseDraw, rnd: int,
-                    fn: Callable) -> Local:
-    """An epochs phase whose cost follows the work done: the clients sorted by their steps per pass
-    (most first, host-known), each step computes only the clients still training, a prefix of them
-    (torch's ops are per client, so a client's numbers are those of the masked computation); the
-    clients that finished a pass wait aside until the next pass. A round costs the sum of its
-    clients' steps, not clients x the largest client's."""
+                    fn: Callable, epochs: int) -> Local:
+    """An epochs phase (`epochs` passes) whose cost follows the work done: the clients sorted by their
+    steps per pass (most first, host-known), each step computes only the clients still training, a
+    prefix of them (torch's ops are per client, so a client's numbers are those of the masked
+    computation); the clients that finished a pass wait aside until the next pass. A round costs the
+    sum of its clients' steps, not clients x the largest client's. A pass of the draw is S / epochs
+    steps (set by ALL training clients, `draw_passes`), however few of them `d` holds."""
     order = torch.argsort(d.per_pass, descending=True, stable=True)
     counts = d.per_pass[order].tolist()
-    m, longest = len(counts), max(counts)
+    m, longest, stride = len(counts), max(counts), d.idx.shape[1] // epochs
     perm = order.to(d.idx.device)
     local = tree_map(lambda v: v[perm], local)
     idx = d.idx[perm]  # (one gather: a step's rows are then a slice of the first clients)
     aug = None if d.aug is None else tuple(a[perm] for a in d.aug)
     lives = [sum(1 for c in counts if c > s) for s in range(longest)]  # clients still in the pass at step s
-    for e in range(d.idx.shape[1] // longest if longest else 0):
+    for e in range(epochs if longest else 0):
         parts, n = [], m
         for s in range(longest):
             live = lives[s]
@@ -238,7 +267,7 @@ def _epochs_by_work(algo: Algorithm, engine: Engine, local: Local, data: Federat
                 local, n = clients_slice(local, 0, live), live
             if n == 0:
                 break
-            t = e * longest + s
+            t = e * stride + s
             local = one_step(algo, engine, local, data, idx[:n, t].contiguous(), rnd,
                              None if aug is None else tuple(a[:n, t].contiguous() for a in aug), fn)
         local = cat_clients([local, *reversed(parts)]) if parts else local

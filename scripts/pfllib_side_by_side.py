@@ -140,7 +140,7 @@ LOCAL_EPOCHS = {"mnist_dir01": {
 MASKED = """import sys
 import fedrun.simulate as s
 
-def masked(algo, engine, local, data, d, rnd, fn):
+def masked(algo, engine, local, data, d, rnd, fn, epochs):
     for t in range(d.idx.shape[1]):
         local = s.one_step(algo, engine, local, data, d.idx[:, t].contiguous(), rnd,
                            None if d.aug is None else tuple(a[:, t].contiguous() for a in d.aug), fn,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 import torch
 from test_golden_pfedme import golden_data
 
@@ -146,3 +147,32 @@ def test_per_fedavg_in_epochs_needs_two_minibatches_of_rows_a_meta_step():
     warned, = check_passes(algo, sched(7), sizes)
     assert warned.startswith("2 of 4 training clients hold fewer than 2 x batch_size=7 rows")
     assert check_passes(algo, sched(4), sizes) == []
+
+
+@pytest.mark.parametrize("per_round", [2, 1])
+def test_a_round_without_the_largest_client_takes_each_clients_own_passes(per_round):
+    """Rounds that sample fewer clients than train (golden clients of 2, 3, 4, 1 steps a pass): each
+    trained client's count is still 2 passes of its own, and the round computed by work (the default)
+    gives the masked round's numbers. (A pass of the draw is as long as ALL training clients' largest;
+    a round without that client once walked extra "passes" on the shorter stride.)"""
+    from fedrun.simulate import local_training, one_step
+
+    data = golden_data()
+    sched = Schedule(rounds=3, tau=2, clients_per_round=per_round, batch_size=5, eval_every=3)
+    out = {}
+    for name, steps in (("by_work", None), ("masked", one_step)):
+        torch.manual_seed(0)
+        model = MLP(12, 4, hidden=[8])
+
+        def train(a, e, local, d, idx, rnd, aug=None, steps=steps):
+            return local_training(a, e, local, d, idx, rnd, aug, step=steps)
+
+        out[name], _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params_of(model), sched, seed=0,
+                                steps=train)
+    counts = out["by_work"].clients["n"].tolist()
+    assert any(n != [0, 0] for n in counts)
+    for c, n in enumerate(counts):  # (the last round that trained client c; [0, 0]: never trained)
+        assert n in ([0, 0], [2 * int(PER_EPOCH[c]), 3]), (c, n)
+    assert out["masked"].clients["n"].tolist() == counts
+    for k, v in out["by_work"].params.items():
+        torch.testing.assert_close(v, out["masked"].params[k], rtol=0, atol=0)  # (per-client ops: as test_side_by_side)

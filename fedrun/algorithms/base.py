@@ -131,6 +131,8 @@ class EvalContext:
     round's local training is, in chunks of clients (`client_chunk`, memory='s plan, halved on out of
     memory: simulate.ChunkedTraining.map) with the chunks' results joined; `fn` must be a pure function
     of its inputs (a retry repeats it). Default: all at once.
+    `passes`: the round loop's epochs machinery behind `train_passes` (simulate.context_passes, set by
+    simulate.eval_context); None outside it.
     """
 
     data: FederatedData
@@ -139,6 +141,18 @@ class EvalContext:
     tau: int
     personalize_batch: int | None = None
     chunked: Callable = all_at_once
+    passes: Callable | None = None
+
+    def train_passes(self, engine, step: Callable, start: Callable, clients: Tensor, epochs: int, out: Callable):
+        """`out(local)` of the `clients`' Locals after `epochs` passes of `step` (a `client_step`'s
+        signature) over each one's own TRAINING rows, from `start(clients)`, run as a round's epochs
+        phase is (`Phase`: floor(n_c / batch_size) minibatches a pass, the partial last one dropped; the
+        clients sorted by their steps, in the `chunked` chunks; the rows of all `clients` drawn first,
+        from `gen`), the chunks' `out` joined."""
+        if self.passes is None:
+            raise RuntimeError("EvalContext.train_passes outside the round loop: build the context with "
+                               "fedrun.simulate.eval_context")
+        return self.passes(self, engine, step, start, clients, epochs, out)
 
     def train_batch(self, size: int | None = None, steps: tuple[int, ...] = (),
                     clients: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -12,10 +12,12 @@ momentum) r + momentum mean_rows f(x), r reset to 0 at each round's start, its e
 constant in each step's gradient) and g the global mean representation (MR, the mean regularizer).
 g is fixed once, before round 1 (`prepare`): every training client takes one round of plain
 cross-entropy steps from the initial model (its `tau` steps on minibatches of the evaluation's round-0
-stream, no bias) tracking r; g is the mean of the clients' r weighted by their training rows; those
-models are discarded (PFLlib's FedDBE server does this in its constructor). The server averages the
-model (FedAvg). Served: the server model with each client's m_i (a linear head: its bias b + W m_i,
-the same logits); `global_*` scores the server model without it.
+stream, or with `local_epochs` E passes over its own rows from that stream, no bias) tracking r; g
+is the mean of the clients' r weighted by their training rows; those models are discarded (PFLlib's
+FedDBE server does this in its constructor: every client's train(), local_epochs passes of its
+shuffling, drop_last loader, r reset once at its start). The server averages the model (FedAvg).
+Served: the server model with each client's m_i (a linear head: its bias b + W m_i, the same logits);
+`global_*` scores the server model without it.
 
 Per-client state (a `FedDBEClients`): `dbe["bias"]` [C, d]; a round's clients hold a `FedDBELocal`;
 server: `extra["global_mean"]` [d].
@@ -79,7 +81,10 @@ class FedDBE(Algorithm):
         """The global mean representation g: every training client's running mean after a round of
         plain cross-entropy steps from the initial model, weighted by its training rows. The clients
         train in the round's chunks (`ctx.chunked`: client_chunk, memory='s plan, out-of-memory
-        halving), each chunk from its clients' rows drawn for all of them first."""
+        halving), each chunk from its clients' rows drawn for all of them first. A round is the run's:
+        tau steps of batch_size rows (`init_rows`), or with `local_epochs` E passes over each client's
+        own rows (floor(n_c / batch_size) steps a pass, as the round's epochs phase: `ctx.train_passes`),
+        both from round 0's evaluation stream `ctx.gen`."""
         split = ctx.data.train
         everyone = torch.arange(ctx.data.num_train_clients, device=split.x.device)
 
@@ -89,7 +94,12 @@ class FedDBE(Algorithm):
                 local = self._step(engine, local, [split.rows(rows[:, s])], dbe=False)
             return local.running
 
-        r = ctx.chunked(running, everyone, init_rows(ctx, everyone, None))
+        if self.local_epochs is None:
+            r = ctx.chunked(running, everyone, init_rows(ctx, everyone, None))
+        else:  # PFLlib's constructor: each client's train(), local_epochs passes of its shuffling loader
+            r = ctx.train_passes(engine, lambda e, local, batches, rnd: self._step(e, local, batches, dbe=False),
+                                 lambda cs: self.client_init(state, cs, 0), everyone, self.local_epochs,
+                                 lambda local: local.running)
         n = ctx.data.train.sizes[: ctx.data.num_train_clients].to(r.device, r.dtype)
         g = (n.unsqueeze(-1) * r).sum(0) / n.sum()
         return ServerState(params=state.params, extra={**state.extra, "global_mean": g}, clients=state.clients)

@@ -18,7 +18,8 @@ Served models: GM is w; PM (`personalized=theta`) is theta_i, the client's perso
 effect (CharlieDinh/pFedMe). With `train_all` every client runs its local rounds every round (the
 authors' code; only the sampled ones are aggregated) and the PM served is the one that training
 produced; otherwise each client's PM is computed at test time by the same R local rounds from w on
-the client's own training minibatches (drawn from the evaluation's random stream).
+the client's own training minibatches (drawn from the evaluation's random stream; with
+`local_epochs` E, E passes over its rows of batch_size minibatches, as its training rounds).
 
 The local trainer (fedrun.algorithms.trainer):
 - `optim.*` applies to the local model's step w_i <- w_i - eta lam (w_i - theta_i): it is a gradient
@@ -149,6 +150,14 @@ class PFedMe(Algorithm):
         if self.train_all and "served" in state.extra:
             return state.extra["served"], None
         everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
+        if self.local_epochs is not None:  # the training's local work: E passes over each client's rows
+            own = state.trainer.get("bn_local") if self.bn == "local" else None
+
+            def start(cs: Tensor) -> PFedMeLocal:
+                local = self.client_init(state, cs, 0)
+                return local if own is None else self.with_shared_buffers(local, {k: v[cs] for k, v in own.items()})
+            return ctx.train_passes(engine, self.client_step, start, everyone, self.local_epochs,
+                                    lambda local: local.params if self.personalized == "local" else local.theta), None
         x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(ctx.tau,))
         local = self.client_init(state, everyone, 0)
         if self.bn == "local" and "bn_local" in state.trainer:  # each client's own running statistics

@@ -289,3 +289,31 @@ def test_table1_presets_hold_the_papers_settings(data, model, algo):
         assert (a.train_all, a.mu, a.personalized) == (True, 0.001, "local") and used["algo.mu"] == 0.001
     if algo == "perfedavg":
         assert a.test_time == "test_batches" and a.variant == "fo"
+
+
+def test_served_models_in_local_epochs_are_each_clients_passes_by_hand():
+    """Without train_all, a client's PM is a local round computed at test time; with local_epochs=E
+    that round is E passes over its own rows (floor(n_c / B) pFedMe steps a pass; the golden clients'
+    2, 3, 4, 1 at B=5), not tau steps: recomputed one client at a time by client_step on the rows of
+    round 0's evaluation stream (E blocks of the longest pass, a client taking the first of each)."""
+    from test_golden_pfedme import golden_data
+
+    data, E, B = golden_data(), 2, 5
+    torch.manual_seed(0)
+    model = MLP(12, 4, hidden=[8])
+    engine, params = VmapEngine(model), params_of(model)
+    algo = PFedMe(lr=0.05, personal_lr=0.05, lam=15.0, K=2, beta=1.0, train_all=False, local_epochs=E)
+    sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=B)
+    state = algo.init(params, data.num_clients)
+    served, _ = algo.personalize(engine, state, eval_context(data, sched, 0, 0))
+    per_pass = (data.train.sizes // B).tolist()
+    L, C = max(per_pass), data.num_clients
+    rows = data.train.shuffled_indices(torch.arange(C), E, L * B, eval_context(data, sched, 0, 0).gen)
+    for c in range(C):
+        local = algo.client_init(state, torch.tensor([c]), 0)
+        for e in range(E):
+            for s in range(per_pass[c]):
+                local = algo.client_step(engine, local, [data.train.rows(rows[c:c + 1, e, s * B:(s + 1) * B])], 0)
+        for k, v in local.theta.items():  # (personalized=theta, the default outside protocol=official)
+            # float32, ~10 steps of K=2 inner steps each on values of magnitude ~1: ~100 eps32 (1.2e-7)
+            torch.testing.assert_close(served[k][c], v[0], rtol=2e-5, atol=2e-6)

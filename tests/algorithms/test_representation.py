@@ -123,3 +123,52 @@ def test_bad_values_are_one_line():
         with pytest.raises(ConfigError, match=option) as e:
             make()
         assert "\n" not in str(e.value)
+
+
+def test_feddbe_global_mean_in_local_epochs_by_hand():
+    """With local_epochs=E the round before round 1 is E passes over each client's own rows, as
+    PFLlib's constructor runs every client's train(): floor(n_c / B) minibatches a pass (the golden
+    clients' 12, 16, 20, 8 rows at B=5: 2, 3, 4, 1), each pass a fresh shuffle of round 0's evaluation
+    stream, r carried across the passes. Recomputed client by client (torch.func.functional_call and
+    autograd, not the engine's step); chunked one client at a time, the same mean bit for bit."""
+    import dataclasses
+
+    from test_golden_pfedme import golden_data
+    from torch.func import functional_call
+
+    from fedrun.algorithms import build
+    from fedrun.models import MLP
+    from fedrun.simulate import ChunkedTraining
+
+    data, E, B, lr, mom = golden_data(), 2, 5, 0.1, 0.3
+    torch.manual_seed(0)
+    model = MLP(12, 4, hidden=[8])
+    engine, params = VmapEngine(model), {k: v.detach() for k, v in model.state_dict().items()}
+    algo = build("feddbe", lr=lr, kappa=1.0, momentum=mom, local_epochs=E)
+    sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=B)
+    means = [algo.prepare(engine, algo.init(params, data.num_clients), dataclasses.replace(
+        eval_context(data, sched, 0, 0), chunked=ChunkedTraining(size).map)).extra["global_mean"] for size in (None, 1)]
+    assert torch.equal(means[0], means[1])
+
+    t, sizes = data.num_train_clients, data.train.sizes[: data.num_train_clients]
+    per_pass = (sizes // B).tolist()
+    assert per_pass == [2, 3, 4, 1]
+    L = max(per_pass)  # every client's draw is E blocks of L minibatches (the longest pass), the rest unused
+    rows = data.train.shuffled_indices(torch.arange(t), E, L * B, eval_context(data, sched, 0, 0).gen)
+    running = []
+    for c in range(t):
+        p, r = dict(params), torch.zeros(8)
+        for e in range(E):
+            for s in range(per_pass[c]):
+                x, y = data.train.rows(rows[c, e, s * B:(s + 1) * B])
+                with torch.no_grad():
+                    r = (1 - mom) * r + mom * engine.features(p, x).mean(0)
+                p = {k: v.requires_grad_() for k, v in p.items()}
+                loss = torch.nn.functional.cross_entropy(functional_call(model, p, (x,)), y)
+                g = torch.autograd.grad(loss, list(p.values()))
+                p = {k: (v - lr * gk).detach() for (k, v), gk in zip(p.items(), g)}
+        running.append(r)
+    n = sizes.to(torch.float32)
+    by_hand = (n.unsqueeze(1) * torch.stack(running)).sum(0) / n.sum()
+    # float32: ~10 steps a client of a few ops each, features of magnitude ~1: ~100 eps32 (1.2e-7)
+    torch.testing.assert_close(means[0], by_hand, rtol=2e-5, atol=2e-6)
