@@ -16,7 +16,6 @@ from torch._dynamo.utils import counters
 
 from fedrun.algorithms import build, names
 from fedrun.algorithms.base import flat_clients
-from fedrun.algorithms.trainer import get
 from fedrun.config import group_file, load_conf
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
@@ -138,7 +137,7 @@ def test_step_uses_round_is_declared_where_the_step_reads_the_round(data, algo_n
     step_uses_round (compile=graphs would replay round 1's graph otherwise), and one that says so
     must really differ."""
     a, b = _one_round_step(data, algo_name, 1, **opts), _one_round_step(data, algo_name, 7, **opts)
-    pa, pb = get(a, "params"), get(b, "params")
+    pa, pb = a.params, b.params
     differs = any(not torch.equal(pa[k], pb[k]) for k in pa)
     assert differs == build(algo_name, **opts).step_uses_round
 

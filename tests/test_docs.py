@@ -100,6 +100,8 @@ def test_extending_guide_every_hook_example_runs_and_its_server_step_is_the_work
     import pandas as pd
     import torch
 
+    from fedrun.algorithms.base import ModelLocal
+
     doc = _read("docs", "extending.md")
     section = doc.split("### Every hook", 1)[1].split("\n## ", 1)[0]
     module, conf = _write_example(tmp_path, monkeypatch, section)
@@ -113,7 +115,7 @@ def test_extending_guide_every_hook_example_runs_and_its_server_step_is_the_work
     algo = importlib.import_module(module).FedAvgM(lr=0.1, server_lr=0.5, momentum=0.9, finetune_steps=0)
     state = algo.init({"w": torch.tensor([1.0])}, num_clients=4)
     state.extra["velocity"]["w"] = torch.tensor([0.5])
-    local = {"params": {"w": torch.tensor([[9.0], [0.0], [1.0]])}}  # the first trained but is not aggregated
+    local = ModelLocal(params={"w": torch.tensor([[9.0], [0.0], [1.0]])})  # the first trained, not aggregated
     new = algo.server_update(state, local, torch.tensor([0, 2, 3]), torch.tensor([1, 2]), torch.tensor([3.0, 1.0]))
     assert (torch.allclose(new.extra["velocity"]["w"], torch.tensor([1.2]))
             and torch.allclose(new.params["w"], torch.tensor([0.4])))

@@ -24,7 +24,7 @@ from fedrun.algorithms import ServerState, algorithm_class, build, names
 from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.optim import READ_ONLY_BY, LocalOptim, local_optim
 from fedrun.algorithms.options import signature_options
-from fedrun.algorithms.trainer import LocalTrainer
+from fedrun.algorithms.trainer import LocalTrainer, ModelLocal
 from fedrun.config import CONF_DIR, group_file, load_conf
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
@@ -70,10 +70,10 @@ class _OneClient(LocalTrainer):
     name, optim_ok = "one_client", True
 
     def client_init(self, state, clients, rnd):
-        return {"params": {"w": state.params["w"].unsqueeze(0).clone()}}
+        return ModelLocal(params={"w": state.params["w"].unsqueeze(0).clone()})
 
     def server_update(self, state, local, clients, selected, weights):
-        return ServerState(params={"w": local["params"]["w"][0]}, clients=state.clients)
+        return ServerState(params={"w": local.params["w"][0]}, clients=state.clients)
 
 
 def _trajectory(node: dict) -> torch.Tensor:
@@ -85,7 +85,7 @@ def _trajectory(node: dict) -> torch.Tensor:
     for rnd in range(1, ROUNDS + 1):
         local = trainer.start_local(state, trained, rnd)
         for _ in range(2):
-            local = trainer.descend(local, "params", {"w": local["params"]["w"] * curvature - 0.3}, 0.1, rnd)
+            local = trainer.descend(local, "params", {"w": local.params["w"] * curvature - 0.3}, 0.1, rnd)
         state = trainer.end_round(state, local, trained, trained, None, 1)
     return state.params["w"].unsqueeze(0)
 

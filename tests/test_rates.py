@@ -14,7 +14,6 @@ from fedrun.algorithms.base import RunInfo, flat_clients
 from fedrun.algorithms.fedavg import FedAvg
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.rates import RoundNotCapturable, RoundRates, rate_step
-from fedrun.algorithms.trainer import get
 from fedrun.config import group_file, load_conf
 from fedrun.data import synthetic
 from fedrun.engine import VmapEngine, params_of
@@ -94,7 +93,7 @@ def test_a_rate_tensor_gives_the_round_numbers_numbers(data, name, opts, optim):
         _rounds_steps(data, algo, model, [(rates, 4)])
     _equal(fourth, replayed)
     assert len(rates) >= 1  # the rate really came as a tensor
-    p1, p4 = get(first, "params"), get(fourth, "params")
+    p1, p4 = first.params, fourth.params
     assert any(not torch.equal(p1[k], p4[k]) for k in p1)
 
 

@@ -45,7 +45,7 @@ from ..engine.tree import (
 from .base import Algorithm, EvalContext, ServerState
 from .checks import check_choice, check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
-from .trainer import slot_of
+from .trainer import ModelLocal, slot_of
 
 
 class APFLClients(NamedTuple):
@@ -117,8 +117,8 @@ class APFL(Algorithm):
             return self._pfllib_step(engine, local, g, x, y, rnd)
         w, v, alpha = local.params, local.v, local.alpha
         # grad f(vbar) at the mixture vbar (v's running statistics updated by its forward)
-        gbar, _, mixed = self.grad(engine, {"vbar": self._mix(v, w, alpha)}, "vbar", x, y)
-        buffers = {k: t for k, t in mixed["vbar"].items() if is_buffer(k)}
+        gbar, _, mixed = self.grad(engine, ModelLocal(params=self._mix(v, w, alpha)), "params", x, y)
+        buffers = {k: t for k, t in mixed.params.items() if is_buffer(k)}
         if self.alpha_lr:
             alpha = (alpha - self.alpha_lr * dot(gbar, sub(v, w)).view(-1, 1)).clamp(0.0, 1.0)
         if self.optim.plain:  # (the arithmetic of the traces: lr alpha grad, bit for bit)

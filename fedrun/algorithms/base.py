@@ -4,8 +4,11 @@ State is explicit. `ServerState` holds the server model, server-side extras and 
 state of EVERY client (`clients`: name -> tensors stacked over all C clients, e.g. control
 variates), so it all lives on the device and is checkpointed with the run. A round's local state
 `Local` is a NamedTuple of tensors (or dicts of tensors) stacked over the m clients that train: its
-`params` is each client's model (the default, `ModelLocal`, has only that and the optimizer state
-`opt`); algorithms declare their own with what they need (pFedMe's theta, ...).
+`params` is each client's model, its last field `opt` the local trainer's optimizer state (the default,
+`ModelLocal`, has only these two); algorithms declare their own with what they need (pFedMe's theta,
+...). `ServerState.clients` is a NamedTuple too, the type an algorithm declares as `Clients` (none
+kept: the base's empty `NoClients`). `check_typed` refuses, in one line before any work, an algorithm
+whose hooks return anything else.
 
   init(params, num_clients)                     -> ServerState
   prepare(engine, state, ctx)                   -> ServerState   (a fresh run, before round 1)
@@ -31,7 +34,7 @@ model's state, the local-work unit) is the local trainer's, `trainer.LocalTraine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -44,11 +47,7 @@ from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
 from .personalize import finetune, finetune_epochs
-from .trainer import LocalTrainer, ModelLocal, RunInfo, get  # noqa: F401  (RunInfo: part of the contract)
-
-# a NamedTuple (or, for methods not yet typed, a dict) of stacked tensors or dicts of stacked tensors, leading
-# dim = clients training
-Local = dict
+from .trainer import Local, LocalTrainer, ModelLocal, RunInfo  # noqa: F401  (Local, RunInfo: the contract's)
 
 
 @dataclass(frozen=True)
@@ -79,11 +78,16 @@ class Phase:
             raise ValueError("a Phase has either steps or epochs")
 
 
+class NoClients(NamedTuple):
+    """`ServerState.clients` of a method that keeps no state per client (FedAvg, FedProx, pFedMe, ...)."""
+
+
 @dataclass
 class ServerState:
     params: Params
     extra: dict = field(default_factory=dict)
-    clients: object = field(default_factory=dict)  # persistent per-client state, stacked over ALL clients
+    # persistent per-client state, stacked over ALL clients: the algorithm's `Clients` (a NamedTuple)
+    clients: tuple = field(default_factory=NoClients)
     # the local trainer's own per-client state (fedrun.algorithms.trainer): each optimizer slot's state
     # under optim.state=persist, the clients' BatchNorm statistics of the shared model under bn=local
     trainer: dict = field(default_factory=dict)
@@ -96,9 +100,9 @@ def is_trainer_entry(name: str) -> bool:
     return name in ("opt", "bn_local") or name.startswith("opt.")
 
 
-def client_entries(clients) -> dict:
-    """A per-client state as name -> stacked tensors: a typed one's fields (`Algorithm.Clients`), a dict as it is."""
-    return dict(clients) if isinstance(clients, dict) else clients._asdict()
+def client_entries(clients: tuple) -> dict:
+    """A per-client state (`Algorithm.Clients`) as name -> stacked tensors: its fields."""
+    return clients._asdict()
 
 
 def flat_clients(state: ServerState) -> dict:
@@ -109,11 +113,43 @@ def flat_clients(state: ServerState) -> dict:
 
 def state_of(algo: Algorithm, params: Params, extra: dict, flat: dict) -> ServerState:
     """The ServerState of a checkpoint's parts (`flat_clients`'s form): the trainer's entries apart, the
-    algorithm's in its `Clients` type (None: a dict)."""
+    algorithm's in its `Clients` type."""
     own = {k: v for k, v in flat.items() if not is_trainer_entry(k)}
-    kind = getattr(algo, "Clients", None)
-    return ServerState(params=params, extra=extra, clients=own if kind is None else kind(**own),
+    return ServerState(params=params, extra=extra, clients=algo.Clients(**own),
                        trainer={k: v for k, v in flat.items() if is_trainer_entry(k)})
+
+
+def _typed(value) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")  # (a NamedTuple)
+
+
+def check_typed(algo: Algorithm, params: Params) -> None:
+    """Raises ConfigError (one line) when `algo`'s hooks do not return the typed state the round loop, the
+    local trainer and the checkpoints read: `init`'s `ServerState.clients` a NamedTuple of the class's
+    `Clients` type (a checkpoint's per-client entries are read back into it), `client_init`'s Local a
+    NamedTuple with the trainer's `opt` field. Tried on one client of the model state `params`, once,
+    before any work (`fedrun.run.spec.RunSpec.from_config`); the random streams are left as they were."""
+    who = f"algo class {type(algo).__module__}.{type(algo).__qualname__}"
+    with torch.random.fork_rng(devices=[]):
+        state = algo.init(params, 1)
+        kind = type(state.clients)
+        if not _typed(state.clients):
+            raise ConfigError(f"{who}: its init returns ServerState.clients as a {kind.__name__}; declare the "
+                              f"per-client state as a NamedTuple of tensors stacked over all clients and name it "
+                              f"on the class (Clients = MyClients), or leave clients out when none is kept (the "
+                              f"base's NoClients): see docs/extending.md")
+        if kind is not algo.Clients:
+            raise ConfigError(f"{who}: its init returns ServerState.clients as a {kind.__name__} but the class "
+                              f"declares Clients = {algo.Clients.__name__}; set Clients = {kind.__name__} on the "
+                              f"class (a checkpoint's per-client entries are read back into it): see docs/extending.md")
+        one = torch.zeros(1, dtype=torch.long, device=next(iter(params.values())).device)
+        local = algo.client_init(state, one, 1)
+    if not _typed(local) or "opt" not in local._fields:
+        got = f"a {type(local).__name__}" + (" without the field opt" if _typed(local) else "")
+        raise ConfigError(f"{who}: its client_init returns the round's Local as {got}; declare a NamedTuple of "
+                          f"its fields stacked over the round's clients with `opt: dict = {{}}` last (the local "
+                          f"trainer's optimizer state), or return the base's ModelLocal(params=...): "
+                          f"see docs/extending.md")
 
 
 def all_at_once(fn: Callable, *trees):
@@ -184,8 +220,8 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
 
     name = "base"
     # the type of `ServerState.clients` (a NamedTuple of tensors stacked over all clients, each field a
-    # tensor or a dict of them), None: a dict (fedrun.algorithms.base.state_of builds it from a checkpoint)
-    Clients: type | None = None
+    # tensor or a dict of them; `state_of` reads a checkpoint's per-client entries back into it)
+    Clients: type = NoClients
     batches_per_step = 1  # independent minibatches each local step draws per client
     models_per_round = 1  # models a client sends the server per round (for "models transmitted")
     train_all = False  # every client trains every round (only the sampled ones are aggregated)
@@ -261,7 +297,7 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
 
     def server_update(self, state: ServerState, local: Local, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
-        new = weighted_mean(gather(get(local, "params"), selected), weights)
+        new = weighted_mean(gather(local.params, selected), weights)
         return ServerState(params=new, extra=state.extra, clients=state.clients)
 
     def eval_params(self, state: ServerState) -> Params:

@@ -19,7 +19,6 @@ from ..engine import Engine
 from ..engine.batchnorm import mean_buffers, split_buffers
 from ..engine.tree import Params, gather, stack, weighted_mean
 from .base import ServerState
-from .trainer import get, has, put
 
 
 class BatchNormLocal(NamedTuple):
@@ -31,8 +30,8 @@ class BatchNormLocal(NamedTuple):
 
 
 def _buffers(local) -> Params:
-    """A Local's shared BatchNorm statistics ({}: none; a dict Local built by hand may lack the entry)."""
-    return get(local, "buffers") if has(local, "buffers") else {}
+    """A Local's shared BatchNorm statistics ({}: none; a subclass's Local may lack the field)."""
+    return getattr(local, "buffers", {})
 
 
 class BatchNormState:
@@ -59,14 +58,14 @@ class BatchNormState:
         if not _buffers(local):
             return super().client_step(engine, local, batches, rnd)
         (x, y), = batches
-        g, _, buffers = engine.train_grad(get(local, "params"), _buffers(local), x, y)
-        return put(self.descend(local, "params", g, self.lr, rnd), buffers=buffers)
+        g, _, buffers = engine.train_grad(local.params, _buffers(local), x, y)
+        return self.descend(local, "params", g, self.lr, rnd)._replace(buffers=buffers)
 
     def server_update(self, state: ServerState, local: BatchNormLocal, clients: Tensor, selected: Tensor,
                       weights: Tensor | None) -> ServerState:
         """FedAvg's rule: the (weighted) mean of the clients' parameters, and of their running statistics
         (averaged like parameters)."""
-        params = weighted_mean(gather(get(local, "params"), selected), weights)
+        params = weighted_mean(gather(local.params, selected), weights)
         if not _buffers(local):
             return ServerState(params=params, extra=state.extra, clients=state.clients)
         buffers = mean_buffers(gather(_buffers(local), selected), weights)
@@ -76,7 +75,7 @@ class BatchNormState:
         return _buffers(local)
 
     def with_shared_buffers(self, local: BatchNormLocal, buffers: Params) -> BatchNormLocal:
-        return put(local, buffers=buffers) if _buffers(local) else local
+        return local._replace(buffers=buffers) if _buffers(local) else local
 
     def server_with_buffers(self, state: ServerState, buffers: Params) -> ServerState:
         return ServerState(params=state.params, extra={**state.extra, "buffers": buffers}, clients=state.clients)

@@ -35,7 +35,7 @@ from .base import Algorithm, EvalContext, ServerState
 from .checks import check_optional_int, check_positive, check_unit
 from .personalize import onboarding_batches
 from .representation import apply_head, features_and_logits, head_of, require_linear_head, step_features
-from .trainer import slot_of
+from .trainer import ModelLocal, slot_of
 
 BIAS = "dbe.bias"  # the client's representation bias among a step's differentiated params
 
@@ -138,9 +138,9 @@ class FedDBE(Algorithm):
         with torch.no_grad():  # the running mean of the round's minibatch representation means
             z = client_means(engine, local.params, x)
             running = (1 - mom) * local.running + mom * z
-        g, _, both = self.value_and_grad(engine, {"both": {**local.params, BIAS: bias}}, "both", loss, x, y,
+        g, _, both = self.value_and_grad(engine, ModelLocal(params={**local.params, BIAS: bias}), "params", loss, x, y,
                                          local.running, local.global_mean)
-        local = local._replace(params=only(both["both"], local.params), running=running)
+        local = local._replace(params=only(both.params, local.params), running=running)
         local = self.descend(local, "params", only(g, local.params), self.lr, rnd)
         if self.optim.plain:  # (the traces' arithmetic, bit for bit)
             return local._replace(dbe={"bias": bias - self.lr * g[BIAS]})

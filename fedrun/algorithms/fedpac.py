@@ -54,7 +54,7 @@ from torch.func import vmap
 from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, stack, weighted_mean
 from .base import EvalContext, Phase, ServerState
-from .bodyhead import PartClients, PartLocal, PartSharing
+from .bodyhead import PartLocal, PartSharing
 from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
 from .personalize import onboarding_batches
 
@@ -81,8 +81,6 @@ class FedPAC(PartSharing):
     # PFLlib's clientPAC (opt_head, optimizer): optim.* applies to each, two slots ("opt.head", "opt")
     optim_ok = True
     batchnorm_ok = True  # (module docstring: the trained steps in train mode, the no-gradient passes in eval mode)
-
-    Clients = PartClients  # (its per-client state is the head alone)
 
     def optim_slots(self, local: FedPACLocal) -> dict:
         head = head_names(local.params)

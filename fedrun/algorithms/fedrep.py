@@ -29,7 +29,7 @@ from torch import Tensor
 from ..engine import Engine
 from ..engine.tree import Params, head_names, param_names, per_client
 from .base import Phase, ServerState
-from .bodyhead import PartClients, PartSharing
+from .bodyhead import PartSharing
 from .checks import check_int, check_optional_int, check_phase_passes, check_split_round
 
 
@@ -41,7 +41,6 @@ class FedRepLocal(NamedTuple):
 
 class FedRep(PartSharing):
     name = "fedrep"
-    Clients = PartClients
     personal_part = "head"
     optim_ok = True  # two optimizers: the head's and the body's (PFLlib's poptimizer, optimizer)
     batchnorm_ok = True

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, expand, gather, head_names, param_names, scatter, stack, weighted_mean
-from .base import EvalContext, LocalLR, ServerState
+from .base import EvalContext, LocalLR, ModelLocal, ServerState
 from .personalize import onboarding_batches
 from .representation import apply_head, features_and_logits, require_linear_head
 
@@ -98,9 +98,9 @@ class FedRoD(LocalLR):
                               z.detach())
             return balanced + engine.criterion(logits.detach() + mine, y)
 
-        g, _, out = self.value_and_grad(engine, {"both": both}, "both", loss, x, y, local.counts)
+        g, _, out = self.value_and_grad(engine, ModelLocal(params=both), "params", loss, x, y, local.counts)
         if generic:  # (the forward's BatchNorm statistics: the generic model's)
-            local = local._replace(params={k: out["both"][k] for k in local.params})
+            local = local._replace(params={k: out.params[k] for k in local.params})
         local = self.descend(local, "head", {k: g[PERSONAL + k] for k in local.head}, self.lr, rnd)
         return self.descend(local, "params", g, self.lr, rnd) if generic else local
 

@@ -24,7 +24,7 @@ reproduce it (`protocol=official_2020` sets both):
   test_time=test_then_train the test-time steps: lr alpha on a TEST minibatch, then lr beta on a
                             TRAINING minibatch (both on test minibatches since Nov 2020, ed8e909).
 
-No per-client state (clients={}); a round's clients hold the base's `ModelLocal` (their models and
+No per-client state (`NoClients`); a round's clients hold the base's `ModelLocal` (their models and
 their optimizer state).
 
 The local trainer (fedrun.algorithms.trainer):

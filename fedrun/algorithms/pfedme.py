@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, param_names, weighted_mean
-from .base import Algorithm, EvalContext, ServerState
+from .base import Algorithm, EvalContext, ModelLocal, ServerState
 from .checks import check_choice, check_int, check_positive
 
 
@@ -103,9 +103,9 @@ class PFedMe(Algorithm):
         w, theta = _flat([local.params[k] for k in names]), _flat([local.theta[k] for k in names])
         state = local.theta  # theta's model state (with a BatchNorm model's running statistics)
         for _ in range(self.K):  # the inner problem, on the same minibatch
-            at = {"theta": {**state, **dict(zip(names, _views(theta, shapes)))}}
-            g, _, at = self.grad(engine, at, "theta", x, y)
-            state = at["theta"]
+            at = ModelLocal(params={**state, **dict(zip(names, _views(theta, shapes)))})  # theta's model state
+            g, _, at = self.grad(engine, at, "params", x, y)
+            state = at.params
             theta = theta - self._inner_step(theta, w, _flat([g[k] for k in names]))
         buffers = {k: v for k, v in state.items() if k not in names}  # (moved by the inner steps' forwards)
         new_theta = {**state, **dict(zip(names, _views(theta, shapes)))}

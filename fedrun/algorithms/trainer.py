@@ -6,12 +6,12 @@ gradient corrections: a proximal term, SCAFFOLD's control variates) and the rate
 the rest:
 
 - **the optimizer** (`optim.*`: SGD, momentum, Nesterov, weight decay, Adam, AdamW, the schedules,
-  persist/restart): `descend(local, key, g, lr, rnd)` is one step of it on the model `local[key]`
-  (or on some of its entries: FedRep's head and body, each with its own optimizer as PFLlib's
-  clients keep two), with that model's optimizer state in `local[slot]`. Plain SGD of a constant
-  lr (the default) is `tree.sgd`, the one op every method's step always ran, so its numbers stay as
-  they were. The state of every slot starts fresh, or (optim.state=persist) from the client's own
-  rows of `ServerState.clients[slot]`, kept there after the round (checkpointed with the run).
+  persist/restart): `descend(local, key, g, lr, rnd)` is one step of it on the model in the Local's
+  field `key` (or on some of its entries: FedRep's head and body, each with its own optimizer as
+  PFLlib's clients keep two), with that model's optimizer state in `local.opt[slot]`. Plain SGD of a
+  constant lr (the default) is `tree.sgd`, the one op every method's step always ran, so its numbers
+  stay as they were. The state of every slot starts fresh, or (optim.state=persist) from the client's
+  own rows of `ServerState.trainer[slot]`, kept there after the round (checkpointed with the run).
 - **BatchNorm**: a model in a Local is a model STATE, its parameters with the BatchNorm layers'
   running statistics (`engine.params_of`); `grad` and `value_and_grad` run the forward in training
   mode (each client's batch statistics) and write the updated running statistics back into that
@@ -35,12 +35,14 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import is_buffer, split_buffers
-from ..engine.tree import Params, gather, scatter, sgd, stack
+from ..engine.tree import Params, gather, scatter, sgd, stack, tree_map
 from ..errors import ConfigError
 from .checks import check_choice
 from .optim import PLAIN, LocalOptim
 
-Local = dict
+# a round's Local: the method's own NamedTuple of tensors (or dicts of them) stacked over the round's clients,
+# its model `params` and, last, the optimizer state `opt` (`ModelLocal`'s shape; `base.check_typed` checks it)
+Local = tuple
 
 
 class ModelLocal(NamedTuple):
@@ -77,44 +79,17 @@ class RunInfo:
                    train_sizes=data.train.sizes[: data.num_train_clients].detach().cpu(), optim=optim, bn=bn)
 
 
-def get(local, key: str):
-    """The entry `key` of a Local: a typed one (a NamedTuple: its field) or a dict."""
-    return local[key] if isinstance(local, dict) else getattr(local, key)
-
-
-def has(local, key: str) -> bool:
-    """Whether a Local has the entry `key`."""
-    return key in local if isinstance(local, dict) else key in local._fields
-
-
-def put(local, **entries):
-    """`local` with `entries` replaced (a typed Local: `_replace`; a dict: a new dict)."""
-    return {**local, **entries} if isinstance(local, dict) else local._replace(**entries)
-
-
-def opt_state(local) -> dict:
-    """slot -> optimizer state of the models a Local trains: a typed Local's `opt` field, a dict
-    Local's "opt*" entries (the slots are the entries' names, `slot_of`)."""
-    if isinstance(local, dict):
-        return {k: v for k, v in local.items() if k == "opt" or k.startswith("opt.")}
-    return local.opt
-
-
-def with_opt_state(local, slots: dict):
-    """`local` with the optimizer state of `slots` (slot -> state) replaced."""
-    if isinstance(local, dict):
-        return {**local, **slots}
-    return local._replace(opt={**local.opt, **slots})
-
-
 def slot_of(key: str) -> str:
-    """The Local entry holding the optimizer state of the model `local[key]` ("opt" for "params",
-    the name runs written before other models had optimizers used)."""
+    """The slot (its key in `local.opt`, and in `ServerState.trainer`) of the optimizer state of the model in
+    the Local's field `key` ("opt" for "params", the name runs written before other models had optimizers
+    used)."""
     return "opt" if key == "params" else f"opt.{key}"
 
 
 def _where(live: Tensor, new, old):
-    return {k: torch.where(live.view(-1, *[1] * (new[k].dim() - 1)), new[k], old[k]) for k in new}
+    """`new` for the clients `live` ([m] bool), `old` for the others: trees of one structure (a model's
+    entries, an optimizer slot's state)."""
+    return tree_map(lambda n, o: torch.where(live.view(-1, *[1] * (n.dim() - 1)), n, o), new, old)
 
 
 class LocalTrainer:
@@ -159,25 +134,25 @@ class LocalTrainer:
         """slot -> (the Local entry of a model the local steps train with `descend`, the entries of it
         that optimizer updates): every model a client trains, each with its own optimizer state.
         Default: the client's model `params`, all its parameters."""
-        return {"opt": ("params", [k for k in get(local, "params") if not is_buffer(k)])}
+        return {"opt": ("params", [k for k in local.params if not is_buffer(k)])}
 
     # -- the steps --------------------------------------------------------------------------------
 
     def grad(self, engine: Engine, local: Local, key: str, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Local]:
-        """(gradients of the parameters of the model `local[key]` on the minibatch, per-client losses,
+        """(gradients of the parameters of the model in the field `key` of `local` on the minibatch, per-client losses,
         `local` with that model's BatchNorm statistics updated by the step's forward)."""
-        g, loss, buffers = engine.state_grad(get(local, key), x, y)
-        return g, loss, (put(local, **{key: {**get(local, key), **buffers}}) if buffers else local)
+        g, loss, buffers = engine.state_grad(getattr(local, key), x, y)
+        return g, loss, (local._replace(**{key: {**getattr(local, key), **buffers}}) if buffers else local)
 
     def value_and_grad(self, engine: Engine, local: Local, key: str, fn: Callable[..., Tensor],
                        *args) -> tuple[Params, Tensor, Local]:
-        """`grad` of an objective fn(state, *args) of the model `local[key]` (a loss with the method's
+        """`grad` of an objective fn(state, *args) of the model in the field `key` of `local` (a loss with the method's
         own terms: MOON's contrastive term, FedProto's prototype distance, ...)."""
-        g, value, buffers = engine.state_value_and_grad(fn, get(local, key), *args)
-        return g, value, (put(local, **{key: {**get(local, key), **buffers}}) if buffers else local)
+        g, value, buffers = engine.state_value_and_grad(fn, getattr(local, key), *args)
+        return g, value, (local._replace(**{key: {**getattr(local, key), **buffers}}) if buffers else local)
 
     def sgd_step(self, engine: Engine, local: Local, batches, lr: float, rnd: int) -> Local:
-        """One step of the optimizer (default: plain SGD of lr) of every client's model `local["params"]`
+        """One step of the optimizer (default: plain SGD of lr) of every client's model `local.params`
         on its one minibatch of its plain loss (FedAvg's local step; Local's and FedPer's too)."""
         (x, y), = batches
         g, _, local = self.grad(engine, local, "params", x, y)
@@ -185,11 +160,11 @@ class LocalTrainer:
 
     def descend(self, local: Local, key: str, g: Params, lr: float, rnd: int, names=None, slot: str | None = None,
                 live: Tensor | None = None) -> Local:
-        """`local` after one step of the optimizer on the model `local[key]` along `g` (the gradient of
+        """`local` after one step of the optimizer on the model in the field `key` of `local` along `g` (the gradient of
         the step's objective, corrections included) at round `rnd`'s rate for base rate `lr`: every
         parameter of `g` (or the entries `names`), with the optimizer state of `slot` (default
         `slot_of(key)`); `live` [m] bool: the clients that step (the others keep model and state)."""
-        w = get(local, key)
+        w = getattr(local, key)
         keys = [k for k in w if k in g and not is_buffer(k)] if names is None else \
             [k for k in w if k in set(names)]
         slot = slot or slot_of(key)
@@ -197,27 +172,26 @@ class LocalTrainer:
         if self.optim.plain:
             new, state = sgd(sub, {k: g[k] for k in keys}, lr), None
         else:
-            state = opt_state(local).get(slot)
+            state = local.opt.get(slot)
             if state is None:  # (a Local the round loop did not start: an onboarding fit, a test)
                 state = self.optim.fresh({k: v[0] for k, v in sub.items()}, len(next(iter(sub.values()))))
             new, new_state = self.optim.step(sub, {k: g[k] for k in keys}, state, self.optim.lr_at(lr, rnd))
             if live is not None and new_state:
-                new_state = {k: (_where(live, v, state[k]) if isinstance(v, dict) else
-                                 torch.where(live, v, state[k])) for k, v in new_state.items()}
+                new_state = _where(live, new_state, state)
             state = new_state
         if live is not None:
             new = _where(live, new, sub)
-        out = put(local, **{key: {**w, **new}})
-        return with_opt_state(out, {slot: state}) if state else out
+        out = local._replace(**{key: {**w, **new}})
+        return out._replace(opt={**out.opt, slot: state}) if state else out
 
     # -- where the shared model's BatchNorm statistics ride (`batchnorm.BatchNormState` keeps them apart)
 
     def shared_buffers(self, local: Local) -> Params:
         """The round's clients' BatchNorm statistics of the shared model ({} without BatchNorm)."""
-        return split_buffers(get(local, "params"))[1] if has(local, "params") else {}
+        return split_buffers(local.params)[1] if "params" in local._fields else {}
 
     def with_shared_buffers(self, local: Local, buffers: Params) -> Local:
-        return put(local, params={**get(local, "params"), **buffers})
+        return local._replace(params={**local.params, **buffers})
 
     def server_with_buffers(self, state, buffers: Params):
         return replace(state, params={**state.params, **buffers})
@@ -237,10 +211,10 @@ class LocalTrainer:
         for slot, (key, names) in self.optim_slots(local).items():
             kept = state.trainer.get(slot) if self.optim.state == "persist" else None
             if kept is None:
-                slots[slot] = self.optim.fresh({k: get(local, key)[k][0] for k in names}, len(clients))
+                slots[slot] = self.optim.fresh({k: getattr(local, key)[k][0] for k in names}, len(clients))
             else:
-                slots[slot] = {k: gather(v, clients) if isinstance(v, dict) else v[clients] for k, v in kept.items()}
-        return with_opt_state(local, slots)
+                slots[slot] = tree_map(lambda v: v[clients], kept)
+        return local._replace(opt={**local.opt, **slots})
 
     def end_round(self, before, local: Local, clients: Tensor, selected: Tensor, weights: Tensor | None,
                   num_clients: int):
@@ -260,14 +234,12 @@ class LocalTrainer:
                 state = self.server_with_buffers(state, first)
                 kept["bn_local"] = scatter(full, clients, buffers)
         if self.optim.stateful and self.optim.state == "persist":
-            rows_of = opt_state(local)
+            rows_of = local.opt
             for slot, (key, names) in self.optim_slots(local).items():
                 if slot not in rows_of:
                     continue
                 full = kept.get(slot)
                 if full is None:
-                    full = self.optim.fresh({k: get(local, key)[k][0] for k in names}, num_clients)
-                rows = rows_of[slot]
-                kept[slot] = {k: scatter(v, clients, rows[k]) if isinstance(v, dict)
-                              else v.index_copy(0, clients, rows[k].to(v.dtype)) for k, v in full.items()}
+                    full = self.optim.fresh({k: getattr(local, key)[k][0] for k in names}, num_clients)
+                kept[slot] = tree_map(lambda v, rows: v.index_copy(0, clients, rows.to(v.dtype)), full, rows_of[slot])
         return replace(state, trainer=kept)

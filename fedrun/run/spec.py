@@ -6,8 +6,9 @@ once, and holds them with the schedule, the device and the output settings as fr
 The pass, in order: the options (`validate`: each top-level option, the device, memory=, compile=,
 the trackers, the algorithm built and its local optimizer set, the model's options), then the data,
 the schedule and the checks that need them (the held-out clients, the round's draws, the model fits
-the rows, the algorithm's needs of the model). `job_problems` (fedrun.run.checks) is the options'
-part on a copy: what a sweep's job would refuse before its data is loaded.
+the rows, the algorithm's needs of the model, its hooks' state typed: `base.check_typed`).
+`job_problems` (fedrun.run.checks) is the options' part on a copy: what a sweep's job would refuse
+before its data is loaded.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..algorithms.base import Algorithm, RunInfo
+from ..algorithms.base import Algorithm, RunInfo, check_typed
 from ..algorithms.checks import check_choice
 from ..algorithms.optim import PLAIN, local_optim
 from ..config import (
@@ -136,6 +137,7 @@ class RunSpec:
                               "algo.train_all=true trains every client (set it false or partition.holdout=0)")
         recipe = built["recipe"]  # bound to the run (what its phases are sized by: FedALA's tau), as simulate does
         algo = algo.bind(RunInfo.of(sched, data, recipe.optim, recipe.bn))
+        check_typed(algo, params_of(model))  # its state the typed contract's (a user's algorithm returning dicts)
         sizes = data.train.sizes.cpu()[: data.num_train_clients]
         passes = check_passes(algo, sched, sizes)
         check_round_draws(sched, data.num_train_clients if algo.train_all else sched.clients_per_round,

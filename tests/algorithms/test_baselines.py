@@ -17,7 +17,7 @@ from fedrun.algorithms.fedper import FedPer
 from fedrun.algorithms.fedprox import FedProx
 from fedrun.algorithms.fedrep import FedRep, FedRepLocal
 from fedrun.algorithms.lgfedavg import LGFedAvg
-from fedrun.algorithms.local import LocalOnly
+from fedrun.algorithms.local import LocalOnly, LocalOnlyLocal
 from fedrun.algorithms.personalize import finetune, finetune_epochs
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
@@ -113,10 +113,10 @@ def test_ditto_two_steps_by_hand_and_lam_zero_is_local_training(E):
             torch.testing.assert_close(local.params["weight"][i, 0], w)
             torch.testing.assert_close(local.personal["weight"][i, 0], v)
         if lam_ == 0.0:  # the personal model took exactly LocalOnly's steps on the personal batches
-            ref = {"params": {"weight": v0}}
+            ref = LocalOnlyLocal(params={"weight": v0})
             for b in steps:
                 ref = LocalOnly(lr=plr).client_step(engine, ref, [b[1]], 1)
-            assert torch.equal(local.personal["weight"], ref["params"]["weight"])
+            assert torch.equal(local.personal["weight"], ref.params["weight"])
 
 
 @pytest.mark.parametrize("E", ENGINES)

@@ -14,7 +14,6 @@ from fedrun.algorithms.feddyn import FedDyn
 from fedrun.algorithms.perfedavg import PerFedAvg
 from fedrun.algorithms.personalize import finetune
 from fedrun.algorithms.pfedme import PFedMe
-from fedrun.algorithms.trainer import get
 from fedrun.data import synthetic
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.errors import ConfigError
@@ -39,7 +38,7 @@ def _first_step(name: str, lr: float) -> dict:
     g = torch.Generator().manual_seed(0)
     batches = [data.train.rows(data.train.sample_indices(clients, torch.rand(3, 4, generator=g)))
                for _ in range(algo.batches_per_step)]
-    return get(algo.client_step(LoopEngine(model), local, batches, 1), "params"), get(local, "params")
+    return algo.client_step(LoopEngine(model), local, batches, 1).params, local.params
 
 
 @pytest.mark.parametrize("name", names())

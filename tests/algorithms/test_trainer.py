@@ -12,7 +12,7 @@ import torch
 from fedrun.algorithms import algorithm_class, build, names
 from fedrun.algorithms.optim import LocalOptim
 from fedrun.algorithms.options import signature_options
-from fedrun.algorithms.trainer import LocalTrainer, RunInfo, get, opt_state
+from fedrun.algorithms.trainer import LocalTrainer, RunInfo
 from fedrun.bench.agreement import declared_options
 from fedrun.data import ClientSplit, FederatedData
 from fedrun.engine import VmapEngine, params_of
@@ -51,9 +51,9 @@ def _spied_run(algo_name: str, optim: LocalOptim, monkeypatch, engine_cls=VmapEn
     def spy(self, local, key, g, lr, rnd, names=None, slot=None, live=None):
         out = real(self, local, key, g, lr, rnd, names, slot, live)
         name = slot or ("opt" if key == "params" else f"opt.{key}")
-        calls.append(dict(slot=name, key=key, fresh=name not in opt_state(local) and not in_round,  # (evaluation's)
-                          before={k: v.detach().clone() for k, v in get(local, key).items()},
-                          after={k: v.detach().clone() for k, v in get(out, key).items()},
+        calls.append(dict(slot=name, key=key, fresh=name not in local.opt and not in_round,  # (evaluation's)
+                          before={k: v.detach().clone() for k, v in getattr(local, key).items()},
+                          after={k: v.detach().clone() for k, v in getattr(out, key).items()},
                           g={k: v.detach().clone() for k, v in g.items()}, lr=self.optim.lr_at(lr, rnd),
                           live=None if live is None else live.clone(), names=names))
         return out
@@ -143,8 +143,7 @@ def test_the_replay_catches_an_optimizer_state_dropped_between_steps(monkeypatch
     real = LocalTrainer.descend
 
     def forgetful(self, local, key, g, lr, rnd, names=None, slot=None, live=None):
-        local = local._replace(opt={}) if isinstance(local, tuple) else \
-            {k: v for k, v in local.items() if not k.startswith("opt")}
+        local = local._replace(opt={})
         return real(self, local, key, g, lr, rnd, names, slot, live)
 
     monkeypatch.setattr(LocalTrainer, "descend", forgetful)
@@ -188,8 +187,8 @@ def test_batchnorm_steps_are_torchs_train_mode_per_client(algo_name, monkeypatch
 
     def spy(self, engine, local, key, x, y):
         g, loss, out = real(self, engine, local, key, x, y)
-        seen.append((key, {k: v.clone() for k, v in get(local, key).items()}, x.clone(), y.clone(),
-                     {k: v.clone() for k, v in g.items()}, {k: v.clone() for k, v in get(out, key).items()}))
+        seen.append((key, {k: v.clone() for k, v in getattr(local, key).items()}, x.clone(), y.clone(),
+                     {k: v.clone() for k, v in g.items()}, {k: v.clone() for k, v in getattr(out, key).items()}))
         return g, loss, out
 
     monkeypatch.setattr(LocalTrainer, "grad", spy)

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from fedrun.algorithms import build
 from fedrun.algorithms.base import client_entries
 from fedrun.algorithms.optim import local_optim
-from fedrun.algorithms.trainer import get
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.models.small import MLPBN
 
@@ -92,7 +91,7 @@ def test_whole_model_steps_are_torch_sgd_in_train_mode(name, engine_cls):
             o.zero_grad()
             F.cross_entropy(mine(x[c]), y[c]).backward()
             o.step()
-        _close(get(local, "params"), c, mine)
+        _close(local.params, c, mine)
 
 
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
@@ -118,7 +117,7 @@ def test_fedrep_head_and_body_have_their_own_optimizers(phases, engine_cls):
             mine.zero_grad()
             F.cross_entropy(mine(x[c]), y[c]).backward()
             o.step()
-        _close(get(local, "params"), c, mine)
+        _close(local.params, c, mine)
 
 
 def test_fedbabu_steps_the_body_only():
@@ -133,9 +132,9 @@ def test_fedbabu_steps_the_body_only():
             o.zero_grad()
             F.cross_entropy(mine(x[c]), y[c]).backward()
             o.step()
-        _close(get(local, "params"), c, mine)
+        _close(local.params, c, mine)
         for k, v in _head(model).state_dict().items():
-            assert torch.equal(get(local, "params")["net.3." + k][c], v)
+            assert torch.equal(local.params["net.3." + k][c], v)
 
 
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
@@ -162,9 +161,9 @@ def test_fedrod_generic_model_and_personal_head_are_pfllib_clientrod(engine_cls)
             o_head.zero_grad()
             F.cross_entropy(out_g.detach() + head(rep.detach()), y[c]).backward()
             o_head.step()
-        _close(get(local, "params"), c, mine)
+        _close(local.params, c, mine)
         for k, v in head.state_dict().items():
-            assert (get(local, "head")["net.3." + k][c] - v).abs().max().item() < TOL, k
+            assert (local.head["net.3." + k][c] - v).abs().max().item() < TOL, k
 
 
 def _round(algo, bn: str):
@@ -190,11 +189,11 @@ def test_the_bodys_statistics_are_averaged_or_kept_by_each_client(name):
     kw = {"head_steps": 1} if name == "fedrep" else {}
     _, local, state = _round(_algo(name, lr=LR, **kw), "averaged")
     for k in STATS:
-        assert torch.allclose(state.params[k], get(local, "params")[k].mean(0), atol=1e-6, rtol=0)
+        assert torch.allclose(state.params[k], local.params[k].mean(0), atol=1e-6, rtol=0)
     _, local, state = _round(_algo(name, lr=LR, **kw), "local")
     for k in STATS:
-        assert torch.equal(state.trainer["bn_local"][k], get(local, "params")[k])
-        assert torch.equal(state.params[k], get(local, "params")[k][0])
+        assert torch.equal(state.trainer["bn_local"][k], local.params[k])
+        assert torch.equal(state.params[k], local.params[k][0])
 
 
 @pytest.mark.parametrize("name", ["lgfedavg", "local"])
@@ -205,5 +204,5 @@ def test_personal_statistics_stay_with_each_client(name, bn):
     model, local, state = _round(_algo(name, lr=LR), bn)
     own = client_entries(state.clients)["part" if name == "lgfedavg" else "params"]
     for k in STATS:
-        assert torch.equal(own[k], get(local, "params")[k])
+        assert torch.equal(own[k], local.params[k])
         assert torch.equal(state.params[k], model.state_dict()[k])

@@ -13,7 +13,6 @@ import torch
 
 from fedrun.algorithms import build
 from fedrun.algorithms.optim import local_optim
-from fedrun.algorithms.trainer import get, has, opt_state, put
 from fedrun.engine import LoopEngine, VmapEngine, params_of
 from fedrun.engine.tree import param_names, stack
 from fedrun.models import MLP, MLPBN
@@ -40,9 +39,9 @@ def _setup(name: str, model, optim=None, engine_cls=VmapEngine):
     noisy = {k: v + 0.3 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
              for k, v in stack(params, C).items()}
     for key in ("v", "prev", "params", "historical"):
-        if has(state.clients, key) and name != "feddbe":
-            kept = get(state.clients, key)
-            state.clients = put(state.clients, **{key: {**kept, **{k: noisy[k].clone() for k in kept}}})
+        if key in state.clients._fields and name != "feddbe":
+            kept = getattr(state.clients, key)
+            state.clients = state.clients._replace(**{key: {**kept, **{k: noisy[k].clone() for k in kept}}})
     if name == "fedproto":
         state.extra["protos"] = torch.randn(state.extra["protos"].shape, generator=g)
         state.extra["present"] = torch.ones_like(state.extra["present"])
@@ -50,8 +49,8 @@ def _setup(name: str, model, optim=None, engine_cls=VmapEngine):
         state.extra["sent"] = torch.ones_like(state.extra["sent"])
     if name == "feddbe":
         state.extra["global_mean"] = torch.randn(state.extra["global_mean"].shape, generator=g)
-        dbe = get(state.clients, "dbe")
-        state.clients = put(state.clients, dbe={**dbe, "bias": 0.1 * torch.randn(dbe["bias"].shape, generator=g)})
+        dbe = state.clients.dbe
+        state.clients = state.clients._replace(dbe={**dbe, "bias": 0.1 * torch.randn(dbe["bias"].shape, generator=g)})
     local = algo.start_local(state, torch.arange(M), 1)
     x, y = torch.randn(M, B, D, generator=g), torch.randint(0, K, (M, B), generator=g)
     return algo, engine, local, x, y
@@ -71,14 +70,14 @@ def test_weight_decay_reaches_every_trained_model(name):
     algo, engine, local, x, y = _setup(name, _model(False), dict(momentum=0.9, weight_decay=WD))
     decayed = algo.client_step(engine, local, [(x, y)], 1)
     for key in MODELS.get(name, ("params",)):
-        for k in (param_names(get(local, key)) if key != "dbe" else ["bias"]):
-            w = get(local, key)[k]
-            want = get(plain, key)[k] - LR * WD * w
+        for k in (param_names(getattr(local, key)) if key != "dbe" else ["bias"]):
+            w = getattr(local, key)[k]
+            want = getattr(plain, key)[k] - LR * WD * w
             # each side a few roundings of terms of size |w| + lr |g| (|plain - w| bounds lr |g|)
-            tol = 8 * EPS * (w.abs() + (get(plain, key)[k] - w).abs() + 1).max()
-            assert (get(decayed, key)[k] - want).abs().max() <= tol, (key, k)
-            assert not torch.equal(get(decayed, key)[k], get(plain, key)[k]), (key, k)
-        assert (f"opt.{key}" if key != "params" else "opt") in opt_state(decayed)  # the model's own optimizer state
+            tol = 8 * EPS * (w.abs() + (getattr(plain, key)[k] - w).abs() + 1).max()
+            assert (getattr(decayed, key)[k] - want).abs().max() <= tol, (key, k)
+            assert not torch.equal(getattr(decayed, key)[k], getattr(plain, key)[k]), (key, k)
+        assert (f"opt.{key}" if key != "params" else "opt") in decayed.opt  # the model's own optimizer state
 
 
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
@@ -95,7 +94,7 @@ def test_batchnorm_statistics_move_as_one_torch_training_forward(name, engine_cl
     key = "v" if name == "apfl" else "params"
     for c in range(M):
         mine = copy.deepcopy(model)
-        state = {k: v[c] for k, v in get(local, key).items()}
+        state = {k: v[c] for k, v in getattr(local, key).items()}
         if name == "apfl":  # the mixture alpha v + (1 - alpha) w, v's statistics
             a = local.alpha[c, 0]
             state = {k: v if k not in param_names(state) else a * v + (1 - a) * local.params[k][c]
@@ -105,9 +104,10 @@ def test_batchnorm_statistics_move_as_one_torch_training_forward(name, engine_cl
         mine(x[c])
         for k, v in mine.state_dict().items():
             if k.endswith(("running_mean", "running_var")):
-                torch.testing.assert_close(get(out, key)[k][c], v, rtol=4 * EPS, atol=4 * EPS * v.abs().max().item())
+                torch.testing.assert_close(getattr(out, key)[k][c], v, rtol=4 * EPS,
+                                           atol=4 * EPS * v.abs().max().item())
             elif k.endswith("num_batches_tracked"):
-                assert torch.equal(get(out, key)[k][c], v), k
+                assert torch.equal(getattr(out, key)[k][c], v), k
 
 
 def test_fedamp_attention_ignores_running_statistics():
@@ -117,16 +117,16 @@ def test_fedamp_attention_ignores_running_statistics():
     algo, engine, local, x, y = _setup("fedamp", model)
     state = algo.init(params_of(model), C)
     g = torch.Generator().manual_seed(2)
-    state.clients = put(state.clients, params={k: v + torch.randn(v.shape, generator=g) if v.is_floating_point()
-                                               else v for k, v in get(state.clients, "params").items()})
+    state.clients = state.clients._replace(params={k: v + torch.randn(v.shape, generator=g) if v.is_floating_point()
+                                                   else v for k, v in state.clients.params.items()})
     state.extra["sent"] = torch.ones_like(state.extra["sent"])
     ids = torch.arange(M)
-    w = {k: v[:M] for k, v in get(state.clients, "params").items()}
+    w = {k: v[:M] for k, v in state.clients.params.items()}
     u = algo.cloud_models(state, w, ids)
     assert set(u) == set(param_names(w))
     far = copy.copy(state)
-    far.clients = put(state.clients, params={k: v * 100 if k.endswith("running_var") else v
-                                             for k, v in get(state.clients, "params").items()})
+    far.clients = state.clients._replace(params={k: v * 100 if k.endswith("running_var") else v
+                                                 for k, v in state.clients.params.items()})
     u_far = algo.cloud_models(far, w, ids)
     for k in u:
         assert torch.equal(u[k], u_far[k]), k

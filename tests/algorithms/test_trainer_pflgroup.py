@@ -20,7 +20,6 @@ from fedrun.algorithms import build
 from fedrun.algorithms.base import RunInfo
 from fedrun.algorithms.fedfomo import weigh
 from fedrun.algorithms.optim import local_optim
-from fedrun.algorithms.trainer import get
 from fedrun.engine import VmapEngine, params_of
 from fedrun.engine.tree import stack
 from fedrun.models import MLP
@@ -50,7 +49,7 @@ def _batches(m: int, n: int, seed: int = 1):
 
 
 def _get(local, path):
-    v = get(local, path[0])
+    v = getattr(local, path[0])
     return v if len(path) == 1 else v[path[1]]
 
 
@@ -60,7 +59,7 @@ def check_steps(algo, local, step, slots, n=2, wd=WD, others=()):
     (key,) of a tensor entry); `others`: paths that must stay unchanged."""
     opt = local_optim({"momentum": MOM, "weight_decay": wd}, 3)
     bufs = {}
-    for s, batches in enumerate(_batches(len(next(iter(get(local, "params").values()))), n)):
+    for s, batches in enumerate(_batches(len(next(iter(local.params.values()))), n)):
         plain = step(local, batches, s, algo.bind(RunInfo()))
         new = step(local, batches, s, algo.bind(RunInfo(optim=opt)))
         for slot, entries in slots.items():
@@ -191,7 +190,7 @@ def test_fedfomo_fedala_batchnorm_statistics_are_torchs():
             F.cross_entropy(mine(x[c]), y[c]).backward()
             o.step()
             for k, v in mine.state_dict().items():
-                close(get(out, "params")[k][c], v, f"{name} {k}")
+                close(out.params[k][c], v, f"{name} {k}")
 
 
 def test_fedfomo_weighs_parameters_and_keeps_each_clients_statistics():
