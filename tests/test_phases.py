@@ -4,6 +4,7 @@ local_training). On the golden clients (12, 16, 20 and 8 training rows) with bat
 is 2, 3, 4 and 1 steps (the partial last minibatch dropped)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import pytest
@@ -19,6 +20,10 @@ from fedrun.simulate import Progress, Replica, Schedule, sample_phases, simulate
 PER_EPOCH = torch.tensor([2, 3, 4, 1])
 
 
+class TwoPhasesClients(NamedTuple):
+    n: torch.Tensor  # [C, 2]: each client's steps of each phase in the last round it trained
+
+
 class TwoPhasesLocal(NamedTuple):
     params: dict
     n: torch.Tensor  # [m, 2]: each client's steps of each phase
@@ -29,6 +34,11 @@ class TwoPhasesLocal(NamedTuple):
 class TwoPhases(FedAvg):
     """FedAvg whose round is 2 epochs of SGD, then 3 steps with a smaller lr; `n` counts each
     client's steps per phase."""
+
+    Clients = TwoPhasesClients
+
+    def init(self, params, num_clients):
+        return replace(super().init(params, num_clients), clients=TwoPhasesClients(n=torch.zeros(num_clients, 2)))
 
     def client_init(self, state, clients, rnd):
         return TwoPhasesLocal(params=super().client_init(state, clients, rnd).params, n=torch.zeros(len(clients), 2))
@@ -44,8 +54,7 @@ class TwoPhases(FedAvg):
 
     def server_update(self, state, local, clients, selected, weights):
         new = super().server_update(state, local, clients, selected, weights)
-        counts = state.clients.get("n", torch.zeros(4, 2)).index_copy(0, clients, local.n)
-        return type(new)(new.params, new.extra, {**new.clients, "n": counts})
+        return replace(new, clients=TwoPhasesClients(n=state.clients.n.index_copy(0, clients, local.n)))
 
 
 SCHED = Schedule(rounds=3, tau=2, clients_per_round=4, batch_size=5, eval_every=3)
@@ -65,7 +74,7 @@ def test_epochs_walk_each_clients_own_rows_and_count_its_own_steps():
     torch.manual_seed(0)
     model = MLP(12, 4, hidden=[8])
     state, _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params_of(model), SCHED, seed=0)
-    assert state.clients["n"].tolist() == [[2 * int(p), 3] for p in PER_EPOCH]  # (the last round's)
+    assert state.clients.n.tolist() == [[2 * int(p), 3] for p in PER_EPOCH]  # (the last round's)
 
 
 def test_phases_agree_across_engines_grouped_seeds_and_resume():
@@ -169,10 +178,10 @@ def test_a_round_without_the_largest_client_takes_each_clients_own_passes(per_ro
 
         out[name], _ = simulate(TwoPhases(lr=0.1), VmapEngine(model), data, params_of(model), sched, seed=0,
                                 steps=train)
-    counts = out["by_work"].clients["n"].tolist()
+    counts = out["by_work"].clients.n.tolist()
     assert any(n != [0, 0] for n in counts)
     for c, n in enumerate(counts):  # (the last round that trained client c; [0, 0]: never trained)
         assert n in ([0, 0], [2 * int(PER_EPOCH[c]), 3]), (c, n)
-    assert out["masked"].clients["n"].tolist() == counts
+    assert out["masked"].clients.n.tolist() == counts
     for k, v in out["by_work"].params.items():
         torch.testing.assert_close(v, out["masked"].params[k], rtol=0, atol=0)  # (per-client ops: as test_side_by_side)
