@@ -143,29 +143,30 @@ class PFedMe(Algorithm):
         new = {k: (1 - self.beta) * state.params[k] + self.beta * avg[k] if k in mixed else avg[k] for k in avg}
         extra = dict(state.extra)
         if self.train_all:  # every client trained: what it would serve is at hand
-            extra["served"] = local.params if self.personalized == "local" else local.theta
+            extra["served"] = self._served(local)
         return ServerState(params=new, extra=extra, clients=state.clients)
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, None]:
         if self.train_all and "served" in state.extra:
             return state.extra["served"], None
         everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
-        if self.local_epochs is not None:  # the training's local work: E passes over each client's rows
-            own = state.trainer.get("bn_local") if self.bn == "local" else None
+        own = state.trainer.get("bn_local") if self.bn == "local" else None  # each client's own running statistics
 
-            def start(cs: Tensor) -> PFedMeLocal:
-                local = self.client_init(state, cs, 0)
-                return local if own is None else self.with_shared_buffers(local, {k: v[cs] for k, v in own.items()})
-            return ctx.train_passes(engine, self.client_step, start, everyone, self.local_epochs,
-                                    lambda local: local.params if self.personalized == "local" else local.theta), None
+        def start(cs: Tensor) -> PFedMeLocal:
+            local = self.client_init(state, cs, 0)
+            return local if own is None else self.with_shared_buffers(local, {k: v[cs] for k, v in own.items()})
+
+        if self.local_epochs is not None:  # the training's local work: E passes over each client's rows
+            return ctx.train_passes(engine, self.client_step, start, everyone, self.local_epochs, self._served), None
         x, y = ctx.train_batch(ctx.personalize_batch or ctx.batch_size, steps=(ctx.tau,))
-        local = self.client_init(state, everyone, 0)
-        if self.bn == "local" and "bn_local" in state.trainer:  # each client's own running statistics
-            local = self.with_shared_buffers(local, state.trainer["bn_local"])
+        local = start(everyone)
         for r in range(ctx.tau):
             local = self.client_step(engine, local, [(x[:, r], y[:, r])], 0)
-        return local.params if self.personalized == "local" else local.theta, None
+        return self._served(local), None
 
+    def _served(self, local: PFedMeLocal) -> Params:
+        """The PM a client's Local serves: its local model w_i (`personalized=local`) or theta_i."""
+        return local.params if self.personalized == "local" else local.theta
 
 def _flat(tensors: list[Tensor]) -> Tensor:
     """The tensors' entries, one after another, in one flat tensor (one copy)."""
