@@ -317,3 +317,37 @@ def test_served_models_in_local_epochs_are_each_clients_passes_by_hand():
         for k, v in local.theta.items():  # (personalized=theta, the default outside protocol=official)
             # float32, ~10 steps of K=2 inner steps each on values of magnitude ~1: ~100 eps32 (1.2e-7)
             torch.testing.assert_close(served[k][c], v[0], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("local_epochs", [None, 2])
+def test_served_models_under_bn_local_start_from_each_clients_own_statistics(local_epochs):
+    """Without train_all, bn=local: a client's PM computed at test time (tau steps, or local_epochs passes)
+    starts from that client's own running statistics (`trainer["bn_local"]`): shifting client 0's changes its
+    served statistics and leaves every other client's bit for bit."""
+    from dataclasses import replace
+
+    from test_golden_pfedme import golden_data
+
+    from fedrun.models import MLPBN
+
+    data = golden_data()
+    torch.manual_seed(0)
+    model = MLPBN(12, 4, hidden=[8])
+    engine, params = VmapEngine(model), params_of(model)
+    algo = PFedMe(lr=0.05, personal_lr=0.05, lam=15.0, K=2, beta=1.0, train_all=False, local_epochs=local_epochs)
+    algo = algo.bind(replace(algo.run, bn="local"))
+    sched = Schedule(rounds=1, tau=3, clients_per_round=4, batch_size=5)
+    state = algo.init(params, data.num_clients)
+    C = data.num_clients
+    own = {k: torch.stack([v + c for c in range(C)]) for k, v in params.items() if k.endswith("running_mean")}
+    assert own
+    served = {}
+    for shift in (0.0, 1.0):
+        rows = {k: v.clone() for k, v in own.items()}
+        for v in rows.values():
+            v[0] += shift
+        st = replace(state, trainer={**state.trainer, "bn_local": rows})
+        served[shift], _ = algo.personalize(engine, st, eval_context(data, sched, 0, 0))
+    for k in own:
+        assert not torch.equal(served[0.0][k][0], served[1.0][k][0]), k
+        assert torch.equal(served[0.0][k][1:], served[1.0][k][1:]), k
