@@ -274,6 +274,11 @@ MUTANTS = [
            ("tests/test_phases.py", "-k", "largest"),
            "epochs by work: a pass's stride the round's clients' longest, not the draw's (a round without the "
            "largest client)"),
+    Mutant("bench-epochs-depth-pass", "fedrun/bench/epochs.py",
+           "return int(d.live.sum(1).max()) if d.live is not None else d.idx.shape[1]", "return d.idx.shape[1]",
+           ("tests/test_bench.py", "-k", "epochs"),
+           "fedrun-bench --epochs: a round's sequential steps the draw's pass (all clients' largest), not its own "
+           "largest client's"),
     # the representation methods of issue 36 (tests/test_golden_pfllib_feat.py)
     Mutant("moon-contrast-swapped", "fedrun/algorithms/moon.py",
            "out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()",

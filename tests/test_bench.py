@@ -153,23 +153,28 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(capsys):
 
 
 def test_epochs_bench_counts_each_clients_epoch_and_the_steps_round_does_as_much(monkeypatch, capsys):
-    """`fedrun-bench --epochs` on 6 uneven clients (all of them a round): the epoch round's client steps are
-    sum floor(n_c / B) (B = 32); the steps round's tau = that total / 6 rounded up, so it does at least as much; the
-    masked round the same work; times and CPU seconds printed and returned (never asserted beyond > 0)."""
+    """`fedrun-bench --epochs` on 6 uneven clients, 3 a round: the epoch round's client steps are sum floor(n_c / B)
+    (B = 32) of the round's clients; the steps round's tau = that total / 3 rounded up, so it does at least as much;
+    the masked round the same work; the sequential steps (depth): the round's largest client's steps (not the pass
+    of all 6 clients' largest) against tau; times and CPU seconds printed and returned (never asserted beyond > 0)."""
+    from fedrun.algorithms import build
     from fedrun.bench import epochs as bench_epochs
     from fedrun.data import synthetic
     from fedrun.models import MLP
-    from fedrun.simulate import Schedule
+    from fedrun.simulate import Schedule, round_draws
 
     data = synthetic(num_clients=6, seed=3, dim=5, num_classes=3, cache_dir=None, chunk_len=16, size_factor=1)
+    sched = Schedule(rounds=1, tau=1, clients_per_round=3, batch_size=32)
     monkeypatch.setattr(bench_epochs, "_setting", lambda name, device, root: (
-        data, Schedule(rounds=1, tau=1, clients_per_round=6, batch_size=32), lambda: MLP(5, 3, hidden=[4])))
+        data, sched, lambda: MLP(5, 3, hidden=[4])))
     rows = bench_epochs.main(["tiny"], ["fedavg"], rounds=1, warmup=0, device="cpu")
     out = capsys.readouterr().out
     (row,) = rows
     sizes = data.train.sizes[: data.num_train_clients].tolist()
-    assert len(set(sizes)) > 1  # uneven
-    assert row["work"] == sum(n // 32 for n in sizes)
-    assert row["steps_work"] == 6 * -(-row["work"] // 6)
+    round1 = [sizes[c] // 32 for c in round_draws(build("fedavg", local_epochs=1), data, sched, 0, 1)[1].tolist()]
+    assert len(set(sizes)) > 1 and max(round1) < max(n // 32 for n in sizes)  # uneven; round 1 lacks the largest
+    assert row["work"] == sum(round1)
+    assert row["steps_work"] == 3 * -(-row["work"] // 3)
+    assert (row["epochs_depth"], row["steps_depth"]) == (max(round1), -(-row["work"] // 3))
     assert all(row[k] > 0 for k in ("epochs_s", "masked_s", "steps_s", "epochs_cpu_s", "masked_cpu_s", "steps_cpu_s"))
-    assert "ep/steps CPU" in out and out.splitlines()[-1].split()[:3] == ["tiny", "fedavg", str(row["work"])]
+    assert "depth ep/steps" in out and out.splitlines()[-1].split()[:3] == ["tiny", "fedavg", str(row["work"])]

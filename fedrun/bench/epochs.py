@@ -9,9 +9,12 @@ Per setting and algorithm it times, on one engine (vmap) and after warm-up round
 - **steps**: a round of `tau` steps for every client doing the same total number of client steps
   (tau = the epoch round's total / its clients, rounded up).
 The ratio epochs / steps is the price of uneven work (target: within 1.5x); masked / epochs what
-sorting by work saves. Settings: `synthetic` (the default run's 100 power-law clients) and `mnist`
-(MNIST, Dirichlet 0.1 over 20 clients, as issue 44's PFLlib comparison; needs the files under
-$FEDRUN_DATA or --mnist-root).
+sorting by work saves. **depth** is each round's sequential steps (vectorized steps one after another: the
+epoch round's largest client's steps, the steps round's tau); epochs depth / steps depth is the ratio the two
+rounds show when a step costs the same however many clients it computes (its fixed cost dominating: small
+models on the CPU): SGD's steps of one client cannot run side by side. Settings: `synthetic` (the default run's
+100 power-law clients) and `mnist` (MNIST, Dirichlet 0.1 over 20 clients, as issue 44's PFLlib comparison;
+needs the files under $FEDRUN_DATA or --mnist-root).
 """
 from __future__ import annotations
 
@@ -52,9 +55,16 @@ def _setting(name: str, device: str, mnist_root: str | None):
     raise ValueError(f"unknown --epochs setting {name!r}; choose from synthetic, mnist")
 
 
-def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, device: str) -> tuple[float, int, float]:
-    """(seconds per round, client steps per round, this process's CPU seconds per round) of `rounds` timed
-    rounds after `warmup` rounds (CPU seconds: what other processes on a shared machine move least)."""
+def _depth(d) -> int:
+    """A phase's sequential steps: its longest client's live steps (all its steps without `live`)."""
+    return int(d.live.sum(1).max()) if d.live is not None else d.idx.shape[1]
+
+
+def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int,
+          device: str) -> tuple[float, int, float, int]:
+    """(seconds per round, client steps per round, this process's CPU seconds per round, sequential steps per
+    round) of `rounds` timed rounds after `warmup` rounds (CPU seconds: what other processes on a shared
+    machine move least)."""
     from ..engine import ENGINES, params_of
 
     torch.manual_seed(0)
@@ -62,7 +72,7 @@ def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, devic
     engine = ENGINES["vmap"](model)
     algo = algo.bind(RunInfo.of(sched, data, algo.optim, algo.bn))
     state = algo.init(params_of(model), data.num_clients)
-    t0, c0, work = None, None, 0
+    t0, c0, work, depth = None, None, 0, 0
     for rnd in range(1, warmup + rounds + 1):
         if rnd == warmup + 1:
             sync(device)
@@ -71,11 +81,12 @@ def _time(algo, data, sched, model_fn, steps_fn, rounds: int, warmup: int, devic
         if rnd > warmup:
             work += sum(int(d.live.sum()) if d.live is not None else d.idx.shape[0] * d.idx.shape[1]
                         for d in idx) if isinstance(idx, tuple) else idx.shape[0] * idx.shape[1]
+            depth += sum(_depth(d) for d in idx) if isinstance(idx, tuple) else idx.shape[1]
         local = algo.start_local(state, trained, rnd)
         local = steps_fn(algo, engine, local, data, idx, rnd, aug)
         state = algo.end_round(state, local, trained, torch.searchsorted(trained, clients), None, data.num_clients)
     sync(device)
-    return (time.perf_counter() - t0) / rounds, work // rounds, (time.process_time() - c0) / rounds
+    return (time.perf_counter() - t0) / rounds, work // rounds, (time.process_time() - c0) / rounds, depth // rounds
 
 
 def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device: str,
@@ -88,7 +99,7 @@ def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device
     print(f"# local epochs on uneven clients ({device}, vmap, {torch.get_num_threads()} threads, "
           f"{rounds} rounds after {warmup})")
     print(f"{'setting':10s} {'algo':9s} {'steps/rnd':>9s} {'epochs s':>9s} {'masked s':>9s} {'steps s':>9s} "
-          f"{'ep/steps':>8s} {'masked/ep':>9s} {'ep/steps CPU':>12s}")
+          f"{'ep/steps':>8s} {'masked/ep':>9s} {'ep/steps CPU':>12s} {'depth ep/steps':>14s}")
     for name in settings:
         data, sched, model_fn = _setting(name, device, mnist_root)
         for a in algos:
@@ -97,8 +108,10 @@ def main(settings: list[str], algos: list[str], rounds: int, warmup: int, device
             tau = max(1, math.ceil(epochs[1] / min(sched.clients_per_round, data.num_train_clients)))
             steps = _time(build(a), data, replace(sched, tau=tau), model_fn, local_training, rounds, warmup, device)
             row = dict(setting=name, algo=a, work=epochs[1], epochs_s=epochs[0], masked_s=masked[0], steps_s=steps[0],
-                       steps_work=steps[1], epochs_cpu_s=epochs[2], masked_cpu_s=masked[2], steps_cpu_s=steps[2])
+                       steps_work=steps[1], epochs_cpu_s=epochs[2], masked_cpu_s=masked[2], steps_cpu_s=steps[2],
+                       epochs_depth=epochs[3], steps_depth=steps[3])
             rows.append(row)
             print(f"{name:10s} {a:9s} {epochs[1]:9d} {epochs[0]:9.3f} {masked[0]:9.3f} {steps[0]:9.3f} "
-                  f"{epochs[0] / steps[0]:8.2f} {masked[0] / epochs[0]:9.2f} {epochs[2] / steps[2]:12.2f}")
+                  f"{epochs[0] / steps[0]:8.2f} {masked[0] / epochs[0]:9.2f} {epochs[2] / steps[2]:12.2f} "
+                  f"{epochs[3] / steps[3]:14.2f}")
     return rows
