@@ -481,6 +481,18 @@ MUTANTS += [
            "return self.adapt.personalize(engine, params, ctx.data.train, shared=not each)",
            "return self.adapt.personalize(engine, self.eval_params(state), ctx.data.train)",
            (SERVED, "-k", "carry and pavg"), "P-Avg proto bn=local: prototypes of the server's statistics"),
+    Mutant("ditto-bn-local-onboard-server-stats", "fedrun/algorithms/ditto.py",
+           "personal = self.with_own_statistics(state, stack(state.params, m), new)",
+           "personal = stack(state.params, m)",
+           (SERVED, "-k", "held_out and ditto"), "Ditto bn=local: a held-out client's personal model from the server's "
+                                                 "statistics, not its own (the initial model's)"),
+    Mutant("fedala-bn-local-onboard-server-stats", "fedrun/algorithms/fedala.py",
+           "local = ModelLocal(params=self.with_own_statistics(state, stack(state.params, len(new)), new))",
+           "local = ModelLocal(params=stack(state.params, len(new)))",
+           (SERVED, "-k", "held_out and fedala"), "FedALA bn=local: a held-out client from the server's statistics"),
+    Mutant("apfl-bn-local-onboard-v-server-stats", "fedrun/algorithms/apfl.py",
+           "v=own(state, stack(state.params, len(new)), new))", "v=stack(state.params, len(new)))",
+           (SERVED, "-k", "held_out and apfl"), "APFL bn=local: a held-out client's v from the server's statistics"),
 ]
 # issue 44, the mixing and representation methods on the local trainer (tests/algorithms/test_trainer_mixing.py)
 TRAINER_MIX = "tests/algorithms/test_trainer_mixing.py"
@@ -731,8 +743,9 @@ MUTANTS += [
            'return self._mix(state.clients.v, expand(state.params, alpha.shape[0]), 1 - alpha), None',
            (BY_HAND, "-k", "apfl"), "APFL paper: served (1 - alpha) v + alpha w"),
     Mutant("apfl-onboard-v-initial", "fedrun/algorithms/apfl.py",
-           "local = self.client_init(state, new, 0)._replace(v=stack(state.params, len(new)))",
-           "local = self.client_init(state, new, 0)",
+           "local = local._replace(params=own(state, local.params, new), "
+           "v=own(state, stack(state.params, len(new)), new))",
+           "local = local._replace(params=own(state, local.params, new))",
            (BY_HAND, "-k", "apfl"), "APFL: a held-out client's v starts from the initial model, not w^t"),
     Mutant("apple-paper-served-stale-theta", "fedrun/algorithms/apple.py",
            'return self.with_statistics(mix(state.clients.p["p"], state.clients.params), state.clients.theta), None',

@@ -53,7 +53,7 @@ from torch.func import vmap
 
 from ..engine import Engine
 from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, weighted_mean
-from .base import EvalContext, Phase, ServerState
+from .base import Phase, ServerState
 from .bodyhead import PartSharing
 from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
 
