@@ -36,7 +36,8 @@ MOMENTUM = 0.1  # BatchNorm1d's default
 
 SERVED_AS_KEPT = {  # method -> (options, a held-out client's training-mode forwards: its onboarding steps, tau)
     # (the body/head family's LG-FedAvg keeps the BatchNorm layers in its personal part)
-    "fedper": ({}, SCHED.tau), "fedrep": ({}, SCHED.tau), "fedpac": ({}, SCHED.tau), "fedcp": ({}, SCHED.tau),
+    "fedper": ({}, SCHED.tau), "fedrep": ({"head_steps": 1}, SCHED.tau), "fedpac": ({"head_steps": 1}, SCHED.tau),
+    "fedcp": ({}, SCHED.tau),
     "gpfl": ({"mu": 0.0}, SCHED.tau), "feddbe": ({}, SCHED.tau), "fedrod": ({}, SCHED.tau),
     "pavg": ({"adaptation": "proto"}, 0),  # (nothing fitted: a held-out client is served the initial model's)
 }
@@ -64,6 +65,7 @@ def _run(name: str, options: dict, engine_cls):
     data = _data()
     algo = build(name, **options)
     algo = algo.bind(RunInfo.of(SCHED, data, algo.optim, "local"))
+    algo.check_tau(SCHED.tau)  # (a run the CLI takes: both parts of a split round train)
     engine = engine_cls(model)
     state, _ = simulate(algo, engine, data, params_of(model), SCHED, 0)
     return algo, engine, data, state, params_of(model)
@@ -120,7 +122,8 @@ def test_test_time_steps_start_from_each_clients_own_statistics(name, engine_cls
 
 
 ONBOARDED_WHOLE = {  # methods serving a whole model per client: their held-out clients' onboarding start
-    "ditto": {}, "apfl": {"follow": "paper"}, "fedphp": {}, "fedamp": {}, "fedala": {}, "fedfomo": {},
+    "ditto": {}, "apfl": {"follow": "paper"}, "fedphp": {}, "fedamp": {}, "fedfomo": {},
+    "fedala": {"start_epochs": 1, "ala_steps": 1},  # (its first ALA: 1 step, not 11 x 5)
 }
 
 
