@@ -80,6 +80,18 @@ def _served_after_onboarding(algo, engine, state, data):
     return (served.params if hasattr(served, "centers") else served), state
 
 
+def _served_and_from_server(name: str, options: dict, engine_cls):
+    """(every client's own statistics after 2 rounds, the server's, the served models, the models served
+    when every client's own are replaced by the server's, the initial model state)."""
+    algo, engine, data, state, initial = _run(name, options, engine_cls)
+    own = state.trainer["bn_local"]
+    server = {k: algo.eval_params(state)[k] for k in own}  # (FedAvg keeps them apart: `BatchNormState`)
+    as_server = replace(state, trainer={**state.trainer, "bn_local": stack(server, C)})  # everyone the server's
+    served, _ = _served_after_onboarding(algo, engine, state, data)
+    from_server, _ = _served_after_onboarding(algo, engine, as_server, data)
+    return own, server, served, from_server, initial
+
+
 @pytest.mark.parametrize("engine_cls", ENGINES)
 @pytest.mark.parametrize("name", list(SERVED_AS_KEPT))
 def test_served_models_carry_each_clients_own_statistics(name, engine_cls):
@@ -106,12 +118,7 @@ def test_served_models_carry_each_clients_own_statistics(name, engine_cls):
 @pytest.mark.parametrize("name", list(FINETUNED))
 def test_test_time_steps_start_from_each_clients_own_statistics(name, engine_cls):
     options, steps = FINETUNED[name]
-    algo, engine, data, state, _ = _run(name, options, engine_cls)
-    own = state.trainer["bn_local"]
-    server = {k: algo.eval_params(state)[k] for k in own}  # (FedAvg keeps them apart: `BatchNormState`)
-    as_server = replace(state, trainer={**state.trainer, "bn_local": stack(server, C)})  # everyone the server's
-    served, _ = _served_after_onboarding(algo, engine, state, data)
-    from_server, _ = _served_after_onboarding(algo, engine, as_server, data)
+    own, server, served, from_server, _ = _served_and_from_server(name, options, engine_cls)
     trained = slice(0, NEW)  # (the held-out client's own are the initial model's either way: not compared)
     for k, factor in ((MEAN, (1 - MOMENTUM) ** steps), (VAR, (1 - MOMENTUM) ** steps), (COUNT, 1)):
         want = factor * (own[k][trained] - server[k]).double()
@@ -134,12 +141,7 @@ def test_held_out_whole_models_start_from_their_own_statistics(name, engine_cls)
     forwards take a statistic r to (1 - m)^f r + (its batches' part), so its served model minus the one
     onboarded from the server's (every client given the server's) is (1 - m)^f (initial - server's), f
     the counter's difference from the initial one (PFLlib's new client: a deepcopy of the initial model)."""
-    algo, engine, data, state, initial = _run(name, ONBOARDED_WHOLE[name], engine_cls)
-    own = state.trainer["bn_local"]
-    server = {k: algo.eval_params(state)[k] for k in own}
-    as_server = replace(state, trainer={**state.trainer, "bn_local": stack(server, C)})
-    served, _ = _served_after_onboarding(algo, engine, state, data)
-    from_server, _ = _served_after_onboarding(algo, engine, as_server, data)
+    _, server, served, from_server, initial = _served_and_from_server(name, ONBOARDED_WHOLE[name], engine_cls)
     f = int(served[COUNT][NEW] - initial[COUNT])
     assert f > 0 and server[COUNT] != initial[COUNT]  # (so the test can fail)
     assert served[COUNT][NEW] - from_server[COUNT][NEW] == initial[COUNT] - server[COUNT]
