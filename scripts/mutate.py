@@ -493,6 +493,18 @@ MUTANTS += [
     Mutant("apfl-bn-local-onboard-v-server-stats", "fedrun/algorithms/apfl.py",
            "v=own(state, stack(state.params, len(new)), new))", "v=stack(state.params, len(new)))",
            (SERVED, "-k", "held_out and apfl"), "APFL bn=local: a held-out client's v from the server's statistics"),
+    Mutant("fedphp-bn-local-onboard-server-stats", "fedrun/algorithms/fedphp.py",
+           "local = local._replace(params=self.with_own_statistics(state, local.params, new))",
+           "local = local._replace(params=local.params)",
+           (SERVED, "-k", "held_out and fedphp"), "FedPHP bn=local: a held-out client from the server's statistics"),
+    Mutant("fedamp-bn-local-onboard-server-stats", "fedrun/algorithms/fedamp.py",
+           "w = self.with_own_statistics(state, stack(state.params, len(new)), new)",
+           "w = stack(state.params, len(new))",
+           (SERVED, "-k", "held_out and fedamp"), "FedAMP bn=local: a held-out client from the server's statistics"),
+    Mutant("fedfomo-bn-local-onboard-server-stats", "fedrun/algorithms/fedfomo.py",
+           "start = self.with_own_statistics(state, stack(state.params, len(new)), new)",
+           "start = stack(state.params, len(new))",
+           (SERVED, "-k", "held_out and fedfomo"), "FedFomo bn=local: a held-out client from the server's statistics"),
 ]
 # issue 44, the mixing and representation methods on the local trainer (tests/algorithms/test_trainer_mixing.py)
 TRAINER_MIX = "tests/algorithms/test_trainer_mixing.py"
