@@ -48,13 +48,14 @@ class Prototypes:
     """Proto-adapted models served at test time: every client classifies by the nearest of its own
     class prototypes in the feature space of the shared `params` (paper 004, Sec. 2)."""
 
-    params: Params  # unstacked, shared by all clients
+    params: Params  # unstacked, shared by all clients (or with `shared` False, each client's, stacked)
     centers: Tensor  # [C, K, d] class prototypes per client
     present: Tensor  # [C, K] bool: the client has training rows of the class (else masked out)
+    shared: bool = True
 
     def evaluate(self, engine: Engine, split: ClientSplit) -> tuple[Tensor, Tensor]:
         """Per-client summed loss and number correct over `split` of the nearest-prototype logits."""
-        return engine.evaluate(self.params, split, True, self.centers, self.present)
+        return engine.evaluate(self.params, split, self.shared, self.centers, self.present)
 
 
 class NoAdaptation:
@@ -149,10 +150,13 @@ class Proto(NoAdaptation):
             self._unused[key] = frozenset(k for k, g in zip(p, grads) if g is None)
         return self._unused[key]
 
-    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None):
+    def personalize(self, engine: Engine, params: Params, train: ClientSplit, batches=None, shared: bool = True):
+        """Every client's prototypes in the feature space of the shared `params` (not `shared`: of each
+        client's own model, stacked: bn=local's own statistics) and, when shared, its per-client training loss
+        (None otherwise: the global model's is not the one computed)."""
         with torch.no_grad():
-            centers, present, train_loss = engine.prototypes(params, train, shared=True)
-        return Prototypes(params, centers, present), train_loss
+            centers, present, train_loss = engine.prototypes(params, train, shared=shared)
+        return Prototypes(params, centers, present, shared), (train_loss if shared else None)
 
     def score(self, engine: Engine, served: Prototypes, split: ClientSplit) -> tuple[Tensor, Tensor]:
         return served.evaluate(engine, split)

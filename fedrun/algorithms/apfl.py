@@ -156,7 +156,9 @@ class APFL(Algorithm):
         """A held-out client's v and alpha: new_client_steps (null: tau) of its local APFL steps from
         v = w^t (as every client's v and w start from the same model) and the initial alpha, kept
         as a round's end keeps them; it is then served its mixture with the server model."""
-        local = self.client_init(state, new, 0)._replace(v=stack(state.params, len(new)))
+        own = self.with_own_statistics  # (bn=local: w and v with the client's own statistics, the initial ones)
+        local = self.client_init(state, new, 0)
+        local = local._replace(params=own(state, local.params, new), v=own(state, stack(state.params, len(new)), new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
         v = self._mix(local.v, local.params, local.alpha) if self.follow == "pfllib" else local.v

@@ -46,7 +46,7 @@ from ..engine.tree import Params, gather, stack, weighted_mean
 from ..errors import ConfigError
 from .checks import check_int, check_optional_int, check_positive
 from .options import AlgorithmMeta
-from .personalize import finetune, finetune_epochs
+from .personalize import finetune, finetune_epochs, own_start
 from .trainer import Local, LocalTrainer, ModelLocal, RunInfo  # noqa: F401  (Local, RunInfo: the contract's)
 
 
@@ -324,16 +324,20 @@ class Algorithm(LocalTrainer, metaclass=AlgorithmMeta):
         """(served, loss) of `personalize` after test-time fine-tuning: `finetune_epochs` passes, or
         `finetune_steps` steps, of SGD of `finetune_lr` (null: `lr`) on each client's TRAINING rows
         (full batch, or `personalize_batch` minibatches), from its served model, or from the shared
-        model when only that is served. Nothing when both are 0 / null."""
+        model when only that is served (bn=local: with each client's own statistics). Nothing when both
+        are 0 / null."""
         if not (self.finetune_steps or self.finetune_epochs):
             return served, loss
         lr = self.lr if self.finetune_lr is None else self.finetune_lr
         stacked = served is not None
-        start = served if stacked else self.eval_params(state)
+        # (bn=local, from the shared model: each client's own statistics; a BatchNorm model's first loss is
+        # the training-mode forward's, which reads none of them)
+        start, each = (served, True) if stacked else own_start(self, state, self.eval_params(state),
+                                                               ctx.data.num_clients)
         if self.finetune_epochs:
-            p, first = finetune_epochs(engine, start, ctx, lr, self.finetune_epochs, stacked=stacked)
+            p, first = finetune_epochs(engine, start, ctx, lr, self.finetune_epochs, stacked=each)
         else:
-            p, first = finetune(engine, start, ctx, lr, self.finetune_steps, stacked=stacked)
+            p, first = finetune(engine, start, ctx, lr, self.finetune_steps, stacked=each)
         return p, loss if stacked else first  # `first`: the shared model's loss, when it started there
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:

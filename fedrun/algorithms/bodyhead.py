@@ -13,7 +13,8 @@ FedPer, LG-FedAvg, FedRep and FedPAC, a NamedTuple of its own with `part` among 
 subclass that keeps more per client (`fedcp.FedCPClients`, `gpfl.GPFLClients`: their `init` builds it
 from `initial_part`). A round's clients hold a `PartLocal` (`whole_models` with the optimizer state),
 or a subclass's own Local with the field `params` (`fedrep.FedRepLocal`, `fedpac.FedPACLocal`, ...)
-built from it. Served models: the server's shared part with each client's personal part. The
+built from it. Served models: the server's shared part with each client's personal part (bn=local:
+with each client's own running statistics of the shared part, `LocalTrainer.with_own_statistics`). The
 `global_*` metrics score the server model, whose personal part stays the initial one.
 
 The local optimizer (`optim.*`) steps the whole model, one optimizer per client as PFLlib's
@@ -91,9 +92,11 @@ class PartSharing(LocalLR):
                            clients=state.clients._replace(part=part))
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
+        """Each client's model: the server's shared part with its personal part; bn=local: with its own
+        statistics of the shared part (PFLlib scores each client's own model, whose buffers never leave it)."""
         mine = state.clients.part
         C = next(iter(mine.values())).shape[0]
-        return {**expand(state.params, C), **mine}, None
+        return self.with_own_statistics(state, {**expand(state.params, C), **mine}), None
 
     def shared_buffers(self, local: PartLocal) -> Params:  # (trainer, bn=local): the SHARED part's statistics
         p = local.params
@@ -104,12 +107,15 @@ class PartSharing(LocalLR):
         """A held-out client's personal part, fitted with the shared part frozen: new_client_steps
         (null: tau) steps of the optimizer (a fresh one; default SGD) of lr on minibatches of its
         training rows, from its (initial) part; the forward in training mode (BatchNorm: the part's
-        running statistics updated; the shared part's are not kept)."""
+        running statistics updated; the shared part's: bn=averaged, from the server's and not kept;
+        bn=local, from its own, the initial model's, and kept, as PFLlib's new clients fine-tune in
+        train())."""
         part = state.clients.part
-        local = PartLocal(params=self.whole_models(state, new))
+        local = PartLocal(params=self.with_own_statistics(state, self.whole_models(state, new), new))
         names = param_names(part)
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
             g, _, local = self.grad(engine, local, "params", x, y)
             local = self.descend(local, "params", only(g, names), self.lr, 0)  # (round 0: the schedule's first rate)
         fitted = scatter(part, new, only(local.params, part))
-        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(part=fitted))
+        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(part=fitted),
+                           trainer=self.kept_own_statistics(state, new, local.params))

@@ -57,6 +57,7 @@ from ..errors import ConfigError
 from .adaptation import make_adaptation
 from .base import Algorithm, EvalContext, RunInfo, ServerState
 from .checks import check_choice, check_positive, require_body
+from .personalize import own_start
 from .rates import per_round
 
 EVAL_MODELS = ("server", "clients_mean")
@@ -210,6 +211,9 @@ class DebiasedSGD(Algorithm):
         batches = None
         if ctx.personalize_batch and self.adaptation == "maml":
             batches = ctx.train_batch(steps=(self.adapt.test_steps,))
+        if self.adaptation == "proto":  # (bn=local: each client's prototypes and model with its own statistics)
+            params, each = own_start(self, state, self.eval_params(state), ctx.data.num_clients)
+            return self.adapt.personalize(engine, params, ctx.data.train, shared=not each)
         return self.adapt.personalize(engine, self.eval_params(state), ctx.data.train, batches)
 
     def score(self, engine: Engine, served, split) -> tuple[Tensor, Tensor]:

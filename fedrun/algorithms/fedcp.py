@@ -256,9 +256,6 @@ class FedCP(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), its global
         head (`hg.*`), CPN (`cpn.*`) and condition (`ctx`)."""
         models, _ = super().personalize(engine, state, ctx)
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is not None:  # each client's own statistics of the body (PFLlib scores each client's own model)
-            models = {**models, **own}
         ctx_ = state.clients.cond["ctx"]
         head_g, cpn = self._modules_of(state, ctx_.shape[0])
         return {**models, **tagged(head_g, "hg."), **tagged(cpn, "cpn."), "ctx": ctx_}, None
@@ -289,10 +286,7 @@ class FedCP(PartSharing):
             clients = clients._replace(head_g=scatter(clients.head_g, new, expand(state.extra["head_g"], m)),
                                        cpn=scatter(clients.cpn, new, expand(state.extra["cpn"], m)))
         part = clients.part
-        body = {k: v for k, v in stack(state.params, m).items() if k not in part}
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is not None:  # its own statistics (the initial model's: it never trained)
-            body = {**body, **gather(own, new)}
+        body = self.with_own_statistics(state, {k: v for k, v in stack(state.params, m).items() if k not in part}, new)
         head_g, cpn = stack(state.extra["head_g"], m), stack(state.extra["cpn"], m)
         cond = clients.cond["ctx"][new]
         heads = gather(part, new)
@@ -308,7 +302,7 @@ class FedCP(PartSharing):
                 untagged(q, "h."), untagged(q, "b."), untagged(q, "c."), untagged(q, "g."), c, x, y), cond, x, y)
             q = {k: v - self.lr * g[k] if k.startswith("h.") else moved.q[k] for k, v in q.items()}
         clients = clients._replace(part=scatter(part, new, untagged(q, "h.")))
-        trainer = state.trainer if own is None else {**state.trainer, "bn_local": scatter(own, new, untagged(q, "b."))}
+        trainer = self.kept_own_statistics(state, new, untagged(q, "b."))
         return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
 
 

@@ -158,17 +158,20 @@ class FedDBE(Algorithm):
         w = next(k for k in head_names(state.params) if state.params[k].dim() == 2)
         b = next(k for k in head_names(state.params) if state.params[k].dim() == 1)
         served[b] = state.params[b] + bias @ state.params[w].T  # h(z + m) = W z + (b + W m)
-        return served, None
+        return self.with_own_statistics(state, served), None  # (bn=local: each client's own statistics)
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client's bias: new_client_steps (null: tau) of its FedDBE steps from the server
         model and a zero bias; it is then served the server model with that bias (as a trained
-        client, whose own model the next round's server model replaces)."""
+        client, whose own model the next round's server model replaces); bn=local: the steps' training-mode
+        forwards move its own statistics (the initial model's), which it keeps and is served with."""
         local = self.client_init(state, new, 0)
+        local = local._replace(params=self.with_own_statistics(state, local.params, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self._step(engine, local, batches, dbe=True)
         bias = state.clients.dbe["bias"].index_copy(0, new, local.dbe["bias"])
-        return ServerState(params=state.params, extra=state.extra, clients=FedDBEClients(dbe={"bias": bias}))
+        return ServerState(params=state.params, extra=state.extra, clients=FedDBEClients(dbe={"bias": bias}),
+                           trainer=self.kept_own_statistics(state, new, local.params))
 
 
 def init_rows(ctx: EvalContext, clients: Tensor, steps: int | None) -> Tensor:

@@ -52,11 +52,10 @@ from torch import Tensor
 from torch.func import vmap
 
 from ..engine import Engine
-from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, stack, weighted_mean
-from .base import EvalContext, Phase, ServerState
-from .bodyhead import PartLocal, PartSharing
+from ..engine.tree import Params, gather, head_names, only, param_names, per_client, scatter, weighted_mean
+from .base import Phase, ServerState
+from .bodyhead import PartSharing
 from .checks import check_choice, check_int, check_optional_int, check_phase_passes, check_positive, check_split_round
-from .personalize import onboarding_batches
 
 EPS = 1e-3  # head weights below this are dropped (the authors' code)
 
@@ -201,30 +200,6 @@ class FedPAC(PartSharing):
         protos, present = self.global_prototypes(local.proto_sum[selected], local.proto_count[selected])
         return ServerState(params={**state.params, **body}, extra={**state.extra, "protos": protos, "present": present},
                            clients=state.clients._replace(part=part))
-
-    # -- serving and held-out clients (bn=local: each client's own statistics) ---------------------------
-    def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext):
-        """PartSharing's served models (the global body, each client's head); bn=local: each with the
-        client's own running statistics (PFLlib's clients keep theirs: its server moves parameters only)."""
-        served, loss = super().personalize(engine, state, ctx)
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        return ({**served, **own} if own is not None else served), loss
-
-    def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
-        """PartSharing's (the head fitted in train mode, the body frozen); bn=local: from the client's
-        own statistics, which it keeps after the fit (PFLlib's new clients fine-tune in train())."""
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is None:
-            return super().onboard(engine, state, ctx, new)
-        part = state.clients.part
-        local = PartLocal(params={**stack(state.params, len(new)), **gather(own, new), **gather(part, new)})
-        for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
-            g, _, local = self.grad(engine, local, "params", x, y)
-            local = self.descend(local, "params", only(g, param_names(part)), self.lr, 0)
-        p = local.params
-        return ServerState(params=state.params, extra=state.extra,
-                           clients=state.clients._replace(part=scatter(part, new, only(p, part))),
-                           trainer={**state.trainer, "bn_local": scatter(own, new, only(p, own))})
 
     def combine_heads(self, A: Tensor, heads: Params) -> Params:
         """Client i's new head sum_j A_ij phi_j of the selected clients' trained heads `heads` [s, ...]

@@ -166,6 +166,7 @@ class FedPHP(Algorithm):
         (null: tau) of its FedPHP steps from the server model, supervised by its v_i (the initial
         model: it has no history yet), then v_i takes its model whole (mu_t = 0, as a first round)."""
         local = self.client_init(state, new, 1)
+        local = local._replace(params=self.with_own_statistics(state, local.params, new))  # (bn=local: as start_local)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
         return ServerState(params=state.params, extra=state.extra, clients=self._kept(state, new, local))

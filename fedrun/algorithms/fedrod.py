@@ -99,7 +99,9 @@ class FedRoD(LocalLR):
             return balanced + engine.criterion(logits.detach() + mine, y)
 
         g, _, out = self.value_and_grad(engine, ModelLocal(params=both), "params", loss, x, y, local.counts)
-        if generic:  # (the forward's BatchNorm statistics: the generic model's)
+        # the forward's BatchNorm statistics: the generic model's (held fixed, a held-out client's: its own
+        # under bn=local, kept; under bn=averaged the server's, not kept)
+        if generic or self.bn == "local":
             local = local._replace(params={k: out.params[k] for k in local.params})
         local = self.descend(local, "head", {k: g[PERSONAL + k] for k in local.head}, self.lr, rnd)
         return self.descend(local, "params", g, self.lr, rnd) if generic else local
@@ -116,13 +118,17 @@ class FedRoD(LocalLR):
         served = dict(expand(state.params, C))
         for k, v in mine.items():  # h_G(z) + h_P(z) of a linear head: weights and biases summed
             served[k] = state.params[k] + v
-        return served, None
+        return self.with_own_statistics(state, served), None  # (bn=local: each client's own statistics)
 
     def onboard(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor) -> ServerState:
         """A held-out client's personal head: new_client_steps (null: tau) of its personal-head steps on
-        its training rows, from the initial head, the generic model (the server's) held fixed."""
+        its training rows, from the initial head, the generic model (the server's) held fixed; bn=local:
+        the steps' training-mode forwards move its own statistics (the initial model's), which it keeps
+        and is served with (bn=averaged: it is served the server's)."""
         local = self.client_init(state, new, 0)
+        local = local._replace(params=self.with_own_statistics(state, local.params, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self._step(engine, local, batches, 0, generic=False)
         head = scatter(state.clients.head, new, local.head)
-        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(head=head))
+        return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(head=head),
+                           trainer=self.kept_own_statistics(state, new, local.params))

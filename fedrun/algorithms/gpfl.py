@@ -263,9 +263,6 @@ class GPFL(PartSharing):
         """Per-client tensors [C, ...]: each client's model (the global body, its head), the CoV (the
         global one, expanded) as `cov.<name>`, and its personalized condition as `cond`."""
         models, _ = super().personalize(engine, state, ctx)
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is not None:  # bn=local: each client's body with its own running statistics (PFLlib's clients)
-            models = {**models, **own}
         _, cond_p = self._conditions_of(state, ctx.data)
         C = len(cond_p)
         return {**models, **{f"cov.{k}": v for k, v in expand(state.extra["cov"], C).items()}, "cond": cond_p}, None
@@ -324,9 +321,7 @@ class GPFL(PartSharing):
     def _onboard_batchnorm(self, engine: Engine, state: ServerState, ctx: EvalContext, new: Tensor, body: Params,
                            heads: Params, cov: Params, cond: Tensor) -> ServerState:
         """`onboard` of a BatchNorm model: the same SGD steps of the head, each forward in train mode."""
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is not None:
-            body = {**body, **gather(own, new)}
+        body = self.with_own_statistics(state, body, new)
         hw, hb = head_names(state.params)
 
         def loss(q: Params, cov: Params, cond: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -338,9 +333,8 @@ class GPFL(PartSharing):
             local = local._replace(params={**local.params, **sub(heads, scale(only(g, heads), self.lr))})
             heads = only(local.params, heads)
         clients = state.clients._replace(part=scatter(state.clients.part, new, heads))
-        trainer = state.trainer if own is None else \
-            {**state.trainer, "bn_local": scatter(own, new, only(local.params, own))}
-        return ServerState(params=state.params, extra=state.extra, clients=clients, trainer=trainer)
+        return ServerState(params=state.params, extra=state.extra, clients=clients,
+                           trainer=self.kept_own_statistics(state, new, local.params))
 
 
 def conditions(emb: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:

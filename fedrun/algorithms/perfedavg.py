@@ -116,7 +116,7 @@ class PerFedAvg(OneStepPersonalization, Algorithm):
             batches = [(x[:, 0], y[:, 0]), (x[:, 1], y[:, 1])]
         else:  # test_then_train: the test batch is drawn first, as the authors' code did
             batches = [ctx.test_batch(ctx.batch_size), ctx.train_batch(ctx.batch_size)]
-        p = stack(state.params, ctx.data.num_clients)
+        p = self.with_own_statistics(state, stack(state.params, ctx.data.num_clients))  # (bn=local: its own)
         for (x, y), lr in zip(batches, (self.alpha, self.beta)):
             g, _, buffers = engine.state_grad(p, x, y)  # (BatchNorm: training mode, its statistics moved)
             p = {**p, **sgd(only(p, g), g, lr), **buffers}

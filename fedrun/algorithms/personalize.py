@@ -32,13 +32,20 @@ class OneStepPersonalization:
         return served, loss  # `personalize` is the fine-tuning
 
     def personalize(self, engine: Engine, state: ServerState, ctx: EvalContext) -> tuple[Params, Tensor]:
-        start, stacked = self.eval_params(state), False
-        own = state.trainer.get("bn_local") if self.bn == "local" else None
-        if own is not None:  # bn=local: each client's model is the shared parameters with its own statistics
-            start, stacked = {**stack(start, ctx.data.num_clients), **own}, True
+        start, stacked = own_start(self, state, self.eval_params(state), ctx.data.num_clients)
         if self.finetune_epochs:
             return finetune_epochs(engine, start, ctx, self.test_lr, self.finetune_epochs, stacked=stacked)
         return finetune(engine, start, ctx, self.test_lr, self.finetune_steps, stacked=stacked)
+
+
+def own_start(algo, state: ServerState, params: Params, num_clients: int) -> tuple[Params, bool]:
+    """(start, stacked) of test-time fine-tuning from the shared model `params`: under bn=local (once a
+    round kept them) every client's model, the shared parameters with its own statistics, stacked over
+    the `num_clients` clients (PFLlib's clients fine-tune their own models); else `params`, shared."""
+    own = algo.own_statistics(state)
+    if own is None:
+        return params, False
+    return {**stack(params, num_clients), **own}, True
 
 
 def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,

@@ -150,7 +150,7 @@ class PFedMe(Algorithm):
         if self.train_all and "served" in state.extra:
             return state.extra["served"], None
         everyone = torch.arange(ctx.data.num_clients, device=ctx.data.train.x.device)
-        own = state.trainer.get("bn_local") if self.bn == "local" else None  # each client's own running statistics
+        own = self.own_statistics(state)  # bn=local: each client's own running statistics
 
         def start(cs: Tensor) -> PFedMeLocal:
             local = self.client_init(state, cs, 0)

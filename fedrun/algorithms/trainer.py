@@ -196,6 +196,32 @@ class LocalTrainer:
     def server_with_buffers(self, state, buffers: Params):
         return replace(state, params={**state.params, **buffers})
 
+    # -- serving under bn=local: each client's model carries its own statistics of the shared model
+
+    def own_statistics(self, state) -> Params | None:
+        """bn=local: every client's own BatchNorm statistics of the shared model (`trainer["bn_local"]`,
+        stacked over all clients: training and held-out); None under bn=averaged, without BatchNorm and
+        before a round kept them (the server's are then the initial model's, every client's own)."""
+        return state.trainer.get("bn_local") if self.bn == "local" else None
+
+    def with_own_statistics(self, state, models: Params, ids: Tensor | None = None) -> Params:
+        """`models`, stacked over all clients (or over the clients `ids`), with each client's own
+        statistics of the shared model under bn=local (PFLlib's clients: the server moves parameters
+        only, so the model a client is scored with, or fits from, carries its own; a held-out client's
+        are the initial model's); `models` as they are otherwise."""
+        own = self.own_statistics(state)
+        if own is None:
+            return models
+        return {**models, **(own if ids is None else gather(own, ids))}
+
+    def kept_own_statistics(self, state, ids: Tensor, models: Params) -> dict:
+        """`state.trainer` with, under bn=local, the clients `ids`' own statistics as their `models`
+        [len(ids), ...] left them (a held-out client's onboarding steps in training mode move them)."""
+        own = self.own_statistics(state)
+        if own is None:
+            return state.trainer
+        return {**state.trainer, "bn_local": scatter(own, ids, {k: models[k] for k in own})}
+
     # -- the slots' state between rounds ----------------------------------------------------------
 
     def start_local(self, state, clients: Tensor, rnd: int) -> Local:
