@@ -961,6 +961,11 @@ MUTANTS += [
            '        return base_at_least / mean, ">"', '        return base_at_least / mean, "<"',
            ("tests/test_scripts.py::test_pfl_cifar_quick_table_figure_and_replot",),
            "paper 004's gain when only the method reached the target is marked an upper bound, not a lower one"),
+    Mutant("table1-honest-reads-official", "scripts/pfedme_table1.py",
+           'same = proto == "official_2020" and algo != "perfedavg"',
+           'same = proto != "official" and algo != "perfedavg"',
+           ("tests/test_scripts.py::test_pfedme_table1_quick",),
+           "pfedme_table1.py's honest columns of FedAvg and pFedMe show the official runs' numbers"),
 ]
 MUTANTS += [
     Mutant("lstm-hand-forget-grad", "fedrun/models/rnn.py",

@@ -204,24 +204,29 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
 # one data set a test (the script's --datasets): two halves that the test workers run side by side
 # instead of one 24-job test that ended the suite alone (79 s of the loaded 2-core run). MNIST with the
 # DNN only (--models): both models' rows are synthetic's, MNIST's MLR presets run in the authors'-split
-# test above (12 -> 6 jobs: 12.6 -> 7.0 s of CPU, docs/suite_durations.md)
-@pytest.mark.parametrize("d, models, paper_pm_dnn", [("synthetic", "mlr,dnn", "86.36"), ("mnist", "dnn", "99.46")])
-def test_pfedme_table1_quick(d, models, paper_pm_dnn, data_root, tmp_path, monkeypatch):
+# test above (12 -> 6 jobs: 12.6 -> 7.0 s of CPU, docs/suite_durations.md). Synthetic under protocol=official
+# only (--protocols): both protocols' columns are MNIST's, the same script code for either data set, and
+# synthetic's official rows give the paper's ordering line below (12 -> 6 jobs)
+@pytest.mark.parametrize("d, models, protocols, paper_pm_dnn", [("synthetic", "mlr,dnn", "official", "86.36"),
+                                                                ("mnist", "dnn", "official,honest", "99.46")])
+def test_pfedme_table1_quick(d, models, protocols, paper_pm_dnn, data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
-    # --rounds 2 (one less than --quick's 3, over 12 jobs): still the best and the last of several rounds
-    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", d, "--models", models, "--data-root",
-                                       root, "--out", str(out)], tmp_path, monkeypatch)
+    # --rounds 2 (one less than --quick's 3): still the best and the last of several rounds
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", d, "--models", models, "--protocols",
+                                       protocols, "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and ("fedrun data=mnist_pfedme" in text) == (d == "mnist")
     if not real and d == "mnist":
         assert "NOT the full 70,000" in text
-    n_models = len(models.split(","))
+    n_models, ran = len(models.split(",")), protocols.split(",")
     table = pd.read_csv(out / "table1.csv")
     # per model: FedAvg, Per-FedAvg, pFedMe GM, pFedMe PM
     assert len(table) == 4 * n_models and set(table.dataset) == {d} and len(set(table.model)) == n_models
-    assert (table["official_seeds"] == 1).all() and (table["honest_seeds"] == 1).all()
+    for proto in ("official", "honest"):  # the columns of both, a protocol not run: 0 seeds
+        assert (table[f"{proto}_seeds"] == (proto in ran)).all()
     jobs = job_metrics(out / "runs" / d)
-    assert len(jobs) == 6 * n_models  # 3 presets a model x 2 protocols
+    assert len(jobs) == 3 * n_models * len(ran)  # 3 presets a model x the protocols
+    assert {dict(k)["protocol"] for k in jobs} == set(ran)
     for key, m in jobs.items():
         ov = dict(key)
         assert len(m) == 2
