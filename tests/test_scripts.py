@@ -204,24 +204,29 @@ def test_pfedme_table1_runs_on_the_authors_mnist_split(data_root, tmp_path, monk
 # one data set a test (the script's --datasets): two halves that the test workers run side by side
 # instead of one 24-job test that ended the suite alone (79 s of the loaded 2-core run). MNIST with the
 # DNN only (--models): both models' rows are synthetic's, MNIST's MLR presets run in the authors'-split
-# test above (12 -> 6 jobs: 12.6 -> 7.0 s of CPU, docs/suite_durations.md)
-@pytest.mark.parametrize("d, models, paper_pm_dnn", [("synthetic", "mlr,dnn", "86.36"), ("mnist", "dnn", "99.46")])
-def test_pfedme_table1_quick(d, models, paper_pm_dnn, data_root, tmp_path, monkeypatch):
+# test above (12 -> 6 jobs: 12.6 -> 7.0 s of CPU, docs/suite_durations.md). Synthetic under protocol=official
+# only (--protocols): both protocols' columns are MNIST's, the same script code for either data set, and
+# synthetic's official rows give the paper's ordering line below (12 -> 6 jobs)
+@pytest.mark.parametrize("d, models, protocols, paper_pm_dnn", [("synthetic", "mlr,dnn", "official", "86.36"),
+                                                                ("mnist", "dnn", "official,honest", "99.46")])
+def test_pfedme_table1_quick(d, models, protocols, paper_pm_dnn, data_root, tmp_path, monkeypatch):
     root, real = data_root
     out = tmp_path / "t1"
-    # --rounds 2 (one less than --quick's 3, over 12 jobs): still the best and the last of several rounds
-    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", d, "--models", models, "--data-root",
-                                       root, "--out", str(out)], tmp_path, monkeypatch)
+    # --rounds 2 (one less than --quick's 3): still the best and the last of several rounds
+    text = script("pfedme_table1.py", ["--quick", "--rounds", "2", "--datasets", d, "--models", models, "--protocols",
+                                       protocols, "--data-root", root, "--out", str(out)], tmp_path, monkeypatch)
     assert f"outputs: {out}" in text and ("fedrun data=mnist_pfedme" in text) == (d == "mnist")
     if not real and d == "mnist":
         assert "NOT the full 70,000" in text
-    n_models = len(models.split(","))
+    n_models, ran = len(models.split(",")), protocols.split(",")
     table = pd.read_csv(out / "table1.csv")
     # per model: FedAvg, Per-FedAvg, pFedMe GM, pFedMe PM
     assert len(table) == 4 * n_models and set(table.dataset) == {d} and len(set(table.model)) == n_models
-    assert (table["official_seeds"] == 1).all() and (table["honest_seeds"] == 1).all()
+    for proto in ("official", "honest"):  # the columns of both, a protocol not run: 0 seeds
+        assert (table[f"{proto}_seeds"] == (proto in ran)).all()
     jobs = job_metrics(out / "runs" / d)
-    assert len(jobs) == 6 * n_models  # 3 presets a model x 2 protocols
+    assert len(jobs) == 3 * n_models * len(ran)  # 3 presets a model x the protocols
+    assert {dict(k)["protocol"] for k in jobs} == set(ran)
     for key, m in jobs.items():
         ov = dict(key)
         assert len(m) == 2
@@ -437,14 +442,17 @@ import baselines  # noqa: E402 - the script's module, for its list of entries
 BASELINE_GROUPS = [list(baselines.ENTRIES)[i:i + 5] for i in range(0, len(baselines.ENTRIES), 5)]
 
 
-# the PFL baseline table (scripts/baselines.py): every entry, --quick, then --replot
+# the PFL baseline table (scripts/baselines.py): every entry, --quick, then --replot. --rounds 1 (--quick's 2 less
+# one): each entry's preset runs through the script and its row holds its run's numbers; the last and the best
+# round apart (and the lowest decile at the last) are test_baselines_table_keeps_held_out_clients_apart's, on CSVs
+# written there (runs of 2 rounds on random data need not make the best round another than the last)
 @pytest.mark.parametrize("entries", BASELINE_GROUPS, ids=lambda g: g[0])
 def test_baselines_quick_table_figure_and_replot(entries, tmp_path, monkeypatch):
     out = tmp_path / "bl"
-    text = script("baselines.py", ["--quick", "--rounds", "2", "--entries", ",".join(entries), "--out", str(out)],
+    text = script("baselines.py", ["--quick", "--rounds", "1", "--entries", ",".join(entries), "--out", str(out)],
                   tmp_path, monkeypatch)
     table = pd.read_csv(out / "baselines.csv")
-    assert list(table["entry"]) == entries and (table["rounds"] == 2).all()
+    assert list(table["entry"]) == entries and (table["rounds"] == 1).all()
     assert (out / "baselines.png").stat().st_size > 0
     for _, row in table.iterrows():  # the table's numbers are the runs' CSVs
         run = next(p for p in (out / "runs" / baselines._slug(row["entry"])).iterdir() if (p / "metrics.csv").exists())
@@ -470,14 +478,17 @@ def test_baselines_table_keeps_held_out_clients_apart(tmp_path):
     the held-out ones (a mixed decile showed Ditto's untrained new clients as its lowest, 6.55)."""
     run = tmp_path / "runs" / baselines._slug("Ditto") / "0_seed=0"
     run.mkdir(parents=True)
-    pd.DataFrame({"round": [1, 2], "pers_acc": [0.5, 0.9], "new_pers_acc": [0.3, 0.7]}).to_csv(run / "metrics.csv")
+    # 3 rounds whose best (the 2nd) is neither the first nor the last
+    pd.DataFrame({"round": [1, 2, 3], "pers_acc": [0.5, 0.95, 0.9],
+                  "new_pers_acc": [0.2, 0.3, 0.7]}).to_csv(run / "metrics.csv")
     train, new = [0.80 + 0.01 * i for i in range(10)], [0.10, 0.60, 0.70]
     pd.DataFrame({"client": range(13), "heldout": [0] * 10 + [1] * 3,
                   "pers_acc": train + new}).to_csv(run / "clients.csv")
     row, = baselines.table(str(tmp_path))
     assert row["lowest_decile"] == pytest.approx(100 * pd.Series(train).quantile(0.1))
     assert row["new_lowest_decile"] == pytest.approx(100 * pd.Series(new).quantile(0.1))
-    assert row["new_last"] == pytest.approx(70.0)
+    assert row["new_last"] == pytest.approx(70.0) and row["rounds"] == 3
+    assert row["last"] == pytest.approx(90.0) and row["best"] == pytest.approx(95.0)
     md = (tmp_path / "baselines.md").read_text()
     assert "| new: last round | new: lowest decile |" in md and "| 70.00 | 20.00 |" in md
 
