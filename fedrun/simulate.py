@@ -18,6 +18,7 @@ from .data.augment import apply_augmentation, draw_augmentation
 from .data.federated import FederatedData
 from .engine import Engine, Params
 from .engine.tree import tree_leaves, tree_map
+from .engine.work import cat_clients, clients_slice, steps_by_work
 from .evaluate import Evaluation, evaluate
 
 
@@ -244,54 +245,18 @@ def local_training(algo: Algorithm, engine: Engine, local: Local, data: Federate
 
 def _epochs_by_work(algo: Algorithm, engine: Engine, local: Local, data: FederatedData, d: PhaseDraw, rnd: int,
                     fn: Callable, epochs: int) -> Local:
-    """An epochs phase (`epochs` passes) whose cost follows the work done: the clients sorted by their
-    steps per pass (most first, host-known), each step computes only the clients still training, a
-    prefix of them (torch's ops are per client, so a client's numbers are those of the masked
-    computation); the clients that finished a pass wait aside until the next pass. A round costs the
-    sum of its clients' steps, not clients x the largest client's. A pass of the draw is S / epochs
+    """An epochs phase (`epochs` passes) whose cost follows the work done (`steps_by_work`: the clients
+    sorted by their steps per pass, each step computing only those still training; a round costs the
+    sum of its clients' steps, not clients x the largest client's). A pass of the draw is S / epochs
     steps (set by ALL training clients, `draw_passes`), however few of them `d` holds."""
-    order = torch.argsort(d.per_pass, descending=True, stable=True)
-    counts = d.per_pass[order].tolist()
-    m, longest, stride = len(counts), max(counts), d.idx.shape[1] // epochs
-    perm = order.to(d.idx.device)
-    local = tree_map(lambda v: v[perm], local)
-    idx = d.idx[perm]  # (one gather: a step's rows are then a slice of the first clients)
-    aug = None if d.aug is None else tuple(a[perm] for a in d.aug)
-    lives = [sum(1 for c in counts if c > s) for s in range(longest)]  # clients still in the pass at step s
-    for e in range(epochs if longest else 0):
-        parts, n = [], m
-        for s in range(longest):
-            live = lives[s]
-            if live < n:  # the clients from `live` on are done with this pass
-                parts.append(clients_slice(local, live, n))
-                local, n = clients_slice(local, 0, live), live
-            if n == 0:
-                break
-            t = e * stride + s
-            local = one_step(algo, engine, local, data, idx[:n, t].contiguous(), rnd,
-                             None if aug is None else tuple(a[:n, t].contiguous() for a in aug), fn)
-        local = cat_clients([local, *reversed(parts)]) if parts else local
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(m)
-    return tree_map(lambda v: v[inverse.to(v.device)], local)
-
-
-def cat_clients(parts: list):
-    """Several replicas' trees (Local, draws; leading dim = clients) as one, joined along the client
-    dimension (a round of phases: every replica's S is the same, set by all training clients)."""
-    if len(parts) == 1:
-        return parts[0]
-    return tree_map(lambda *vs: vs[0] if vs[0] is None else torch.cat(vs), *parts)
+    def step(local: Local, draw: tuple) -> Local:
+        return one_step(algo, engine, local, data, draw[0], rnd, draw[1], fn)
+    return steps_by_work(local, (d.idx, d.aug), d.per_pass, epochs, step)
 
 
 def is_oom(e: BaseException) -> bool:
     """Whether `e` is the device running out of memory (torch's error, or a backend's message)."""
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-
-
-def clients_slice(tree, i: int, j: int):
-    """Clients i..j-1 of a tree whose leaves lead with the client dimension (None leaves stay None)."""
-    return tree_map(lambda v: v if v is None else v[i:j], tree)
 
 
 def _free_cached() -> None:

@@ -260,7 +260,7 @@ MUTANTS = [
            "Phase(self.personal_step, epochs=self.personal_epochs)", "Phase(self.personal_step, epochs=0)",
            (EPOCH_TRACES, "-k", "ditto"), "Ditto in epochs: the personal model's epochs dropped"),
     Mutant("finetune-epochs-one-short", "fedrun/algorithms/personalize.py",
-           "    for e in range(epochs):", "    for e in range(epochs - 1):",
+           "idx, steps, epochs, step), None", "idx, steps, epochs - 1, step), None",
            (EPOCH_TRACES, "-k", "fedbabu"), "fine-tuning in epochs (FedBABU's): one pass short"),
     Mutant("phases-mask-off", "fedrun/simulate.py",
            "    if live is None:\n        return new", "    if True:\n        return new",
@@ -269,7 +269,7 @@ MUTANTS = [
            "per_pass = sizes // (k * B if ph.disjoint else B)",
            "per_pass = -(-sizes // (k * B if ph.disjoint else B))",
            ("tests/test_phases.py",), "epochs phases: a pass keeps its partial last minibatch (no drop_last)"),
-    Mutant("epochs-by-work-pass-stride", "fedrun/simulate.py",
+    Mutant("epochs-by-work-pass-stride", "fedrun/engine/work.py",
            "            t = e * stride + s\n", "            t = e * longest + s\n",
            ("tests/test_phases.py", "-k", "largest"),
            "epochs by work: a pass's stride the round's clients' longest, not the draw's (a round without the "
@@ -1070,6 +1070,7 @@ MUTANTS += [
            "the LSTM's fused per-client gradients: full passes' row weights (padding masks) ignored"),
 ]
 TRAINER = "tests/algorithms/test_trainer.py"
+FT_BY_WORK = "tests/algorithms/test_baselines.py::test_finetune_epochs_by_work_equals_the_masked_fine_tuning"
 MUTANTS += [
     Mutant("passes-disjoint-rows-ignored", "fedrun/run/spec.py",
            "k = max(ph.batches if ph.disjoint else 1 for ph in phases if ph.epochs is not None)", "k = 1",
@@ -1079,10 +1080,21 @@ MUTANTS += [
            "per_pass = sizes // (k * B if ph.disjoint else B)", "per_pass = sizes // B",
            (TRAINER, "-k", "disjoint"),
            "Per-FedAvg's epochs: a pass of floor(n_c / B) meta-steps, twice PFLlib's (rows repeat within it)"),
-    Mutant("epochs-by-work-one-client-too-many", "fedrun/simulate.py",
+    Mutant("epochs-by-work-one-client-too-many", "fedrun/engine/work.py",
            "lives = [sum(1 for c in counts if c > s)", "lives = [sum(1 for c in counts if c >= s)",
            (TRAINER, "-k", "by_work"),
            "local epochs by work: a client whose pass is over still steps once more"),
+    Mutant("by-work-order-not-restored", "fedrun/engine/work.py",
+           "    return clients_at(state, inverse)", "    return state",
+           (FT_BY_WORK,), "steps by work (local epochs, fine-tuning in epochs): the clients left sorted by their "
+                          "steps, not put back in their order"),
+    Mutant("by-work-last-step-dropped", "fedrun/engine/work.py",
+           "lives = [sum(1 for c in counts if c > s)", "lives = [sum(1 for c in counts if c > s + 1)",
+           (FT_BY_WORK,), "steps by work: each client leaves the prefix one step early (its last step of a pass "
+                          "not computed)"),
+    Mutant("finetune-epochs-bn-stats-dropped", "fedrun/algorithms/personalize.py",
+           "for k in g}, **buffers}", "for k in g}}",
+           (FT_BY_WORK,), "fine-tuning in epochs of a BatchNorm model: its running statistics not updated"),
     Mutant("trainer-descend-drops-state", "fedrun/algorithms/trainer.py",
            "        return out._replace(opt={**out.opt, slot: state}) if state else out\n", "        return out\n",
            (TRAINER, "-k", "torch_optims and momentum_wd"),

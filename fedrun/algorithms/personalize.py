@@ -8,7 +8,8 @@ from torch import Tensor
 
 from ..engine import Engine
 from ..engine.batchnorm import split_buffers
-from ..engine.tree import Params, per_client, sgd, stack
+from ..engine.tree import Params, expand, sgd, stack
+from ..engine.work import steps_by_work
 
 # (annotations only: EvalContext and ServerState are base.py's, which imports this module)
 
@@ -97,25 +98,22 @@ def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float,
     from the shared `params` (`stacked`: from each client's own): each pass a fresh shuffle cut into
     floor(n_c / B) minibatches of B rows (B = personalize_batch, else the run's batch_size; the last
     partial batch dropped, as a DataLoader with drop_last), so clients take different numbers of
-    steps. All clients step together for the largest client's count; a client's update is
-    multiplied by 0 after its own last step (exact). Clients with fewer than B rows are not
-    fine-tuned."""
+    steps. The cost is the work done (`steps_by_work`: the clients sorted by their steps, each step
+    computing only those still in the pass), each client's numbers those of every client stepping
+    for the largest count with the finished ones left as they were. Clients with fewer than B rows
+    are not fine-tuned."""
     split = ctx.data.train
     B = ctx.personalize_batch or ctx.batch_size
     steps = split.sizes.cpu() // B  # [C] steps per epoch (sizes are host-known: no device sync)
     S = max(int(steps.max()), 1)
     everyone = torch.arange(split.num_clients)
-    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs, S, B)
-    live = (torch.arange(S).view(1, -1) < steps.view(-1, 1)).to(split.x.device)  # [C, S]
-    p = params if stacked else stack(params, split.num_clients)
-    for e in range(epochs):
-        for s in range(S):
-            x, y = split.rows(idx[:, e, s])
-            g, _, buffers = engine.state_grad(p, x, y)  # (BatchNorm: training mode, its statistics updated)
-            on = live[:, s]
-            p = {**p, **{k: p[k] - lr * per_client(on, p[k]) * g[k] for k in g},
-                 **{k: torch.where(per_client(on, b).bool(), b, p[k]) for k, b in buffers.items()}}
-    return p, None
+    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs * S, B)
+
+    def step(p: Params, rows: Tensor) -> Params:
+        x, y = split.rows(rows)
+        g, _, buffers = engine.state_grad(p, x, y)  # (BatchNorm: training mode, its statistics updated)
+        return {**p, **{k: p[k] - lr * g[k] for k in g}, **buffers}
+    return steps_by_work(params if stacked else expand(params, split.num_clients), idx, steps, epochs, step), None
 
 
 def one_step_adapt(engine: Engine, params: Params, train, lr: float, batch=None) -> tuple[Params, Tensor]:

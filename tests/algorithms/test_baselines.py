@@ -20,8 +20,9 @@ from fedrun.algorithms.lgfedavg import LGFedAvg
 from fedrun.algorithms.local import LocalOnly, LocalOnlyLocal
 from fedrun.algorithms.personalize import finetune, finetune_epochs
 from fedrun.data import synthetic
+from fedrun.data.federated import ClientSplit, FederatedData
 from fedrun.engine import LoopEngine, VmapEngine, params_of, stack
-from fedrun.engine.tree import head_names
+from fedrun.engine.tree import head_names, per_client
 from fedrun.errors import ConfigError
 from fedrun.models import MLP, MLPBN, MLR
 from fedrun.simulate import Progress, Schedule, eval_context, simulate
@@ -287,6 +288,92 @@ def test_finetune_epochs_are_shuffled_passes_with_drop_last_per_client(E):
                      for (k, v), g in zip(qq.items(), torch.autograd.grad(out, list(qq.values())))}
         for k in p:
             torch.testing.assert_close(got[k][c], q[k], rtol=1e-10, atol=1e-12)
+
+
+def uneven_f64():
+    """7 clients of 9, 2, 5, 7, 1, 4, 6 float64 rows of 4 features, 3 classes: at B = 3, 3, 0, 1, 2, 0,
+    1, 2 steps a pass (two clients not fine-tuned); also their sizes and the generator, for more draws."""
+    sizes, g = torch.tensor([9, 2, 5, 7, 1, 4, 6]), torch.Generator().manual_seed(3)
+    n = int(sizes.sum())
+    x, y = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+    split = ClientSplit.from_flat(x, y, sizes, 4)
+    return FederatedData("uneven", split, ClientSplit.from_flat(x, y, sizes, 4), 3), sizes, g
+
+
+def masked_finetune_epochs(engine, params, ctx, lr, epochs, stacked=False):
+    """finetune_epochs as it was before it cost the work done (kept as the reference): every client
+    steps for the largest client's count, its update multiplied by 0 and its BatchNorm buffers kept
+    after its own last step."""
+    split = ctx.data.train
+    B = ctx.personalize_batch or ctx.batch_size
+    steps = split.sizes.cpu() // B
+    S = max(int(steps.max()), 1)
+    idx = split.shuffled_indices(torch.arange(split.num_clients), epochs, S * B, ctx.gen).view(
+        split.num_clients, epochs, S, B)
+    live = torch.arange(S).view(1, -1) < steps.view(-1, 1)
+    p = params if stacked else stack(params, split.num_clients)
+    for e in range(epochs):
+        for s in range(S):
+            x, y = split.rows(idx[:, e, s])
+            g, _, buffers = engine.state_grad(p, x, y)
+            on = live[:, s]
+            p = {**p, **{k: p[k] - lr * per_client(on, p[k]) * g[k] for k in g},
+                 **{k: torch.where(per_client(on, b).bool(), b, p[k]) for k, b in buffers.items()}}
+    return p
+
+
+@pytest.mark.parametrize("E", ENGINES)
+@pytest.mark.parametrize("stacked", [False, True])
+@pytest.mark.parametrize("bn", [False, True], ids=["mlp", "mlp_bn"])
+def test_finetune_epochs_by_work_equals_the_masked_fine_tuning(E, stacked, bn):
+    """finetune_epochs computes, each step, only the clients still in the pass (sorted by their steps):
+    each client's parameters and BatchNorm buffers are those of the masked computation (float64,
+    uneven clients, two of them under B rows and so not fine-tuned).
+    Loop engine: equal to the bit (each client computed alone, by the same ops in the same order).
+    Vmap: the same per-client math, but a vectorized kernel's SIMD body and scalar tail (FMA or not)
+    fall on a client's numbers by where it sits among the clients computed beside it, so roundings
+    may differ (1 ulp seen on BatchNorm models). Bound: a step's value is ~50 roundings of O(1)
+    numbers (randn rows, widths 4-5-3, B = 3): <= 50 eps ~ 1e-14; 6 steps (2 passes of <= 3), each
+    carrying the earlier difference through I - lr H (lr 0.3, |H| <= ~3: a factor <= 2):
+    1e-14 x 6 x 2^6 ~ 4e-12 -> 1e-11. A client stepped once too often or too few moves by lr |g| ~ 1e-2."""
+    data, sizes, g = uneven_f64()
+    torch.manual_seed(0)
+    model = (MLPBN if bn else MLP)(4, 3, hidden=[5]).double()
+    start = params_of(model)
+    if stacked:  # each client's own start (and its own BatchNorm statistics)
+        start = {k: v + 0.1 * torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else v
+                 for k, v in stack(start, len(sizes)).items()}
+    sched = Schedule(rounds=1, tau=1, clients_per_round=1, batch_size=3)
+    got, _ = finetune_epochs(E(model), start, eval_context(data, sched, 0, 1), 0.3, 2, stacked=stacked)
+    want = masked_finetune_epochs(E(model), start, eval_context(data, sched, 0, 1), 0.3, 2, stacked=stacked)
+    assert set(got) == set(want) == set(start) and (not bn or any("running_var" in k for k in got))
+    first = {k: v if stacked else v.expand(len(sizes), *v.shape) for k, v in start.items()}
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        if E is LoopEngine or not want[k].is_floating_point():
+            assert torch.equal(got[k], want[k]), k
+        else:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-11, atol=1e-11, msg=k)
+        assert torch.equal(got[k][[1, 4]], first[k][[1, 4]]), k  # under B rows: not fine-tuned
+    assert all(not torch.equal(got["net.0.weight"][c], first["net.0.weight"][c]) for c in (0, 2, 3, 5, 6))
+
+
+def test_finetune_epochs_cost_the_sum_of_the_clients_steps():
+    """Fine-tuning in epochs computes a client only while it has steps left in the pass: the gradients
+    taken, summed over steps, are sum_c epochs x floor(n_c / B) client-steps, not clients x epochs x
+    the largest client's count (as when every client stepped with a mask)."""
+    data, _, _ = uneven_f64()
+    torch.manual_seed(0)
+    model, B, epochs = MLP(4, 3, hidden=[5]).double(), 3, 2
+    engine, computed = VmapEngine(model), []
+    real = engine.state_grad
+    engine.state_grad = lambda p, x, y: computed.append(len(x)) or real(p, x, y)
+    finetune_epochs(engine, params_of(model), eval_context(data, Schedule(rounds=1, tau=1, clients_per_round=1,
+                                                                          batch_size=B), 0, 1), 0.3, epochs)
+    steps = data.train.sizes // B
+    assert len(set(steps.tolist())) > 1  # uneven: 2 x 9 = 18 client-steps; masked, 7 x 2 x 3 = 42
+    assert sum(computed) == epochs * int(steps.sum()) < data.num_clients * epochs * int(steps.max())
+    assert len(computed) == epochs * int(steps.max())  # still vectorized: one call a step
 
 
 @pytest.mark.parametrize("name", names())
