@@ -41,10 +41,14 @@ SERVED_AS_KEPT = {  # method -> (options, a held-out client's training-mode forw
     "gpfl": ({"mu": 0.0}, SCHED.tau), "feddbe": ({}, SCHED.tau), "fedrod": ({}, SCHED.tau),
     "pavg": ({"adaptation": "proto"}, 0),  # (nothing fitted: a held-out client is served the initial model's)
 }
-FINETUNED = {  # method -> (options, test-time training-mode steps)
-    "fedavg": ({"alpha": 0.05, "finetune_steps": 2}, 2),
-    "moon": ({"finetune_steps": 2}, 2),  # (serves the global model: the generic fine-tuning, `finetune_served`)
-    "perfedavg": ({"test_time": "test_batches", "variant": "fo"}, 2),
+FINETUNED = {  # case -> (method, options, test-time training-mode steps: all clients', or each training client's)
+    "fedavg": ("fedavg", {"alpha": 0.05, "finetune_steps": 2}, 2),
+    # (epochs: floor(n_c / B) steps a pass, B = batch_size 4: the training clients' 12, 10, 9 rows)
+    "fedavg-epochs": ("fedavg", {"alpha": 0.05, "finetune_epochs": 2}, (6, 4, 4)),
+    "moon": ("moon", {"finetune_steps": 2}, 2),  # (serves the global model: the generic fine-tuning, `finetune_served`)
+    "moon-epochs": ("moon", {"finetune_epochs": 1}, (3, 2, 2)),
+    "perfedavg": ("perfedavg", {"test_time": "test_batches", "variant": "fo"}, 2),
+    "perfedavg-test-then-train": ("perfedavg", {"test_time": "test_then_train", "variant": "fo"}, 2),
 }
 
 
@@ -115,12 +119,13 @@ def test_served_models_carry_each_clients_own_statistics(name, engine_cls):
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
-@pytest.mark.parametrize("name", list(FINETUNED))
-def test_test_time_steps_start_from_each_clients_own_statistics(name, engine_cls):
-    options, steps = FINETUNED[name]
+@pytest.mark.parametrize("case", list(FINETUNED))
+def test_test_time_steps_start_from_each_clients_own_statistics(case, engine_cls):
+    name, options, steps = FINETUNED[case]
     own, server, served, from_server, _ = _served_and_from_server(name, options, engine_cls)
     trained = slice(0, NEW)  # (the held-out client's own are the initial model's either way: not compared)
-    for k, factor in ((MEAN, (1 - MOMENTUM) ** steps), (VAR, (1 - MOMENTUM) ** steps), (COUNT, 1)):
+    kept = (1 - MOMENTUM) ** torch.tensor(steps, dtype=torch.float64).reshape(-1, 1)  # [1 or NEW, 1]
+    for k, factor in ((MEAN, kept), (VAR, kept), (COUNT, 1)):
         want = factor * (own[k][trained] - server[k]).double()
         got = (served[k][trained] - from_server[k][trained]).double()
         # float64: each statistic is a few steps of (1 - m) r + m b over numbers <= ~10: 1e-12 is ~1e3 eps64
