@@ -212,7 +212,7 @@ class DebiasedSGD(Algorithm):
         if ctx.personalize_batch and self.adaptation == "maml":
             batches = ctx.train_batch(steps=(self.adapt.test_steps,))
         if self.adaptation == "proto":  # (bn=local: each client's prototypes and model with its own statistics)
-            params, each = own_start(self, state, self.eval_params(state), ctx.data.num_clients)
+            params, each = own_start(self, state, self.eval_params(state), ctx.data.num_clients, views=True)
             return self.adapt.personalize(engine, params, ctx.data.train, shared=not each)
         return self.adapt.personalize(engine, self.eval_params(state), ctx.data.train, batches)
 

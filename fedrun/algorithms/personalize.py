@@ -39,14 +39,16 @@ class OneStepPersonalization:
         return finetune(engine, start, ctx, self.test_lr, self.finetune_steps, stacked=stacked)
 
 
-def own_start(algo, state: ServerState, params: Params, num_clients: int) -> tuple[Params, bool]:
+def own_start(algo, state: ServerState, params: Params, num_clients: int,
+              views: bool = False) -> tuple[Params, bool]:
     """(start, stacked) of test-time fine-tuning from the shared model `params`: under bn=local (once a
     round kept them) every client's model, the shared parameters with its own statistics, stacked over
-    the `num_clients` clients (PFLlib's clients fine-tune their own models); else `params`, shared."""
+    the `num_clients` clients (PFLlib's clients fine-tune their own models; `views`: the shared
+    parameters as views, no copy per client, for a use that only reads them); else `params`, shared."""
     own = algo.own_statistics(state)
     if own is None:
         return params, False
-    return {**stack(params, num_clients), **own}, True
+    return {**(expand if views else stack)(params, num_clients), **own}, True
 
 
 def finetune(engine: Engine, params: Params, ctx: EvalContext, lr: float, steps: int,

@@ -113,6 +113,8 @@ def test_served_models_carry_each_clients_own_statistics(name, engine_cls):
     # counter is the initial one plus its forwards (from the server's it would carry the server's count)
     assert kept[COUNT][NEW] == initial[COUNT] + forwards
     assert torch.equal(kept[MEAN][NEW], initial[MEAN]) == (forwards == 0)
+    if name == "pavg":  # (prototypes only read the shared parameters: views of the server's, no copy per client)
+        assert all(v.stride(0) == 0 for k, v in served.items() if k not in own)
     # the test can fail: some client's own are not the server's (its first aggregated client's)
     assert any(not torch.equal(own[MEAN][c], state.params[MEAN]) for c in range(NEW))
     assert state.params[COUNT] != initial[COUNT]
