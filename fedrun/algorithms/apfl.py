@@ -158,7 +158,7 @@ class APFL(Algorithm):
         as a round's end keeps them; it is then served its mixture with the server model."""
         own = self.with_own_statistics  # (bn=local: w and v with the client's own statistics, the initial ones)
         local = self.client_init(state, new, 0)
-        local = local._replace(params=own(state, local.params, new), v=own(state, stack(state.params, len(new)), new))
+        local = local._replace(params=own(state, local.params, new), v=self.own_models(state, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)
         v = self._mix(local.v, local.params, local.alpha) if self.follow == "pfllib" else local.v

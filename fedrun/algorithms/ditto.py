@@ -113,7 +113,7 @@ class Ditto(Algorithm):
         (null: tau) of personal_lr on minibatches of its training rows."""
         m = len(new)
         w = expand(state.params, m)
-        personal = self.with_own_statistics(state, stack(state.params, m), new)  # (bn=local: its own, the initial)
+        personal = self.own_models(state, new)  # (bn=local: its own statistics, the initial)
         local = DittoLocal(params=w, anchor=w, personal=personal)
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.personal_step(engine, local, batches, 0)  # (round 0: the schedule's first rate)

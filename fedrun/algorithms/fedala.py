@@ -183,7 +183,7 @@ class FedALA(Algorithm):
         """A held-out client has no local model to mix the server model into (its ALA would be skipped,
         as on a first round): new_client_steps (null: tau) of its local SGD from the server model."""
         # (the trainer's plain Local: only a model to train; bn=local: with its own statistics, the initial ones)
-        local = ModelLocal(params=self.with_own_statistics(state, stack(state.params, len(new)), new))
+        local = ModelLocal(params=self.own_models(state, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.train_step(engine, local, batches, 0)
         params = scatter(state.clients.params, new, local.params)

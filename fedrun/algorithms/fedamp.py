@@ -146,7 +146,7 @@ class FedAMP(Algorithm):
         """A held-out client: from the initial model (the shared one; as every client's w starts),
         its cloud model from the last round's uploaded models, then new_client_steps (null: tau) of
         its local FedAMP steps; it is served its trained w."""
-        w = self.with_own_statistics(state, stack(state.params, len(new)), new)  # (bn=local: its own, the initial)
+        w = self.own_models(state, new)  # (bn=local: its own statistics, the initial)
         local = FedAMPLocal(params=w, u=self.cloud_models(state, w, new))
         for batches in onboarding_batches(ctx, new, self.new_client_steps):
             local = self.client_step(engine, local, batches, 0)

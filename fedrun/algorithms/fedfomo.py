@@ -190,7 +190,7 @@ class FedFomo(Algorithm):
         popular = torch.where(trained, P.sum(0) - P.diagonal(), torch.full_like(P[0], -float("inf")))
         ids = torch.topk(popular, M).indices.expand(len(new), M)
         live = (torch.arange(M, device=ids.device) < trained.sum()).expand(len(new), M)
-        start = self.with_own_statistics(state, stack(state.params, len(new)), new)  # (bn=local: its own, initial)
+        start = self.own_models(state, new)  # (bn=local: its own statistics, the initial)
         steps = self.new_client_steps or ctx.tau
         x, y = ctx.train_batch(ctx.batch_size, steps=(self.val_batches + steps,), clients=new)
         val = [(x[:, s], y[:, s]) for s in range(self.val_batches)]

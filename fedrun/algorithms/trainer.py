@@ -214,6 +214,11 @@ class LocalTrainer:
             return models
         return {**models, **(own if ids is None else gather(own, ids))}
 
+    def own_models(self, state, ids: Tensor) -> Params:
+        """The server's model stacked for the clients `ids`, each with its own statistics under bn=local (a
+        held-out client's start: the initial model's statistics, as PFLlib's new client is a copy of it)."""
+        return self.with_own_statistics(state, stack(state.params, len(ids)), ids)
+
     def kept_own_statistics(self, state, ids: Tensor, models: Params) -> dict:
         """`state.trainer` with, under bn=local, the clients `ids`' own statistics as their `models`
         [len(ids), ...] left them (a held-out client's onboarding steps in training mode move them)."""
@@ -229,8 +234,9 @@ class LocalTrainer:
         model (`bn=local`) and every slot's optimizer state (fresh, or the clients' kept rows), both
         kept in the server state's `trainer` (ServerState.trainer)."""
         local = self.client_init(state, clients, rnd)
-        if self.bn == "local" and "bn_local" in state.trainer:
-            local = self.with_shared_buffers(local, gather(state.trainer["bn_local"], clients))
+        own = self.own_statistics(state)
+        if own is not None:
+            local = self.with_shared_buffers(local, gather(own, clients))
         if not self.optim.stateful:
             return local
         slots = {}
