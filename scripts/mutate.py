@@ -279,6 +279,11 @@ MUTANTS = [
            ("tests/test_bench.py", "-k", "epochs"),
            "fedrun-bench --epochs: a round's sequential steps the draw's pass (all clients' largest), not its own "
            "largest client's"),
+    Mutant("bench-epochs-floor-steps", "fedrun/bench/epochs.py",
+           "        for s in range(depth):\n            opt.zero_grad()",
+           "        for s in range(depth // 2):\n            opt.zero_grad()",
+           ("tests/test_bench.py", "-k", "epochs"),
+           "fedrun-bench --epochs: the floor runs half the epoch round's sequential steps"),
     # the representation methods of issue 36 (tests/test_golden_pfllib_feat.py)
     Mutant("moon-contrast-swapped", "fedrun/algorithms/moon.py",
            "out = out + mu * (torch.logsumexp(sims, 0) - sims[0]).mean()",

@@ -156,7 +156,8 @@ def test_epochs_bench_counts_each_clients_epoch_and_the_steps_round_does_as_much
     """`fedrun-bench --epochs` on 6 uneven clients, 3 a round: the epoch round's client steps are sum floor(n_c / B)
     (B = 32) of the round's clients; the steps round's tau = that total / 3 rounded up, so it does at least as much;
     the masked round the same work; the sequential steps (depth): the round's largest client's steps (not the pass
-    of all 6 clients' largest) against tau; times and CPU seconds printed and returned (never asserted beyond > 0)."""
+    of all 6 clients' largest) against tau; the floor runs the epoch round's depth in plain steps; times and CPU
+    seconds printed and returned (never asserted beyond > 0)."""
     from fedrun.algorithms import build
     from fedrun.bench import epochs as bench_epochs
     from fedrun.data import synthetic
@@ -176,5 +177,8 @@ def test_epochs_bench_counts_each_clients_epoch_and_the_steps_round_does_as_much
     assert row["work"] == sum(round1)
     assert row["steps_work"] == 3 * -(-row["work"] // 3)
     assert (row["epochs_depth"], row["steps_depth"]) == (max(round1), -(-row["work"] // 3))
-    assert all(row[k] > 0 for k in ("epochs_s", "masked_s", "steps_s", "epochs_cpu_s", "masked_cpu_s", "steps_cpu_s"))
-    assert "depth ep/steps" in out and out.splitlines()[-1].split()[:3] == ["tiny", "fedavg", str(row["work"])]
+    assert row["floor_steps"] == row["epochs_depth"]
+    assert all(row[k] > 0 for k in ("epochs_s", "masked_s", "steps_s", "epochs_cpu_s", "masked_cpu_s", "steps_cpu_s",
+                                    "floor_s", "floor_cpu_s"))
+    assert "depth ep/steps" in out and "ep/floor" in out
+    assert out.splitlines()[-1].split()[:3] == ["tiny", "fedavg", str(row["work"])]
