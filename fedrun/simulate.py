@@ -180,10 +180,12 @@ def draw_passes(split, sizes: torch.Tensor, cs: torch.Tensor, ph: Phase, B: int,
     if S == 0:  # no client has a whole minibatch: the phase trains nothing
         return (torch.zeros(m, 0, k, B, dtype=torch.long, device=split.x.device),
                 torch.zeros(m, 0, dtype=torch.bool, device=split.x.device), per_pass[cs])
+    # each pass's rows client c reads (its steps; the rows past them, not sorted, only masked steps read)
     if k == 1 or ph.disjoint:  # (disjoint: a step's k minibatches are consecutive rows of the pass)
-        idx = split.shuffled_indices(cs, ph.epochs, longest * k * B, g).view(m, S, k, B)
+        idx = split.shuffled_indices(cs, ph.epochs, longest * k * B, g, per_pass[cs] * k * B).view(m, S, k, B)
     else:  # k independent shuffles per pass, a step takes one minibatch of each
-        idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g).view(m, ph.epochs, k, longest, B)
+        idx = split.shuffled_indices(cs, ph.epochs * k, longest * B, g, per_pass[cs] * B).view(
+            m, ph.epochs, k, longest, B)
         idx = idx.transpose(2, 3).reshape(m, S, k, B)
     live = (torch.arange(longest).view(1, 1, -1) < per_pass[cs].view(-1, 1, 1)).expand(m, ph.epochs, longest)
     return idx, live.reshape(m, S).to(split.x.device), per_pass[cs]

@@ -263,7 +263,7 @@ def finetuned(trace: dict, algorithm, engine, data, state, batch_size: int) -> d
     passes = trace["finetune"]["passes"]
     longest = int((data.train.sizes // batch_size).max())
 
-    def shuffled_indices(clients, blocks, length, gen):
+    def shuffled_indices(clients, blocks, length, gen, used=None):  # (the recorded passes: every row)
         rows = [padded_passes(passes[str(c)], blocks, longest, int(data.train.offsets[c]))[0] for c in clients.tolist()]
         return torch.tensor(rows).view(len(rows), blocks, length)
 

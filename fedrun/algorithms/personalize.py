@@ -109,7 +109,9 @@ def finetune_epochs(engine: Engine, params: Params, ctx: EvalContext, lr: float,
     steps = split.sizes.cpu() // B  # [C] steps per epoch (sizes are host-known: no device sync)
     S = max(int(steps.max()), 1)
     everyone = torch.arange(split.num_clients)
-    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen).view(split.num_clients, epochs * S, B)
+    # (only the rows each client's steps read are shuffled: `shuffled_indices`' used)
+    idx = split.shuffled_indices(everyone, epochs, S * B, ctx.gen, steps * B)
+    idx = idx.view(split.num_clients, epochs * S, B)
 
     def step(p: Params, rows: Tensor) -> Params:
         x, y = split.rows(rows)

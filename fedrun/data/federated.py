@@ -78,7 +78,8 @@ class ClientSplit:
         n = self.sizes[clients].view(shape)
         return self.offsets[clients].view(shape) + torch.minimum((u * n).long(), n - 1)
 
-    def shuffled_indices(self, clients: Tensor, blocks: int, length: int, gen: torch.Generator) -> Tensor:
+    def shuffled_indices(self, clients: Tensor, blocks: int, length: int, gen: torch.Generator,
+                         used: Tensor | None = None) -> Tensor:
         """Row indices [m, blocks, length] of minibatch rows drawn WITHOUT replacement: each block
         walks fresh random permutations of its client's rows, one after another (a new one when the
         last is used up), the way a shuffling DataLoader walks epochs. A block of at most n_c rows
@@ -87,23 +88,50 @@ class ClientSplit:
         All permutations come from one sort: a key per (segment, row), where a segment is one
         permutation of one client's rows, sorted by key and then stably by segment. The keys are one
         draw from `gen`, in client order.
+
+        `used` [m] (None: all `length`): the rows of each block its client reads (an epochs phase's
+        steps per pass x the rows a step takes). Only the segments that start before `used[i]` in a
+        block are sorted: their rows are those of the full computation bit for bit (the keys are all
+        drawn, so `gen` ends where it would; a segment's order is its keys' stable order either way),
+        and so are all rows before `used[i]`. A segment that starts at or after `used[i]` is not
+        sorted: its positions hold the client's rows in storage order (offsets[c] + position mod n_c),
+        valid rows of the client that a masked step may read and discard.
         """
         clients = clients.cpu()
+        m = len(clients)
         n = self.sizes.cpu()[clients]                                   # [m]
+        off = self.offsets.cpu()[clients]                               # [m]
         passes = -(-length // n)                                        # permutations per block [m]
         seg_n = n.repeat_interleave(passes * blocks)                    # [S] client, block, pass order
-        seg_start = torch.cumsum(seg_n, 0) - seg_n
-        seg_id = torch.repeat_interleave(torch.arange(len(seg_n)), seg_n)
-        local = torch.arange(len(seg_id)) - seg_start[seg_id]           # row of its client, per key
-        order = torch.rand(len(seg_id), generator=gen).argsort(stable=True)
+        keys = torch.rand(int(seg_n.sum()), generator=gen)              # every segment's keys, drawn
+        seg_key = torch.cumsum(seg_n, 0) - seg_n                        # each segment's first key
+        first = torch.cumsum(passes * blocks, 0) - passes * blocks      # each client's first segment
+        sort = passes if used is None else torch.minimum(passes, -(-used.cpu().clamp(min=0) // n))  # per block [m]
+        # the sorted segments, K of them in the same (client, block, pass) order, so their keys keep their
+        # relative order: each segment's stable order is the full computation's
+        kept = sort * blocks
+        k_first = torch.cumsum(kept, 0) - kept                          # each client's first sorted segment
+        k_client = torch.repeat_interleave(torch.arange(m), kept)       # [K]
+        r = torch.arange(len(k_client)) - k_first[k_client]             # block x sort + pass
+        seg = first[k_client] + r // sort[k_client] * passes[k_client] + r % sort[k_client]  # [K] of the S
+        k_n = n[k_client]
+        k_start = torch.cumsum(k_n, 0) - k_n                            # each sorted segment's first row in perm
+        seg_id = torch.repeat_interleave(torch.arange(len(k_n)), k_n)
+        local = torch.arange(len(seg_id)) - k_start[seg_id]             # row of its client, per key
+        order = (keys if used is None else keys[seg_key[seg][seg_id] + local]).argsort(stable=True)  # (None: all)
         order = order[seg_id[order].argsort(stable=True)]               # keys sorted within each segment
         perm = local[order]
-        first = torch.cumsum(passes * blocks, 0) - passes * blocks      # each client's first segment
-        p = torch.arange(length)
-        seg = (first.view(-1, 1, 1) + torch.arange(blocks).view(1, -1, 1) * passes.view(-1, 1, 1)
-               + p.view(1, 1, -1) // n.view(-1, 1, 1))
-        rows = perm[seg_start[seg] + p.view(1, 1, -1) % n.view(-1, 1, 1)]
-        return (self.offsets.cpu()[clients].view(-1, 1, 1) + rows).to(self.x.device)
+        # every position's row in storage order, then each block's sorted prefix (its first `sort` segments,
+        # cut at `length`; one after another in perm from the block's first segment) written over it
+        out = (off.view(-1, 1, 1) + torch.arange(length).view(1, 1, -1) % n.view(-1, 1, 1)).expand(
+            m, blocks, length).contiguous()
+        span = torch.minimum(sort * n, torch.tensor(length)).repeat_interleave(blocks)  # [m x blocks]
+        b_seg = (k_first.view(-1, 1) + torch.arange(blocks) * sort.view(-1, 1)).view(-1)  # (K: a block sorting none)
+        src = torch.cat([k_start, k_start.new_zeros(1)])[b_seg.clamp(max=len(k_start))]
+        blk = torch.repeat_interleave(torch.arange(m * blocks), span)
+        q = torch.arange(len(blk)) - (torch.cumsum(span, 0) - span)[blk]  # position within its block
+        out.view(-1)[blk * length + q] = off.repeat_interleave(span.view(m, blocks).sum(1)) + perm[src[blk] + q]
+        return out.to(self.x.device)
 
     def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """x and y of the rows `idx` (any shape): x [*idx.shape, *feature_shape], y [*idx.shape].
