@@ -1293,6 +1293,36 @@ MUTANTS += [  # GPFL's and FedPAC's BatchNorm statistics (issue 44 item 3)
            "FedPAC: the step's training-mode forward does not move the model's running statistics"),
 ]
 
+SAMPLING = "tests/test_sampling.py"
+MUTANTS += [  # epochs draws sort only the rows a client reads (issue 44 item 4)
+    Mutant("shuffled-used-partial-pass-unsorted", "fedrun/data/federated.py",
+           "torch.minimum(passes, -(-used.cpu().clamp(min=0) // n))",
+           "torch.minimum(passes, used.cpu().clamp(min=0) // n)",
+           (SAMPLING, "-k", "used_rows"),
+           "shuffled_indices(used=): the permutation a block reads only part of not sorted (rows in storage order)"),
+    Mutant("shuffled-keys-gen-not-advanced", "fedrun/data/federated.py",
+           "keys = torch.rand(int(seg_n.sum()), generator=gen)",
+           "keys = torch.rand(int(seg_n.sum()), generator=torch.Generator().set_state(gen.get_state()))",
+           (SAMPLING, "-k", "used_rows"),
+           "shuffled_indices: its keys drawn from a copy of the generator (the round's later draws shifted)"),
+    Mutant("shuffled-unsorted-rows-not-own", "fedrun/data/federated.py",
+           "out = (off.view(-1, 1, 1) + torch.arange(length)", "out = (0 * off.view(-1, 1, 1) + torch.arange(length)",
+           (SAMPLING, "-k", "used_rows"),
+           "shuffled_indices(used=): the positions not sorted hold the first client's rows, not their client's"),
+    Mutant("draw-passes-disjoint-used-short", "fedrun/simulate.py",
+           "g, per_pass[cs] * k * B).view(m, S, k, B)", "g, (per_pass[cs] - 1) * k * B).view(m, S, k, B)",
+           (SAMPLING, "-k", "sorts_only and True"),
+           "epochs phase of disjoint batches (Per-FedAvg's): a pass's last step's rows not counted as read"),
+    Mutant("draw-passes-shuffles-used-short", "fedrun/simulate.py",
+           "g, per_pass[cs] * B).view(\n", "g, (per_pass[cs] - 1) * B).view(\n",
+           (SAMPLING, "-k", "sorts_only and 2-False"),
+           "epochs phase of k shuffles a pass: each shuffle's last read minibatch not sorted"),
+    Mutant("finetune-epochs-used-short", "fedrun/algorithms/personalize.py",
+           "ctx.gen, steps * B)", "ctx.gen, (steps - 1) * B)",
+           (SAMPLING, "-k", "fine_tuning"),
+           "fine-tuning in epochs: each pass's last minibatch not sorted (rows in storage order)"),
+]
+
 
 def _copy(dst: str) -> None:
     for name in COPY:

@@ -67,6 +67,99 @@ def test_a_subset_of_clients_draws_within_its_own_rows():
     local_rows(s, clients, idx)
 
 
+# clients of 1 row to many times B = 4 rows (B is the draws' minibatch below), and rows each block reads:
+# none, less than a pass, exactly one, one and a bit, all of the block
+UNEVEN = [1, 3, 4, 9, 41]
+
+
+def coarse_rand(*args, **kwargs):
+    """torch.rand's draws (and generator use) cut to 3 values: many tied keys, to check their order too."""
+    coarse_rand.calls += 1
+    return (RAND(*args, **kwargs) * 3).floor() / 3
+
+
+RAND, coarse_rand.calls = torch.rand, 0
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["keys", "tied_keys"])
+@pytest.mark.parametrize("blocks,length", [(1, 24), (3, 50), (2, 7)])
+def test_used_rows_are_the_full_draws_rows_and_the_generator_ends_the_same(blocks, length, ties, monkeypatch):
+    """`used`: each client's rows before used[i] of every block are the full computation's bit for bit, the
+    generator is left where the full computation leaves it (every key drawn), and every other position holds
+    one of the client's own rows, in storage order from the first permutation not sorted."""
+    calls = coarse_rand.calls
+    if ties:
+        monkeypatch.setattr(torch, "rand", coarse_rand)
+    s = split(UNEVEN)
+    clients = torch.tensor([4, 0, 2, 1, 3, 4])
+    n = s.sizes[clients]
+    for used in ([0, 1, 3, 4, 9, 41], [41, 0, 5, 2, 0, 17], [length] * 6, [2 * c + 1 for c in n.tolist()]):
+        used = torch.tensor(used).clamp(max=length)
+        g_full, g = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        full = s.shuffled_indices(clients, blocks, length, g_full)
+        got = s.shuffled_indices(clients, blocks, length, g, used)
+        assert torch.equal(g.get_state(), g_full.get_state())
+        drawn = torch.Generator().manual_seed(7)  # a key per row of every permutation: m x blocks x passes x n
+        RAND(int((blocks * -(-length // n) * n).sum()), generator=drawn)
+        assert torch.equal(g.get_state(), drawn.get_state())
+        rel = local_rows(s, clients, got)  # every position a row of its client
+        for i in range(len(clients)):
+            u, c = int(used[i]), int(n[i])
+            sorted_ = min(length, -(-u // c) * c)  # the permutations that start before u, whole
+            assert torch.equal(got[i, :, :sorted_], full[i, :, :sorted_]), (i, u)
+            assert rel[i, :, sorted_:].tolist() == [[p % c for p in range(sorted_, length)]] * blocks, (i, u)
+    assert coarse_rand.calls - calls == (8 if ties else 0)  # (the draws' keys were the tied ones)
+
+
+@pytest.mark.parametrize("k,disjoint", [(1, False), (2, True), (2, False)])
+def test_an_epochs_phase_sorts_only_the_rows_its_clients_read(k, disjoint):
+    """draw_passes (both layouts: a step's k minibatches consecutive rows of one shuffle, or one from each of
+    k shuffles): the rows of every live step, and the generator after the draw, are those of the full
+    shuffles (`used` None); every step's rows are its client's own."""
+    from unittest import mock
+
+    from fedrun.algorithms.base import Phase
+    from fedrun.simulate import draw_passes
+
+    s, B = split(UNEVEN), 2
+    sizes, cs = s.sizes, torch.tensor([0, 1, 2, 3, 4])
+    ph = Phase(lambda *a: None, epochs=2, batches=k, disjoint=disjoint)
+    g_full, g = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    real = ClientSplit.shuffled_indices
+    with mock.patch.object(ClientSplit, "shuffled_indices",
+                           lambda self, clients, blocks, length, gen, used=None: real(self, clients, blocks, length,
+                                                                                        gen)):
+        full, live_full, per_pass_full = draw_passes(s, sizes, cs, ph, B, g_full)
+    idx, live, per_pass = draw_passes(s, sizes, cs, ph, B, g)
+    assert torch.equal(g.get_state(), g_full.get_state())
+    assert torch.equal(live, live_full) and torch.equal(per_pass, per_pass_full)
+    assert per_pass.tolist() == ([0, 0, 1, 2, 10] if disjoint else [0, 1, 2, 4, 20])
+    assert torch.equal(idx[live], full[live])
+    assert not torch.equal(idx, full)  # (the rows no step reads are not the full draw's: not sorted)
+    local_rows(s, cs, idx)
+
+
+def test_fine_tuning_in_epochs_sorts_only_the_rows_its_clients_read():
+    """personalize.finetune_epochs: the rows of every step a client takes (floor(n_c / B) a pass), and the
+    generator after the draw, are those of the full shuffles; the other positions are the client's rows."""
+    from unittest import mock
+
+    from fedrun.algorithms.base import EvalContext
+    from fedrun.algorithms.personalize import finetune_epochs
+
+    d, B, epochs = data(UNEVEN), 4, 2
+    steps = d.train.sizes // B  # [0, 0, 1, 2, 10]
+    seen = {}
+    with mock.patch("fedrun.algorithms.personalize.steps_by_work", lambda *a: seen.update(draws=a[1], per=a[2])):
+        finetune_epochs(None, {}, EvalContext(d, g := torch.Generator().manual_seed(5), B, 1), 0.1, epochs)
+    g_full = torch.Generator().manual_seed(5)
+    full = d.train.shuffled_indices(torch.arange(5), epochs, 10 * B, g_full).view(5, epochs * 10, B)
+    assert torch.equal(g.get_state(), g_full.get_state()) and torch.equal(seen["per"], steps)
+    live = (torch.arange(10).view(1, 1, -1) < steps.view(-1, 1, 1)).expand(5, epochs, 10).reshape(5, -1)
+    assert torch.equal(seen["draws"][live], full[live]) and not torch.equal(seen["draws"], full)
+    local_rows(d.train, torch.arange(5), seen["draws"])
+
+
 @pytest.mark.parametrize("sampling", ["epochs", "steps"])
 def test_sample_round_shapes_and_structure(sampling):
     d = data()
