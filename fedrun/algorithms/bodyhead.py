@@ -114,8 +114,8 @@ class PartSharing(LocalLR):
         local = PartLocal(params=self.with_own_statistics(state, self.whole_models(state, new), new))
         names = param_names(part)
         for (x, y), in onboarding_batches(ctx, new, self.new_client_steps):
-            g, _, local = self.grad(engine, local, "params", x, y)
-            local = self.descend(local, "params", only(g, names), self.lr, 0)  # (round 0: the schedule's first rate)
+            g, _, local = self.grad(engine, local, "params", x, y, wrt=names)  # (the part's gradient only)
+            local = self.descend(local, "params", g, self.lr, 0)  # (round 0: the schedule's first rate)
         fitted = scatter(part, new, only(local.params, part))
         return ServerState(params=state.params, extra=state.extra, clients=state.clients._replace(part=fitted),
                            trainer=self.kept_own_statistics(state, new, local.params))

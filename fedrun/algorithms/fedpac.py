@@ -10,7 +10,8 @@ epochs; tau and head_steps unused):
      the pass's rows, the mean feature mu_k and the summed squared norm S_k of the features; then
      h = [p_k mu_k]_k and V = (sum_k p_k S_k / n_k - p_k^2 ||mu_k||^2) / n (the authors' code, which
      PFLlib copies; n = the pass's rows);
-  2. `head_epochs` passes of SGD on the head alone (body frozen), cross-entropy;
+  2. `head_epochs` passes of SGD on the head alone (body frozen), cross-entropy (the head's gradient
+     alone, `LocalTrainer.grad`'s `wrt`: no backward through the body);
   3. `local_epochs` passes of SGD on the body alone (head frozen) on
         CE(head(f(x)), y) + lam * mean over the batch and the d features of (f(x) - c_y)^2,
      c_y the global prototype of y's class (rows of a class without one add 0);
@@ -175,8 +176,9 @@ class FedPAC(PartSharing):
 
     def head_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
         (x, y), = batches
-        g, _, local = self.grad(engine, local, "params", x, y)  # (train mode: the body's statistics updated too)
-        return self.descend(local, "params", g, self.lr, rnd, names=head_names(g), slot="opt.head")
+        head = head_names(local.params)  # (the head's gradient only: no backward through the frozen body;
+        g, _, local = self.grad(engine, local, "params", x, y, wrt=head)  # train mode: its statistics move too)
+        return self.descend(local, "params", g, self.lr, rnd, names=head, slot="opt.head")
 
     def body_step(self, engine: Engine, local: FedPACLocal, batches, rnd: int) -> FedPACLocal:
         (x, y), = batches

@@ -8,9 +8,12 @@ epochs, 1 body epoch) and PFLlib's clientRep (plocal_epochs head epochs, then lo
 epochs; both 1 by default) do: `head_epochs` passes training the head, then `local_epochs` passes
 training the body (`base.Phase`; tau is not used).
 
-A step computes every parameter's gradient from one backward pass and masks the update of the part
-the phase freezes (a per-client step counter in the round's state, compared on the device; no host
-synchronization). The frozen part's update is multiplied by 0, so it stays bit-exact.
+A step of the tau path computes every parameter's gradient from one backward pass and masks the update of
+the part the phase freezes (a per-client step counter in the round's state, compared on the device; no host
+synchronization). The frozen part's update is multiplied by 0, so it stays bit-exact. (The counter is on the
+device, so the step cannot choose which part to differentiate without reading it on the host.) In epochs, the
+head phase differentiates the head alone (`LocalTrainer.grad`'s `wrt`): the frozen body, upstream of it, is a
+constant, with no backward pass through it; the same numbers as the full gradient's update of the head.
 
 The local optimizer (`optim.*`): the head and the body each have their own (slots "opt.head" and
 "opt"), as PFLlib's clientRep keeps `poptimizer` for the head and `optimizer` for the body; a step
@@ -78,9 +81,11 @@ class FedRep(PartSharing):
     def _part_step(self, engine: Engine, local: FedRepLocal, batches, rnd: int, head: bool) -> FedRepLocal:
         """One step of the head's (or the body's) optimizer of lr, the other part frozen."""
         (x, y), = batches
-        g, _, local = self.grad(engine, local, "params", x, y)
         slot = "opt.head" if head else "opt"
-        return self.descend(local, "params", g, self.lr, rnd, names=self.optim_slots(local)[slot][1], slot=slot)
+        names = self.optim_slots(local)[slot][1]
+        # the head phase: the head's gradient only (the body upstream of it, frozen: no backward through it)
+        g, _, local = self.grad(engine, local, "params", x, y, wrt=names if head else None)
+        return self.descend(local, "params", g, self.lr, rnd, names=names, slot=slot)
 
     def client_init(self, state: ServerState, clients: Tensor, rnd: int) -> FedRepLocal:
         local = super().client_init(state, clients, rnd)

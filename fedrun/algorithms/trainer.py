@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple
+from typing import Callable, Collection, NamedTuple
 
 import torch
 from torch import Tensor
@@ -138,10 +138,15 @@ class LocalTrainer:
 
     # -- the steps --------------------------------------------------------------------------------
 
-    def grad(self, engine: Engine, local: Local, key: str, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Local]:
+    def grad(self, engine: Engine, local: Local, key: str, x: Tensor, y: Tensor,
+             wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Local]:
         """(gradients of the parameters of the model in the field `key` of `local` on the minibatch, per-client losses,
-        `local` with that model's BatchNorm statistics updated by the step's forward)."""
-        g, loss, buffers = engine.state_grad(getattr(local, key), x, y)
+        `local` with that model's BatchNorm statistics updated by the step's forward). `wrt`: the parameters to
+        differentiate (None: all); the gradients then hold only those, the others' backward is not computed (a
+        step that descends a part and freezes the rest: FedRep's and FedPAC's head steps; `Engine.grad`); the
+        statistics of every BatchNorm layer still move (the frozen part's too, as a torch model's in `train()`)."""
+        state = getattr(local, key)  # (wrt None: the call an engine without `wrt` takes, a test's stand-in)
+        g, loss, buffers = engine.state_grad(state, x, y) if wrt is None else engine.state_grad(state, x, y, wrt=wrt)
         return g, loss, (local._replace(**{key: {**getattr(local, key), **buffers}}) if buffers else local)
 
     def value_and_grad(self, engine: Engine, local: Local, key: str, fn: Callable[..., Tensor],

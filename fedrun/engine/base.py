@@ -21,7 +21,7 @@ check that both return the same numbers.
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -78,15 +78,17 @@ class Engine:
                                "and running buffers); this algorithm's gradients do not handle them")
         return self.criterion(self.logits(p, x), y)
 
-    def state_grad(self, state: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+    def state_grad(self, state: Params, x: Tensor, y: Tensor,
+                   wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Params]:
         """`grad` of a model state (parameters, and for a BatchNorm model its buffers): per-client
-        gradients of the parameters and losses, and the buffers after the step ({} without BatchNorm):
-        the forward in training mode (each client's batch statistics, its running ones updated), as
-        a torch model's `train()` step computes."""
+        gradients of the parameters (of the parameters `wrt` only, when given: `grad`) and losses, and
+        the buffers after the step ({} without BatchNorm): the forward in training mode (each client's
+        batch statistics, its running ones updated, the frozen parameters' layers' too), as a torch
+        model's `train()` step computes."""
         params, buffers = split_buffers(state)
         if not buffers:
-            return (*self.grad(params, x, y), {})
-        return self.train_grad(params, buffers, x, y)
+            return (*self.grad(params, x, y, wrt=wrt), {})
+        return self.train_grad(params, buffers, x, y, wrt=wrt)
 
     def state_value_and_grad(self, fn: Callable[..., Tensor], state: Params,
                              *args) -> tuple[Params, Tensor, Params]:
@@ -107,10 +109,39 @@ class Engine:
         running statistics: momentum-weighted means of the batch's mean and unbiased variance)."""
         return self.criterion(functional_call(self.model, (p, b), (x,)), y)
 
-    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
-        """`grad` for a model with BatchNorm: per-client gradients and losses in training mode (each
-        client's batch statistics) and every client's buffers after the step (stacked, new tensors)."""
+    def grad(self, params: Params, x: Tensor, y: Tensor, wrt: Collection[str] | None = None) -> tuple[Params, Tensor]:
+        """Per-client minibatch gradients (and losses) at per-client `params`; `wrt`: the names of the
+        parameters to differentiate (None: all). With `wrt`, the returned gradients hold only those, and an
+        autograd pass takes the other parameters as constants (detached): no backward through a frozen
+        part upstream of them (FedRep's body in its head phase); the numbers of the `wrt` entries are those
+        of the full gradient's."""
         raise NotImplementedError
+
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor,
+                   wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Params]:
+        """`grad` for a model with BatchNorm: per-client gradients (of `wrt`, as `grad`) and losses in training
+        mode (each client's batch statistics) and every client's buffers after the step (stacked, new tensors;
+        every layer's statistics move, the frozen ones' too)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _wanted(params: Params, wrt: Collection[str] | None) -> list[str]:
+        """The names of the parameters `wrt` (None: all of `params`), in `params`' order. Raises ValueError
+        when `wrt` names no parameter, or a name not in `params`."""
+        if wrt is None:
+            return list(params)
+        wanted = set(wrt)
+        missing = sorted(wanted.difference(params))
+        if missing or not wanted:
+            raise ValueError(f"wrt must name parameters of the model; not parameters: {missing or 'none named'}")
+        return [k for k in params if k in wanted]
+
+    def _differentiated(self, params: Params, wrt: Collection[str] | None) -> tuple[Params, list[str]]:
+        """(`params` as autograd leaves: the parameters `wrt` (None: all) requiring gradients, the others
+        detached constants; the names of those differentiated, in `params`' order)."""
+        names = self._wanted(params, wrt)
+        on = set(names)
+        return {k: v.detach().requires_grad_(k in on) for k, v in params.items()}, names
 
     def _masked(self, p: Params, x: Tensor, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.logits(p, x)

@@ -1,7 +1,7 @@
 """The reference engine: a Python loop over clients, plain autograd."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +19,11 @@ class LoopEngine(Engine):
 
     name = "loop"
 
-    def _grad1(self, p: Params, x: Tensor, y: Tensor, create_graph: bool = False):
-        p = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+    def _grad1(self, p: Params, x: Tensor, y: Tensor, create_graph: bool = False, wrt: Collection[str] | None = None):
+        p, names = self._differentiated(p, wrt)
         loss = self.loss(p, x, y)
-        g = torch.autograd.grad(loss, list(p.values()), create_graph=create_graph)
-        return p, dict(zip(p, g)), loss
+        g = torch.autograd.grad(loss, [p[k] for k in names], create_graph=create_graph)
+        return p, dict(zip(names, g)), loss
 
     @staticmethod
     def _client(params: Params, i: int) -> Params:
@@ -33,22 +33,23 @@ class LoopEngine(Engine):
     def _stack(rows: list[Params]) -> Params:
         return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
 
-    def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
+    def grad(self, params: Params, x: Tensor, y: Tensor, wrt: Collection[str] | None = None) -> tuple[Params, Tensor]:
         grads, losses = [], []
         for i in range(len(x)):
-            _, g, loss = self._grad1(self._client(params, i), x[i], y[i])
+            _, g, loss = self._grad1(self._client(params, i), x[i], y[i], wrt=wrt)
             grads.append(g)
             losses.append(loss.detach())
         return self._stack(grads), torch.stack(losses)
 
-    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor,
+                   wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Params]:
         grads, losses, bufs = [], [], []
         with _training(self.model):
             for i in range(len(x)):
-                p = {k: v.detach().requires_grad_(True) for k, v in self._client(params, i).items()}
+                p, names = self._differentiated(self._client(params, i), wrt)  # (`wrt`: the others constants)
                 b = {k: v[i].clone() for k, v in buffers.items()}  # updated in place by the forward
                 loss = self._train_loss(p, b, x[i], y[i])
-                grads.append(dict(zip(p, torch.autograd.grad(loss, list(p.values())))))
+                grads.append(dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names]))))
                 losses.append(loss.detach())
                 bufs.append(b)
         return self._stack(grads), torch.stack(losses), self._stack(bufs)

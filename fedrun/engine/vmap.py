@@ -3,7 +3,7 @@ row chunks for full passes)."""
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -57,31 +57,34 @@ class VmapEngine(Engine):
             self._chunk_eval[False] = self._stacked_masked  # forward (a CNN's: the loop engine's on the
             # CPU, the vmapped `_masked` elsewhere, as before)
 
-    def grad(self, params: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
+    def grad(self, params: Params, x: Tensor, y: Tensor, wrt: Collection[str] | None = None) -> tuple[Params, Tensor]:
         # A vmapped forward, then ONE reverse pass of the summed client losses: client i's loss
         # depends only on its own slice of the stacked parameters, so the gradient of the sum with
         # respect to the stack is every client's own gradient (~30% faster on CPU than vmap(grad)).
-        # Fully connected models with cross-entropy skip autograd: their hand-written backward.
+        # Fully connected models with cross-entropy skip autograd: their hand-written backward, which
+        # computes every parameter's gradient (`wrt`: the subset is returned; those models are small).
         if self._hand(x):
             with torch.no_grad():
-                return self.model.stacked_ce_grad(params, x, y)
+                g, losses = self.model.stacked_ce_grad(params, x, y)
+            return (g if wrt is None else {k: g[k] for k in self._wanted(params, wrt)}), losses
         with torch.enable_grad():
-            p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            p, names = self._differentiated(params, wrt)  # (`wrt`: the others constants, no backward through them)
             losses = self._stacked_losses(p, x, y) if self._stacked else self._losses(p, x, y)
-            grads = torch.autograd.grad(losses.sum(), list(p.values()))
-        return dict(zip(p, grads)), losses.detach()
+            grads = torch.autograd.grad(losses.sum(), [p[k] for k in names])
+        return dict(zip(names, grads)), losses.detach()
 
-    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor) -> tuple[Params, Tensor, Params]:
+    def train_grad(self, params: Params, buffers: Params, x: Tensor, y: Tensor,
+                   wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Params]:
         # The vmapped forward updates each client's slice of the stacked buffer copies in place
         # (torch.func batches BatchNorm's running-statistics update over clients); they are returned.
         if self._conv_on_cpu(x):
-            return self._loop.train_grad(params, buffers, x, y)
+            return self._loop.train_grad(params, buffers, x, y, wrt=wrt)
         b = {k: v.clone() for k, v in buffers.items()}
         with torch.enable_grad(), _training(self.model):
-            p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            p, names = self._differentiated(params, wrt)
             losses = vmap(self._train_loss)(p, b, x, y)
-            grads = torch.autograd.grad(losses.sum(), list(p.values()))
-        return dict(zip(p, grads)), losses.detach(), b
+            grads = torch.autograd.grad(losses.sum(), [p[k] for k in names])
+        return dict(zip(names, grads)), losses.detach(), b
 
     def _hand(self, x: Tensor) -> bool:
         """Whether gradients go through the model's hand-written backward (branch "backward")."""
