@@ -66,13 +66,16 @@ class LSTM(nn.Module):
         return _outputs(h, self.head, features)
 
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
-                        shared: bool = False) -> tuple[dict, torch.Tensor]:
+                        shared: bool = False, wrt: list | None = None) -> tuple[dict, torch.Tensor]:
         """The vmap engine's minibatch and full-batch gradients (branch "backward"), as `_stacked_ce_grad`
         of fedrun.models.small gives them: client by client through torch's fused LSTM (branch "rnn"
-        fused, the CPU's default) or batched over clients (`_stacked_lstm_ce_grad`)."""
+        fused, the CPU's default) or batched over clients (`_stacked_lstm_ce_grad`). `wrt` (None: all): the
+        gradients returned; every one is computed."""
         if choose("rnn", x.device, None if self.rnn is None else {"rnn": self.rnn}) == "batched":
-            return _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
-        return self._fused_ce_grad(params, x, y, weight, shared)
+            g, losses = _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
+        else:
+            g, losses = self._fused_ce_grad(params, x, y, weight, shared)
+        return (g if wrt is None else {k: g[k] for k in g if k in set(wrt)}), losses
 
     def _fused_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
                        shared: bool) -> tuple[dict, torch.Tensor]:

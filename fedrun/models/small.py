@@ -45,8 +45,8 @@ class MLR(nn.Module):
         return _class_major_logits(params, x, ["linear"])
 
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
-                        shared: bool = False) -> tuple[dict, torch.Tensor]:
-        return _stacked_ce_grad(params, x, y, ["linear"], weight, shared)
+                        shared: bool = False, wrt: list | None = None) -> tuple[dict, torch.Tensor]:
+        return _stacked_ce_grad(params, x, y, ["linear"], weight, shared, wrt)
 
 
 def _stacked_linear(params: dict, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -74,11 +74,13 @@ def _act_grad(act: nn.Module, out: torch.Tensor, grad: torch.Tensor) -> torch.Te
 
 
 def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: list, weight: torch.Tensor | None = None,
-                     shared: bool = False) -> tuple[dict, torch.Tensor]:
+                     shared: bool = False, wrt: list | None = None) -> tuple[dict, torch.Tensor]:
     """Per-client gradients of the cross-entropy of a stack of linear layers (names) and activations
     (modules) on x [m, B, in], y [m, B], and the per-client losses [m]: the mean over the B rows, or
     with `weight` [m, B] the weighted sum. `shared`: params are unstacked, one model for all m
-    (the gradients are still per client, [m, ...]).
+    (the gradients are still per client, [m, ...]). `wrt` (None: all): the parameters whose gradients
+    are returned; the backward stops at the lowest layer holding one of them (a head step's gradient:
+    no backward through the frozen body), the others' numbers those of the full pass.
 
     The logits and everything after them are class-major, [m, classes, B]: the softmax's reductions
     over a few classes then run along a middle dimension over contiguous rows of B values (CPU, 100
@@ -108,19 +110,22 @@ def _stacked_ce_grad(params: dict, x: torch.Tensor, y: torch.Tensor, layers: lis
         losses = (nll * weight).sum(1)
         dz = dz.mul_(weight.unsqueeze(1))
     last = len(layers) - 1
+    want = None if wrt is None else set(wrt)
+    stop = 0 if want is None else min((i for i, layer in enumerate(layers) if isinstance(layer, str)
+                                       and {f"{layer}.weight", f"{layer}.bias"} & want), default=last)
     grads = {f"{layers[last]}.weight": torch.bmm(dz, saved[last]), f"{layers[last]}.bias": dz.sum(2)}
-    if last:  # back to row-major [m, B, width] below the logits
+    if stop < last:  # back to row-major [m, B, width] below the logits
         dz = dz.transpose(1, 2) @ w if shared else torch.bmm(dz.transpose(1, 2), w)
-    for i in range(last - 1, -1, -1):
+    for i in range(last - 1, stop - 1, -1):
         layer, a = layers[i], saved[i]
         if isinstance(layer, str):
             grads[f"{layer}.weight"] = torch.bmm(dz.transpose(1, 2), a)
             grads[f"{layer}.bias"] = dz.sum(1)
-            if i:
+            if i > stop:
                 dz = dz @ params[f"{layer}.weight"] if shared else torch.bmm(dz, params[f"{layer}.weight"])
         else:
             dz = _act_grad(layer, saved[i + 1], dz)
-    return {k: grads[k] for k in params}, losses
+    return {k: grads[k] for k in params if want is None or k in want}, losses
 
 
 def _class_major_logits(params: dict, x: torch.Tensor, layers: list) -> torch.Tensor:
@@ -181,8 +186,8 @@ class MLP(nn.Module):
         return x
 
     def stacked_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None,
-                        shared: bool = False) -> tuple[dict, torch.Tensor]:
-        return _stacked_ce_grad(params, x, y, self._layers(), weight, shared)
+                        shared: bool = False, wrt: list | None = None) -> tuple[dict, torch.Tensor]:
+        return _stacked_ce_grad(params, x, y, self._layers(), weight, shared, wrt)
 
     def class_major_logits(self, params: dict, x: torch.Tensor) -> torch.Tensor:
         return _class_major_logits(params, x, self._layers())

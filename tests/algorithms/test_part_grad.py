@@ -98,21 +98,42 @@ def test_head_step_runs_no_backward_through_the_body(algo_name, model_name, engi
     assert full.calls > 0
 
 
+class _CountOps(TorchDispatchMode):
+    """Counts the dispatches of one aten op (by its packet name)."""
+
+    def __init__(self, op: str):
+        super().__init__()
+        self.op, self.calls = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func.overloadpacket.__name__ == self.op
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("backward", ["hand", "autograd"])
-def test_hand_written_backward_returns_the_subset(backward):
-    """A fully connected model's hand-written backward computes every gradient and returns `wrt`'s; autograd
-    differentiates `wrt` alone; both the full gradient's numbers."""
+def test_fully_connected_backward_stops_at_the_lowest_layer_differentiated(backward):
+    """A fully connected model (two hidden layers): the hand-written backward and autograd return `wrt`'s
+    gradients alone, each the full gradient's numbers, for the head, a middle layer and a bias alone; the
+    hand-written one multiplies nothing below the lowest layer differentiated (its batched products: the
+    head's weight gradient alone for the head, against 3 weight gradients and 2 steps down for all)."""
     torch.manual_seed(0)
-    model = MLP(5, K, hidden=[7])
+    model = MLP(5, K, hidden=[7, 6])
     engine = VmapEngine(model, paths={"backward": backward})
     p = {k: v.expand(M, *v.shape).clone() for k, v in params_of(model).items()}
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(M, B, 5, generator=g), torch.randint(0, K, (M, B), generator=g)
-    full, loss = engine.grad(p, x, y)
+    with _CountOps("bmm") as all_products:
+        full, loss = engine.grad(p, x, y)
     head = head_names(p)
-    part, part_loss = engine.grad(p, x, y, wrt=head)
-    assert list(part) == head and torch.equal(part_loss, loss)
-    assert all(torch.equal(part[k], full[k]) for k in head)
+    middle = [k for k in p if k not in head][2:4]  # the second hidden layer's weight and bias
+    assert len(full) == 6 and len(middle) == 2
+    for wrt in (head, middle, [middle[1]], list(p)):
+        with _CountOps("bmm") as products:
+            part, part_loss = engine.grad(p, x, y, wrt=wrt)
+        assert list(part) == wrt and torch.equal(part_loss, loss)
+        assert all(torch.equal(part[k], full[k]) for k in wrt), wrt
+        if backward == "hand" and wrt == head:
+            assert (products.calls, all_products.calls) == (1, 5)
 
 
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
