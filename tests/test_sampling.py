@@ -160,6 +160,22 @@ def test_fine_tuning_in_epochs_sorts_only_the_rows_its_clients_read():
     local_rows(d.train, torch.arange(5), seen["draws"])
 
 
+@pytest.mark.parametrize("used", [False, True])
+def test_a_draws_peak_memory_is_within_what_the_memory_check_counts(used):
+    """fedrun.run.spec.ROW_BYTES["shuffled"]: the bytes a drawn row takes at the peak of `shuffled_indices`
+    (check_round_draws refuses a round whose draws would not fit), counted by the allocation meter, on
+    blocks that each client's passes fill (as an epochs phase's: its pass about its largest client's rows)."""
+    from fedrun.run.memory import AllocationMeter
+    from fedrun.run.spec import ROW_BYTES
+
+    sizes, B, blocks, length = [410, 505, 1000, 2000], 20, 3, 2000
+    s = split(sizes)
+    with AllocationMeter() as meter:
+        s.shuffled_indices(torch.arange(4), blocks, length, torch.Generator().manual_seed(0),
+                           s.sizes // B * B if used else None)
+    assert meter.peak <= ROW_BYTES["shuffled"] * len(sizes) * blocks * length
+
+
 @pytest.mark.parametrize("sampling", ["epochs", "steps"])
 def test_sample_round_shapes_and_structure(sampling):
     d = data()

@@ -142,8 +142,9 @@ class LocalTrainer:
              wrt: Collection[str] | None = None) -> tuple[Params, Tensor, Local]:
         """(gradients of the parameters of the model in the field `key` of `local` on the minibatch, per-client losses,
         `local` with that model's BatchNorm statistics updated by the step's forward). `wrt`: the parameters to
-        differentiate (None: all); the gradients then hold only those, the others' backward is not computed (a
-        step that descends a part and freezes the rest: FedRep's and FedPAC's head steps; `Engine.grad`); the
+        differentiate (None: all); the gradients then hold only those, and no backward runs below the lowest of them
+        (the LSTM's hand-written backward excepted: it computes all, `Engine.grad`), for a step that descends a part
+        and freezes the rest (FedRep's and FedPAC's head steps, `PartSharing.onboard`); the
         statistics of every BatchNorm layer still move (the frozen part's too, as a torch model's in `train()`)."""
         state = getattr(local, key)  # (wrt None: the call an engine without `wrt` takes, a test's stand-in)
         g, loss, buffers = engine.state_grad(state, x, y) if wrt is None else engine.state_grad(state, x, y, wrt=wrt)

@@ -117,10 +117,23 @@ class ClientSplit:
         k_n = n[k_client]
         k_start = torch.cumsum(k_n, 0) - k_n                            # each sorted segment's first row in perm
         seg_id = torch.repeat_interleave(torch.arange(len(k_n)), k_n)
-        local = torch.arange(len(seg_id)) - k_start[seg_id]             # row of its client, per key
-        order = (keys if used is None else keys[seg_key[seg][seg_id] + local]).argsort(stable=True)  # (None: all)
-        order = order[seg_id[order].argsort(stable=True)]               # keys sorted within each segment
+        local = torch.arange(len(seg_id))
+        local -= k_start[seg_id]                                        # row of its client, per key
+        # (the row-long tensors freed as soon as they are used: a round's draws are made at once, their peak
+        # is fedrun.run.spec.ROW_BYTES["shuffled"] a drawn row)
+        if used is not None:  # the sorted segments' keys alone, in their order
+            at = seg_key[seg][seg_id]
+            at += local
+            keys = keys[at]
+            del at
+        order = keys.argsort(stable=True)
+        del keys
+        within = seg_id[order].argsort(stable=True)
+        del seg_id
+        order = order[within]                                           # keys sorted within each segment
+        del within
         perm = local[order]
+        del local, order
         # every position's row in storage order, then each block's sorted prefix (its first `sort` segments,
         # cut at `length`; one after another in perm from the block's first segment) written over it
         out = (off.view(-1, 1, 1) + torch.arange(length).view(1, 1, -1) % n.view(-1, 1, 1)).expand(
@@ -129,8 +142,17 @@ class ClientSplit:
         b_seg = (k_first.view(-1, 1) + torch.arange(blocks) * sort.view(-1, 1)).view(-1)  # (K: a block sorting none)
         src = torch.cat([k_start, k_start.new_zeros(1)])[b_seg.clamp(max=len(k_start))]
         blk = torch.repeat_interleave(torch.arange(m * blocks), span)
-        q = torch.arange(len(blk)) - (torch.cumsum(span, 0) - span)[blk]  # position within its block
-        out.view(-1)[blk * length + q] = off.repeat_interleave(span.view(m, blocks).sum(1)) + perm[src[blk] + q]
+        q = torch.arange(len(blk))
+        q -= (torch.cumsum(span, 0) - span)[blk]                        # position within its block
+        at = src[blk]
+        at += q
+        rows = perm[at]
+        del perm, at
+        rows += off.repeat_interleave(span.view(m, blocks).sum(1))
+        at = blk.mul_(length)
+        at += q
+        del q
+        out.view(-1)[at] = rows
         return out.to(self.x.device)
 
     def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:

@@ -221,8 +221,9 @@ def bool_options() -> list[str]:
 
 # Bytes a drawn minibatch row takes while a round's draws are made: uniform draws (sampling=replacement)
 # a float32 and an int64 index; shuffled ones (sampling=epochs|steps, and a phase of passes) the sort of
-# `ClientSplit.shuffled_indices`, about eight 4- and 8-byte tensors a row at its peak (measured: 65 bytes
-# a row for 10 clients x 23,229 rows x 20 and 60 passes).
+# `ClientSplit.shuffled_indices`, about six 4- and 8-byte tensors a row at its peak (measured: 48 bytes a row
+# for 10 clients x 23,229 rows x 20 and 60 passes, an epochs phase's blocks too; tests/test_sampling.py holds it
+# under this bound).
 ROW_BYTES = {"replacement": 12, "shuffled": 64}
 
 
