@@ -75,7 +75,8 @@ class LSTM(nn.Module):
             g, losses = _stacked_lstm_ce_grad(self, params, x, y, weight, shared)
         else:
             g, losses = self._fused_ce_grad(params, x, y, weight, shared)
-        return (g if wrt is None else {k: g[k] for k in g if k in set(wrt)}), losses
+        want = None if wrt is None else set(wrt)
+        return (g if want is None else {k: g[k] for k in g if k in want}), losses
 
     def _fused_ce_grad(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
                        shared: bool) -> tuple[dict, torch.Tensor]:

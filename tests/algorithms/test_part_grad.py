@@ -136,6 +136,25 @@ def test_fully_connected_backward_stops_at_the_lowest_layer_differentiated(backw
             assert (products.calls, all_products.calls) == (1, 5)
 
 
+@pytest.mark.parametrize("rnn", ["fused", "batched"])
+def test_the_lstms_backward_returns_the_subset(rnn):
+    """The LSTM's hand-written backward (both recurrences) computes every gradient and returns `wrt`'s, the
+    full gradient's numbers."""
+    from fedrun.models.rnn import LSTM
+
+    torch.manual_seed(0)
+    model = LSTM(6, 9, vocab_size=9, embed_dim=3, hidden=5)
+    model.rnn = rnn
+    engine = VmapEngine(model, paths={"backward": "hand"})
+    p = {k: v.expand(M, *v.shape).clone() for k, v in params_of(model).items()}
+    x, y = torch.randint(0, 9, (M, B, 6)), torch.randint(0, 9, (M, B))
+    full, loss = engine.grad(p, x, y)
+    head = head_names(p)
+    part, part_loss = engine.grad(p, x, y, wrt=head)
+    assert list(part) == head and len(full) > len(head) and torch.equal(part_loss, loss)
+    assert all(torch.equal(part[k], full[k]) for k in head)
+
+
 @pytest.mark.parametrize("engine_cls", [VmapEngine, LoopEngine])
 def test_wrt_must_name_parameters(engine_cls):
     torch.manual_seed(0)
