@@ -146,8 +146,7 @@ class LocalTrainer:
         (the LSTM's hand-written backward excepted: it computes all, `Engine.grad`), for a step that descends a part
         and freezes the rest (FedRep's and FedPAC's head steps, `PartSharing.onboard`); the
         statistics of every BatchNorm layer still move (the frozen part's too, as a torch model's in `train()`)."""
-        state = getattr(local, key)  # (wrt None: the call an engine without `wrt` takes, a test's stand-in)
-        g, loss, buffers = engine.state_grad(state, x, y) if wrt is None else engine.state_grad(state, x, y, wrt=wrt)
+        g, loss, buffers = engine.state_grad(getattr(local, key), x, y, wrt=wrt)
         return g, loss, (local._replace(**{key: {**getattr(local, key), **buffers}}) if buffers else local)
 
     def value_and_grad(self, engine: Engine, local: Local, key: str, fn: Callable[..., Tensor],

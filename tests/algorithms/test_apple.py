@@ -43,7 +43,7 @@ def test_held_out_columns_stay_zero_and_state_survives_a_resume(tmp_path):
     local = local._replace(params={"w": torch.ones(2, 2)}, cores={"w": torch.randn(2, 4, 2)})
 
     class Engine:  # (the local trainer's `grad` calls state_grad: gradients, losses, BatchNorm buffers)
-        def state_grad(self, w, x, y):
+        def state_grad(self, w, x, y, wrt=None):
             return {"w": torch.ones_like(w["w"])}, None, {}
     out = algo.client_step(Engine(), local, [(None, None)], 1)
     assert (out.p[:, 2:] == 0).all() and (out.p[:, :2] != local.p[:, :2]).all()
